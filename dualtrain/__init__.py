@@ -1,0 +1,42 @@
+"""dualtrain: faster training under PyTorch and JAX from one library.
+
+``import dualtrain`` imports neither torch nor jax. Framework code lives in the adapters,
+``dualtrain_torch`` and ``dualtrain_jax``, which dualtrain loads only when asked for a
+backend by name or handed an array of that framework.
+"""
+
+from __future__ import annotations
+
+from dualtrain.backends import Backend, available, backend_of, load
+from dualtrain.errors import (
+    ArgumentError,
+    BackendError,
+    DtypeError,
+    DualtrainError,
+    PrecisionWarning,
+    ShapeError,
+)
+from dualtrain.interop import CopyCount, convert, count_copies
+from dualtrain.memory import aligned_copy, aligned_empty, is_aligned
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentError",
+    "Backend",
+    "BackendError",
+    "CopyCount",
+    "DtypeError",
+    "DualtrainError",
+    "PrecisionWarning",
+    "ShapeError",
+    "__version__",
+    "aligned_copy",
+    "aligned_empty",
+    "available",
+    "backend_of",
+    "convert",
+    "count_copies",
+    "is_aligned",
+    "load",
+]

@@ -1,0 +1,253 @@
+"""The Backend contract, the registry, and finding a framework from the arrays in hand.
+
+dualtrain never imports a framework on its own. `backend_of(x)` looks the type of `x` up
+among the modules already in ``sys.modules`` (a torch tensor in hand means torch is already
+imported), caches the answer per type, and only then loads the matching adapter. The other
+way to name a backend is explicit: ``load("torch" | "jax" | "numpy" | "cupy")``. There is no
+global switch, so torch and JAX live side by side in one process.
+
+This module is the one door from the core to an adapter: it imports adapters by name
+(`importlib`), and only when a caller asked for that backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+from dualtrain.errors import BackendError, bad_argument
+
+__all__ = ["NAMES", "Backend", "available", "backend_of", "load", "load_part", "name_of"]
+
+NAMES = ("numpy", "torch", "jax", "cupy")
+
+# Array types of each framework, as (module, attribute) pairs looked up in sys.modules.
+# JAX tracers are listed so that dispatch also works inside jit, grad and vmap.
+_ARRAY_TYPES: dict[str, tuple[tuple[str, str], ...]] = {
+    "numpy": (("numpy", "ndarray"), ("numpy", "generic")),
+    "torch": (("torch", "Tensor"),),
+    "jax": (("jax", "Array"), ("jax.core", "Tracer")),
+    "cupy": (("cupy", "ndarray"),),
+}
+
+# Where each backend's implementation lives. The core's own (NumPy) and the CuPy one,
+# which receives the cupy module rather than importing it, sit in the core package.
+_ADAPTERS = {
+    "numpy": "dualtrain.numpy_backend",
+    "torch": "dualtrain_torch.backend",
+    "jax": "dualtrain_jax.backend",
+    "cupy": "dualtrain.cupy_backend",
+}
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What an adapter provides: the framework verbs dualtrain's shared logic is built on.
+
+    Arrays are the framework's own (``torch.Tensor``, ``jax.Array``, ``np.ndarray``). Devices
+    are named as strings, ``"cpu"`` or ``"cuda:0"``, whatever the framework calls them.
+    Implementations are one-liners; this docstring is their documentation.
+
+    Attributes:
+        name: ``"numpy"``, ``"torch"``, ``"jax"`` or ``"cupy"``.
+        immutable: arrays cannot be written in place (JAX). A zero-copy alias of such an
+            array must be protected from writes by whoever receives it.
+        compact_only: zero-copy import refuses non-compact strides (``a[:, ::2]``).
+        host_alignment: byte alignment a host buffer needs for a zero-copy import (1: any).
+        marks_readonly: arrays can refuse writes (NumPy's read-only flag; JAX is immutable).
+            Torch and CuPy cannot, so an immutable source reaches them as a copy unless the
+            caller passes ``copy=False`` and promises not to write.
+        takes_readonly_host: `from_numpy` accepts a read-only ndarray without a copy.
+        import_copies: dtype names that `from_numpy` can only import by copying.
+        may_copy_silently: `to_numpy` or `from_numpy` can copy without saying so (JAX does
+            for non-row-major layouts); the core then compares `data_address` to know.
+    """
+
+    name: str
+    immutable: bool
+    compact_only: bool
+    host_alignment: int
+    marks_readonly: bool
+    takes_readonly_host: bool
+    import_copies: frozenset[str]
+    may_copy_silently: bool
+
+    def owns(self, x: Any) -> bool:
+        """Whether `x` is an array (or tracer) of this framework."""
+
+    def device_of(self, x: Any) -> str:
+        """The device holding `x`: ``"cpu"`` for host memory, else e.g. ``"cuda:0"``."""
+
+    def to_numpy(self, x: Any) -> Any:
+        """A zero-copy NumPy view of host array `x` (read-only for immutable frameworks).
+
+        Raises BufferError when `x` is not in plain host memory or cannot be viewed.
+        """
+
+    def data_address(self, x: Any) -> int:
+        """The address of the first element of `x` in memory."""
+
+    def to_host(self, x: Any) -> Any:
+        """A NumPy copy of `x` wherever it lives (device or sharded arrays)."""
+
+    def exportable(self, x: Any) -> Any:
+        """`x` ready for DLPack export: detached from autograd, conjugation resolved."""
+
+    def is_contiguous(self, x: Any) -> bool:
+        """Whether `x` is C-contiguous (no negative or gapped strides)."""
+
+    def from_numpy(self, a: Any, *, readonly: bool) -> Any:
+        """A zero-copy array of this framework over host ndarray `a`.
+
+        `a` already meets `compact_only` and `host_alignment`. `readonly` says that `a` must
+        not be written: the result refuses writes where the framework `marks_readonly`.
+        """
+
+    def from_dlpack(self, x: Any, *, copy: bool | None, readonly: bool = False) -> Any:
+        """Imports any DLPack producer; the framework passes its own stream to `x`.
+
+        `readonly` as in `from_numpy`.
+        """
+
+    def device_put(self, x: Any, device: Any) -> Any:
+        """`x` on `device` (a copy only when the device differs)."""
+
+    def same_device(self, x: Any, device: Any) -> bool:
+        """Whether `x` already lives on `device`."""
+
+    def copy(self, x: Any) -> Any:
+        """A fresh copy of `x`, cut from any autograd history."""
+
+    def supports_x64(self) -> bool:
+        """Whether 64-bit dtypes are available now (False for JAX without x64 mode)."""
+
+    def zeros(self, shape: tuple[int, ...], dtype: str, device: Any = None) -> Any:
+        """A zero-filled array; `dtype` is a NumPy dtype name (``"float32"``, ``"bfloat16"``)."""
+
+    def stack(self, xs: list[Any], axis: int = 0) -> Any:
+        """Stacks same-shape arrays along a new axis."""
+
+    def take_rows(self, x: Any, idx: Any) -> Any:
+        """``x[idx]`` along axis 0 for an int index array `idx` of this framework."""
+
+    def put_rows(self, x: Any, idx: Any, values: Any) -> Any:
+        """`x` with rows `idx` set to `values` (in place where the framework can, else new)."""
+
+
+_lock = threading.Lock()
+_instances: dict[str, Backend] = {}
+_type_cache: dict[type, str | None] = {}
+_SCALARS = (bool, int, float, complex, type(None))
+
+
+def load(name: str) -> Backend:
+    """The backend called `name`, importing its adapter (and framework) on first use.
+
+    Args:
+        name: one of ``"numpy"``, ``"torch"``, ``"jax"``, ``"cupy"``.
+
+    Raises:
+        ValueError: for an unknown name.
+        ImportError: when the framework is not installed (with the extra to install).
+    """
+    backend = _instances.get(name)
+    if backend is not None:
+        return backend
+    if name not in _ADAPTERS:
+        raise bad_argument("backend", name, "one of " + ", ".join(map(repr, NAMES)))
+    with _lock:
+        if name not in _instances:
+            module = _import_adapter(name)
+            _instances[name] = module.make_backend()
+    return _instances[name]
+
+
+def load_part(name: str, part: str) -> ModuleType:
+    """The module `part` of backend `name`'s adapter (``load_part("torch", "demo")``)."""
+    if name not in ("torch", "jax"):
+        raise bad_argument("backend", name, "'torch' or 'jax'")
+    load(name)
+    return importlib.import_module(f"dualtrain_{name}.{part}")
+
+
+def available() -> list[str]:
+    """Names of the backends whose framework is importable right now, without importing."""
+    return ["numpy", *(name for name in ("torch", "jax", "cupy") if _installed(name))]
+
+
+def _installed(name: str) -> bool:
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken install must not break the caller
+        return False
+
+
+def backend_of(*arrays: Any) -> Backend:
+    """The backend that owns `arrays`, found without importing anything.
+
+    Python scalars and None are skipped, as the array API's ``array_namespace`` does.
+
+    Raises:
+        BackendError: (a TypeError) when an argument is of no known framework, when arrays
+            of several frameworks are mixed, or when no array was given.
+    """
+    names = {_name_of_type(type(x)) for x in arrays if not isinstance(x, _SCALARS)}
+    if None in names:
+        bad = next(x for x in arrays if _name_of_type(type(x)) is None)
+        raise BackendError(
+            f"arrays must be NumPy, torch, JAX or CuPy arrays; got {type(bad).__qualname__}"
+        )
+    if len(names) != 1:
+        if not names:
+            raise BackendError("backend_of needs at least one array; got only scalars")
+        raise BackendError(f"arrays must all belong to one framework; got {sorted(map(str, names))}")
+    return load(names.pop())  # type: ignore[arg-type]
+
+
+def name_of(x: Any) -> str | None:
+    """The framework name of array `x`, or None for anything else (cached per type)."""
+    return _name_of_type(type(x))
+
+
+def _name_of_type(cls: type) -> str | None:
+    try:
+        return _type_cache[cls]
+    except KeyError:
+        pass
+    found = None
+    for name, specs in _ARRAY_TYPES.items():
+        for module_name, attr in specs:
+            module = sys.modules.get(module_name)
+            base = getattr(module, attr, None) if module is not None else None
+            if isinstance(base, type) and issubclass(cls, base):
+                found = name
+                break
+        if found:
+            break
+    # Cache only positive answers: a type unknown now may belong to a framework that is
+    # imported later (a subclass defined before `import jax` cannot exist, but be safe).
+    if found is not None:
+        _type_cache[cls] = found
+    return found
+
+
+_HINT = {"torch": "dualtrain[torch]", "jax": "dualtrain[jax]", "cupy": "dualtrain[gpu]"}
+
+
+def _import_adapter(name: str) -> ModuleType:
+    try:
+        if name == "cupy":  # the CuPy backend lives in the core and is handed the module
+            importlib.import_module("cupy")
+        return importlib.import_module(_ADAPTERS[name])
+    except ImportError as err:
+        missing = getattr(err, "name", None) or name
+        raise ImportError(
+            f"backend {name!r} needs {missing!r}, which is not installed; "
+            f"install it with: pip install '{_HINT.get(name, name)}'"
+        ) from err

@@ -1,0 +1,34 @@
+"""The `dualtrain` command: ``dualtrain demo``, ``dualtrain --version``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from dualtrain import __version__
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `dualtrain` console script; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="dualtrain", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"dualtrain {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="run the end-to-end demo on synthetic data")
+    demo.add_argument("--seed", type=int, default=0, help="seed of data and weights")
+    demo.add_argument("--steps", type=_positive, default=60, help="SGD steps per framework")
+    demo.add_argument("--lr", type=float, default=0.3, help="learning rate")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from dualtrain.demo import run  # imports rich tables only when asked
+
+        run(seed=args.seed, steps=args.steps, lr=args.lr)
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive int; got {value}")
+    return value

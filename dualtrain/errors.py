@@ -1,0 +1,49 @@
+"""The errors dualtrain raises.
+
+Every error derives from `DualtrainError`; most also derive from the matching builtin,
+so ``except ValueError`` keeps working. Messages follow one house form: the argument,
+the value received, and what was expected::
+
+    batch_size must be a positive int; got batch_size=0
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArgumentError",
+    "BackendError",
+    "DtypeError",
+    "DualtrainError",
+    "PrecisionWarning",
+    "ShapeError",
+    "bad_argument",
+]
+
+
+class DualtrainError(Exception):
+    """Base class of every error dualtrain raises."""
+
+
+class ArgumentError(DualtrainError, ValueError):
+    """An argument has a value outside what the function accepts."""
+
+
+class ShapeError(DualtrainError, ValueError):
+    """An array has the wrong shape, rank or strides."""
+
+
+class DtypeError(DualtrainError, TypeError):
+    """An array has a dtype the operation cannot take, or a value does not fit a dtype."""
+
+
+class BackendError(DualtrainError, TypeError):
+    """An array belongs to no known framework, or arrays of several frameworks were mixed."""
+
+
+class PrecisionWarning(UserWarning):
+    """A conversion narrowed a dtype (float64 -> float32) because the target cannot hold it."""
+
+
+def bad_argument(name: str, value: object, expected: str) -> ArgumentError:
+    """Builds the house error: ``{name} must be {expected}; got {name}={value!r}``."""
+    return ArgumentError(f"{name} must be {expected}; got {name}={value!r}")

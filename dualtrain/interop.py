@@ -1,0 +1,300 @@
+"""Zero-copy exchange of pytrees of arrays between NumPy, torch, JAX and CuPy.
+
+`convert(tree, to=...)` follows the array API's copy contract and DLPack:
+
+* ``copy=None`` shares memory whenever that is safe and copies only when it must;
+* ``copy=True`` always copies;
+* ``copy=False`` never copies and raises BufferError when a copy cannot be avoided.
+
+Host arrays are inspected through a zero-copy NumPy view, so every rule (strides, read-only
+buffers, alignment, 64-bit dtypes) lives here once. Device arrays go framework to framework
+through ``from_dlpack(obj)``, which passes the consumer's stream to the producer: no global
+synchronize. Every copy made is counted; see `count_copies`.
+
+Mutability rule: a JAX array is immutable, and so is a read-only NumPy array. NumPy receives
+such a buffer as a read-only view and JAX as an array, both zero-copy. Torch and CuPy cannot
+mark memory read-only (torch's inference tensors check only after the write has happened),
+so under ``copy=None`` they receive a copy. ``copy=False`` shares the buffer anyway: that is
+the caller's promise never to write through the tensor. The other way round, a JAX array
+made from a torch tensor or NumPy array without a copy borrows that memory: do not write the
+source while the JAX array is in use, or convert with ``copy=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from dualtrain import backends
+from dualtrain.errors import DtypeError, PrecisionWarning, bad_argument
+from dualtrain.memory import aligned_copy, aligned_empty
+from dualtrain.tree import Path, format_path, map_with_path
+
+__all__ = ["CopyCount", "convert", "count_copies"]
+
+_NARROW = {"int64": "int32", "uint64": "uint32", "float64": "float32", "complex128": "complex64"}
+_NARROW_POLICIES = ("warn", "error", "allow")
+
+
+@dataclasses.dataclass
+class CopyCount:
+    """Copies made by `convert` calls inside a `count_copies` block.
+
+    Attributes:
+        copies: number of arrays copied.
+        nbytes: bytes copied, in total.
+    """
+
+    copies: int = 0
+    nbytes: int = 0
+
+
+_counters: contextvars.ContextVar[tuple[CopyCount, ...]] = contextvars.ContextVar(
+    "dualtrain_copy_counters", default=()
+)
+
+
+@contextlib.contextmanager
+def count_copies() -> Iterator[CopyCount]:
+    """Counts the copies `convert` makes in this block (nested blocks all count).
+
+    Example:
+        >>> with count_copies() as c:
+        ...     t = convert(batch, to="torch")
+        >>> c.copies, c.nbytes
+    """
+    count = CopyCount()
+    token = _counters.set((*_counters.get(), count))
+    try:
+        yield count
+    finally:
+        _counters.reset(token)
+
+
+def _record(nbytes: int) -> None:
+    for count in _counters.get():
+        count.copies += 1
+        count.nbytes += int(nbytes)
+
+
+def convert(
+    tree: Any,
+    to: str,
+    *,
+    copy: bool | None = None,
+    device: Any = None,
+    narrow: str = "warn",
+) -> Any:
+    """Converts every array in `tree` to framework `to`, sharing memory where it can.
+
+    Args:
+        tree: an array, or a pytree (dict, list, tuple, namedtuple, dataclass) of arrays.
+            Leaves that are not arrays (numbers, strings, None) come back unchanged.
+        to: ``"numpy"``, ``"torch"``, ``"jax"`` or ``"cupy"``.
+        copy: None shares memory where safe; True always copies; False never copies and
+            raises BufferError when it would have to.
+        device: where the results should live (``"cpu"``, ``"cuda:0"``, a torch or JAX
+            device); None keeps each array where it is.
+        narrow: what to do when JAX runs without x64 and a leaf is 64-bit: float64 and
+            complex128 become 32-bit with a PrecisionWarning (``"warn"``), silently
+            (``"allow"``) or not at all (``"error"``, DtypeError). Integers narrow only when
+            every value fits; otherwise DtypeError.
+
+    Returns:
+        The same pytree with arrays of framework `to`. Autograd history is not carried.
+
+    Raises:
+        BufferError: ``copy=False`` and a copy was unavoidable (the message says why).
+        DtypeError: a 64-bit leaf cannot be narrowed for JAX without losing values.
+        ValueError: an unknown `to`, `copy` or `narrow`.
+    """
+    if copy is not None and copy is not True and copy is not False:
+        raise bad_argument("copy", copy, "None, True or False")
+    if narrow not in _NARROW_POLICIES:
+        raise bad_argument("narrow", narrow, "'warn', 'error' or 'allow'")
+    if not isinstance(to, str) or to not in backends.NAMES:
+        raise bad_argument("to", to, "one of 'numpy', 'torch', 'jax', 'cupy'")
+    dst = backends.load(to)
+    plan = _Plan(dst, copy, device, narrow)
+    return map_with_path(plan.leaf, tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    dst: Any
+    copy: bool | None
+    device: Any
+    narrow: str
+
+    def leaf(self, path: Path, x: Any) -> Any:
+        name = backends.name_of(x)
+        if name is None:
+            return x
+        src = backends.load(name)
+        if src is self.dst:
+            y = x
+            if self.copy:
+                y = self.dst.copy(x)
+                _record(_nbytes(x))
+        elif src.device_of(x) == "cpu":
+            y = self._from_host(path, src, x)
+        else:
+            y = self._from_device(path, src, x)
+        return self._place(path, y)
+
+    def _from_host(self, path: Path, src: Any, x: Any) -> Any:
+        dst = self.dst
+        a = src.to_numpy(x)
+        if src.may_copy_silently and a.size and a.ctypes.data != src.data_address(x):
+            self._allow_copy(path, f"its {src.name} layout is not row-major")
+            _record(a.nbytes)
+        readonly = src.immutable or not a.flags.writeable
+        reason = None if not self.copy else "copy=True"
+        target_dtype = self._narrowed_dtype(path, a)
+        if target_dtype is not None:
+            reason = f"{dst.name} without x64 cannot hold {a.dtype}"
+        elif reason is None:
+            reason = _host_copy_reason(a, dst)
+        if reason is None and readonly and not dst.marks_readonly and self.copy is not False:
+            reason = f"{dst.name} cannot mark memory read-only, and the source must not change"
+        if reason is None:
+            if src.name != "numpy" and a.dtype.name in dst.import_copies:
+                # NumPy cannot carry this dtype over DLPack; the frameworks can, directly.
+                return dst.from_dlpack(src.exportable(x), copy=False)
+            if a.dtype.name in dst.import_copies:
+                self._allow_copy(path, f"{dst.name} copies {a.dtype} arrays from NumPy")
+                _record(a.nbytes)
+                return dst.from_numpy(a, readonly=readonly)
+            return self._import(path, a, readonly)
+        self._allow_copy(path, reason)
+        if target_dtype is not None:
+            fresh = aligned_empty(a.shape, target_dtype)
+            np.copyto(fresh, a, casting="unsafe")
+        else:
+            fresh = aligned_copy(a)
+        _record(fresh.nbytes)
+        if fresh.dtype.name in dst.import_copies:
+            _record(fresh.nbytes)
+        return dst.from_numpy(fresh, readonly=False)
+
+    def _import(self, path: Path, a: np.ndarray, readonly: bool) -> Any:
+        y = self.dst.from_numpy(a, readonly=readonly)
+        if self.dst.may_copy_silently and a.size and self.dst.data_address(y) != a.ctypes.data:
+            self._allow_copy(path, f"{self.dst.name} would not share this layout")
+            _record(a.nbytes)
+        return y
+
+    def _from_device(self, path: Path, src: Any, x: Any) -> Any:
+        dst, where = self.dst, src.device_of(x)
+        if dst.name == "numpy" or where.startswith("sharded:"):
+            # No single device buffer to share: gather into host memory, then go on from there.
+            self._allow_copy(path, f"the array lives on {where}, not in one host buffer")
+            a = src.to_host(x)
+            _record(a.nbytes)
+            if dst.name == "numpy":
+                return a
+            return self._from_host(path, backends.load("numpy"), a)
+        x = src.exportable(x)
+        if not src.is_contiguous(x):  # negative or gapped strides abort some importers
+            self._allow_copy(path, "its strides are not contiguous")
+            x = src.copy(x)
+            _record(_nbytes(x))
+        dtype = _dtype_name(x)
+        if dtype in _NARROW and not dst.supports_x64():
+            self._check_narrowing(path, np.dtype(dtype), on_device=True)
+            self._allow_copy(path, f"{dst.name} without x64 cannot hold {dtype}")
+            _record(_nbytes(x) // 2)
+        elif self.copy or (src.immutable and not dst.marks_readonly and self.copy is None):
+            _record(_nbytes(x))
+            return dst.from_dlpack(x, copy=True)
+        return dst.from_dlpack(x, copy=self.copy, readonly=src.immutable)
+
+    def _place(self, path: Path, y: Any) -> Any:
+        if self.device is None or self.dst.same_device(y, self.device):
+            return y
+        self._allow_copy(path, f"it must move to device {self.device!r}")
+        _record(_nbytes(y))
+        return self.dst.device_put(y, self.device)
+
+    def _allow_copy(self, path: Path, reason: str) -> None:
+        if self.copy is False:
+            raise BufferError(
+                f"copy=False, but {format_path(path)} cannot be converted to "
+                f"{self.dst.name} without a copy: {reason}"
+            )
+
+    def _narrowed_dtype(self, path: Path, a: np.ndarray) -> str | None:
+        narrower = _NARROW.get(a.dtype.name)
+        if narrower is None or self.dst.supports_x64():
+            return None
+        if a.dtype.kind in "iu":
+            info = np.iinfo(narrower)
+            if a.size and (a.min() < info.min or a.max() > info.max):
+                raise DtypeError(
+                    f"{format_path(path)} is {a.dtype} with values in [{a.min()}, {a.max()}], "
+                    f"which do not fit {narrower}; {self.dst.name} runs without x64. "
+                    "Enable it with jax.config.update('jax_enable_x64', True)"
+                )
+            return narrower
+        self._check_narrowing(path, a.dtype, on_device=False)
+        return narrower
+
+    def _check_narrowing(self, path: Path, dtype: np.dtype, *, on_device: bool) -> None:
+        where = format_path(path)
+        if on_device and dtype.kind in "iu" and self.narrow != "allow":
+            raise DtypeError(
+                f"{where} is a device array of {dtype}; {self.dst.name} runs without x64 and "
+                "its values cannot be checked in place. Pass narrow='allow' or cast it first"
+            )
+        message = (
+            f"{where} is {dtype}, but {self.dst.name} runs without x64: it becomes "
+            f"{_NARROW[dtype.name]}. Pass narrow='allow' to accept this silently, or enable x64"
+        )
+        if self.narrow == "error":
+            raise DtypeError(message)
+        if self.narrow == "warn" and dtype.kind in "fc":
+            warnings.warn(message, PrecisionWarning, stacklevel=2)
+
+
+def _host_copy_reason(a: np.ndarray, dst: Any) -> str | None:
+    """Why host array `a` cannot be handed to `dst` as it is, or None if it can."""
+    if dst.name == "numpy":
+        return None
+    if a.size and min(a.strides, default=0) < 0:  # also size-1 axes of "contiguous" arrays
+        return "it has negative strides"
+    if a.size and dst.compact_only and not a.flags.c_contiguous and not _compact(a):
+        return "its strides leave gaps, and it takes compact arrays only"
+    if dst.host_alignment > 1 and a.size and a.ctypes.data % dst.host_alignment:
+        return f"its data is not {dst.host_alignment}-byte aligned"
+    if not a.flags.writeable and not dst.takes_readonly_host:
+        return "it is read-only, and DLPack cannot hand read-only buffers to it"
+    return None
+
+
+def _compact(a: np.ndarray) -> bool:
+    """Whether `a` fills its memory without gaps in some axis order (a permuted C layout)."""
+    expected = a.itemsize
+    for stride, size in sorted(zip(a.strides, a.shape, strict=True)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _nbytes(x: Any) -> int:
+    nbytes = getattr(x, "nbytes", None)
+    if nbytes is None:  # torch tensors
+        nbytes = x.element_size() * x.numel()
+    return int(nbytes)
+
+
+def _dtype_name(x: Any) -> str:
+    return str(x.dtype).removeprefix("torch.")

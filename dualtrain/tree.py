@@ -1,0 +1,76 @@
+"""Pytrees without a framework: the containers `convert` and friends walk through.
+
+A pytree is a nest of dicts (any Mapping subclass that can be rebuilt from its items,
+defaultdict included), lists, tuples, namedtuples and dataclass instances. Everything else
+is a leaf. The same containers come back, of the same types, in the same order.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["Field", "format_path", "leaves", "map_with_path"]
+
+Path = tuple[Any, ...]
+
+
+class Field(str):
+    """A path entry naming a dataclass field (a plain key names a mapping entry)."""
+
+    __slots__ = ()
+
+
+def map_with_path(fn: Callable[[Path, Any], Any], tree: Any) -> Any:
+    """Rebuilds `tree` with every leaf replaced by ``fn(path, leaf)``.
+
+    Args:
+        fn: called once per leaf with the leaf's path (a tuple of keys, indices and field
+            names from the root) and the leaf.
+        tree: the pytree.
+
+    Returns:
+        A pytree of the same containers and types holding fn's results.
+    """
+    return _map(fn, tree, ())
+
+
+def _map(fn: Callable[[Path, Any], Any], tree: Any, path: Path) -> Any:
+    if isinstance(tree, Mapping):
+        items = [(k, _map(fn, v, (*path, k))) for k, v in tree.items()]
+        cls: Any = type(tree)
+        if isinstance(tree, defaultdict):
+            return cls(tree.default_factory, items)
+        return cls(items)
+    if isinstance(tree, tuple):
+        values = [_map(fn, v, (*path, i)) for i, v in enumerate(tree)]
+        if hasattr(tree, "_fields"):  # namedtuple
+            return type(tree)(*values)
+        return type(tree)(values) if type(tree) is not tuple else tuple(values)
+    if isinstance(tree, list):
+        return type(tree)(_map(fn, v, (*path, i)) for i, v in enumerate(tree))
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        out = _copy.copy(tree)
+        for f in dataclasses.fields(tree):
+            value = _map(fn, getattr(tree, f.name), (*path, Field(f.name)))
+            object.__setattr__(out, f.name, value)  # also works on frozen dataclasses
+        return out
+    return fn(path, tree)
+
+
+def leaves(tree: Any) -> list[Any]:
+    """The leaves of `tree`, in the order `map_with_path` visits them."""
+    found: list[Any] = []
+    map_with_path(lambda _, leaf: found.append(leaf), tree)
+    return found
+
+
+def format_path(path: Path) -> str:
+    """``('params', 0, 'w')`` -> ``"tree['params'][0].w"``-style text for error messages."""
+    text = "tree"
+    for key in path:
+        text += f".{key}" if isinstance(key, Field) else f"[{key!r}]"
+    return text

@@ -1,0 +1,102 @@
+"""JaxBackend: the Backend protocol in JAX (documented in `dualtrain.backends`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["JaxBackend", "make_backend"]
+
+
+class JaxBackend:
+    """The Backend protocol over ``jax.Array`` (tracers included for `owns`)."""
+
+    name = "jax"
+    immutable = True
+    compact_only = True  # XLA rejects non-compact DLPack strides
+    host_alignment = 64  # the CPU client copies any host buffer not on a 64-byte boundary
+    marks_readonly = True  # immutable
+    takes_readonly_host = False  # jnp.from_dlpack asks NumPy for an unversioned capsule
+    import_copies = frozenset({"bfloat16"})  # NumPy's DLPack export refuses ml_dtypes types
+    may_copy_silently = True  # np.asarray copies arrays whose layout is not row-major
+
+    def owns(self, x: Any) -> bool:
+        return isinstance(x, (jax.Array, jax.core.Tracer))
+
+    def device_of(self, x: jax.Array) -> str:
+        devices = x.devices()
+        if len(devices) != 1:  # sharded over several devices: no single host buffer
+            return "sharded:" + ",".join(sorted(str(d) for d in devices))
+        device = next(iter(devices))
+        return "cpu" if device.platform == "cpu" else f"{_torch_name(device.platform)}:{device.id}"
+
+    def to_numpy(self, x: jax.Array) -> np.ndarray:
+        return np.asarray(x)  # zero-copy and read-only for a single-device CPU array
+
+    def data_address(self, x: Any) -> int:
+        return int(x.unsafe_buffer_pointer())
+
+    def to_host(self, x: jax.Array) -> np.ndarray:
+        return np.array(x)
+
+    def exportable(self, x: jax.Array) -> jax.Array:
+        return x
+
+    def is_contiguous(self, x: jax.Array) -> bool:
+        return True
+
+    def from_numpy(self, a: np.ndarray, *, readonly: bool) -> jax.Array:
+        if a.size == 0:  # no data to share, and an empty array's address may be unaligned
+            return jnp.empty(a.shape, a.dtype)
+        if a.dtype.name == "bfloat16":  # in import_copies: the bitcast makes a new buffer
+            bits = jnp.from_dlpack(a.view(np.uint16), copy=False)
+            return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
+        return jnp.from_dlpack(a, copy=False)
+
+    def from_dlpack(self, x: Any, *, copy: bool | None, readonly: bool = False) -> jax.Array:
+        return jnp.from_dlpack(x, copy=copy)
+
+    def device_put(self, x: jax.Array, device: Any) -> jax.Array:
+        return jax.device_put(x, _device(device))
+
+    def same_device(self, x: jax.Array, device: Any) -> bool:
+        return device is None or x.devices() == {_device(device)}
+
+    def copy(self, x: jax.Array) -> jax.Array:
+        return jnp.array(x, copy=True)
+
+    def supports_x64(self) -> bool:
+        return bool(jax.config.read("jax_enable_x64"))
+
+    def zeros(self, shape: tuple[int, ...], dtype: str, device: Any = None) -> jax.Array:
+        return jnp.zeros(shape, dtype=dtype, device=None if device is None else _device(device))
+
+    def stack(self, xs: list[jax.Array], axis: int = 0) -> jax.Array:
+        return jnp.stack(xs, axis=axis)
+
+    def take_rows(self, x: jax.Array, idx: jax.Array) -> jax.Array:
+        return jnp.take(x, idx, axis=0)
+
+    def put_rows(self, x: jax.Array, idx: jax.Array, values: jax.Array) -> jax.Array:
+        return x.at[idx].set(values)
+
+
+def _torch_name(platform: str) -> str:
+    return "cuda" if platform in ("gpu", "cuda", "rocm") else platform
+
+
+def _device(device: Any) -> Any:
+    """A jax Device or Sharding from a Device, a Sharding, or text like ``"cuda:0"``."""
+    if not isinstance(device, str):
+        return device
+    platform, _, index = device.partition(":")
+    platform = "gpu" if platform in ("cuda", "gpu", "rocm") else platform
+    return jax.devices(platform)[int(index or 0)]
+
+
+def make_backend() -> JaxBackend:
+    """Builds the JAX backend (called once by `dualtrain.backends.load`)."""
+    return JaxBackend()

@@ -1,0 +1,73 @@
+"""convert() within NumPy: the copy contract and argument checks, no framework needed."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+
+import dualtrain
+from dualtrain import convert, count_copies
+from tests.strategies import arrays, pytrees, same_bits
+
+
+@given(a=arrays())
+def test_copy_none_and_false_return_the_same_array(a):
+    with count_copies() as c:
+        assert convert(a, to="numpy") is a
+        assert convert(a, to="numpy", copy=False) is a
+    assert c.copies == 0
+
+
+@given(a=arrays())
+def test_copy_true_always_copies_once_and_exactly(a):
+    with count_copies() as c:
+        b = convert(a, to="numpy", copy=True)
+    assert c.copies == 1 and c.nbytes == a.nbytes
+    assert same_bits(a, b)
+    assert dualtrain.is_aligned(b)
+    if a.size:
+        assert not np.shares_memory(a, b)
+
+
+@given(tree=pytrees())
+def test_non_array_leaves_come_back_untouched(tree):
+    out = convert(tree, to="numpy", copy=True)
+    for x, y in zip(dualtrain.tree.leaves(tree), dualtrain.tree.leaves(out), strict=True):
+        if isinstance(x, np.ndarray):
+            assert same_bits(x, y)
+        else:
+            assert x is y
+
+
+def test_counters_nest_and_each_sees_its_own_copies():
+    a = np.ones(4, np.float32)
+    with count_copies() as outer:
+        convert(a, to="numpy", copy=True)
+        with count_copies() as inner:
+            convert([a, a], to="numpy", copy=True)
+    assert (outer.copies, inner.copies) == (3, 2)
+    assert outer.nbytes == 48
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"to": "tensorflow"},
+            "to must be one of 'numpy', 'torch', 'jax', 'cupy'; got to='tensorflow'",
+        ),
+        ({"to": "numpy", "copy": "yes"}, "copy must be None, True or False; got copy='yes'"),
+        (
+            {"to": "numpy", "narrow": "maybe"},
+            "narrow must be 'warn', 'error' or 'allow'; got narrow='maybe'",
+        ),
+        ({"to": "numpy", "device": "cuda:0"}, "device must be 'cpu' or None for NumPy arrays"),
+    ],
+)
+def test_bad_arguments_get_the_house_message(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        convert(np.ones(2), **kwargs)
+
+
+def test_numpy_scalars_are_leaves_too():
+    out = convert({"s": np.float32(2.5)}, to="numpy", copy=True)
+    assert out["s"].shape == () and out["s"] == 2.5

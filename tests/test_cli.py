@@ -1,0 +1,51 @@
+"""The `dualtrain` command and its demo."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from dualtrain import __version__
+from dualtrain.cli import main
+
+
+def test_version_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"dualtrain {__version__}"
+
+
+def test_bad_step_count_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "must be a positive int; got 0" in capsys.readouterr().err
+
+
+def test_demo_shares_memory_and_trains_identically_in_both_frameworks():
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    from dualtrain.demo import run
+
+    out = io.StringIO()
+    result = run(steps=12, console=Console(file=out, width=100))
+    assert result["copies"] == 0
+    torch_losses, jax_losses = result["torch_losses"], result["jax_losses"]
+    assert len(torch_losses) == len(jax_losses) == 12
+    assert torch_losses[-1] < torch_losses[0]  # it learns
+    for a, b in zip(torch_losses, jax_losses, strict=True):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(a))
+    text = out.getvalue()
+    assert "NumPy -> torch -> JAX -> NumPy" in text and "round trip bit-exact: True" in text
+
+
+def test_python_dash_m_runs_the_cli():
+    out = subprocess.run(
+        [sys.executable, "-m", "dualtrain", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and __version__ in out.stdout
