@@ -206,7 +206,8 @@ def backend_of(*arrays: Any) -> Backend:
     if len(names) != 1:
         if not names:
             raise BackendError("backend_of needs at least one array; got only scalars")
-        raise BackendError(f"arrays must all belong to one framework; got {sorted(map(str, names))}")
+        found = sorted(map(str, names))
+        raise BackendError(f"arrays must all belong to one framework; got {found}")
     return load(names.pop())  # type: ignore[arg-type]
 
 
