@@ -65,6 +65,7 @@ class Backend(Protocol):
         import_copies: dtype names that `from_numpy` can only import by copying.
         may_copy_silently: `to_numpy` or `from_numpy` can copy without saying so (JAX does
             for non-row-major layouts); the core then compares `data_address` to know.
+        device_only: arrays never live in host memory (CuPy): `from_numpy` is a transfer.
     """
 
     name: str
@@ -75,9 +76,16 @@ class Backend(Protocol):
     takes_readonly_host: bool
     import_copies: frozenset[str]
     may_copy_silently: bool
+    device_only: bool
 
     def owns(self, x: Any) -> bool:
         """Whether `x` is an array (or tracer) of this framework."""
+
+    def on_host(self, x: Any) -> bool:
+        """Whether `x` lives in one buffer of plain host memory (the fast check)."""
+
+    def shares(self, x: Any, a: Any) -> bool:
+        """Whether `a`, returned by ``to_numpy(x)``, shares the memory of `x`."""
 
     def device_of(self, x: Any) -> str:
         """The device holding `x`: ``"cpu"`` for host memory, else e.g. ``"cuda:0"``."""

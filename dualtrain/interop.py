@@ -33,12 +33,14 @@ import numpy as np
 
 from dualtrain import backends
 from dualtrain.errors import DtypeError, PrecisionWarning, bad_argument
+from dualtrain.layout import NARROWER, copy_reason, dtypes_named
 from dualtrain.memory import aligned_copy, aligned_empty
 from dualtrain.tree import Path, format_path, map_with_path
 
 __all__ = ["CopyCount", "convert", "count_copies"]
 
-_NARROW = {"int64": "int32", "uint64": "uint32", "float64": "float32", "complex128": "complex64"}
+_plans: dict[tuple[Any, ...], _Plan] = {}
+
 _NARROW_POLICIES = ("warn", "error", "allow")
 
 
@@ -114,44 +116,77 @@ def convert(
         DtypeError: a 64-bit leaf cannot be narrowed for JAX without losing values.
         ValueError: an unknown `to`, `copy` or `narrow`.
     """
-    if copy is not None and copy is not True and copy is not False:
-        raise bad_argument("copy", copy, "None, True or False")
-    if narrow not in _NARROW_POLICIES:
-        raise bad_argument("narrow", narrow, "'warn', 'error' or 'allow'")
-    if not isinstance(to, str) or to not in backends.NAMES:
-        raise bad_argument("to", to, "one of 'numpy', 'torch', 'jax', 'cupy'")
-    dst = backends.load(to)
-    plan = _Plan(dst, copy, device, narrow)
+    # Plans are cached per argument set: the checks run once, not on every call.
+    key = (to, copy, type(copy), narrow)
+    plan = _plans.get(key) if device is None else None
+    if plan is None:
+        plan = _Plan(to, copy, device, narrow)
+        if device is None:
+            _plans[key] = plan
     return map_with_path(plan.leaf, tree)
 
 
-@dataclasses.dataclass(frozen=True)
 class _Plan:
-    dst: Any
-    copy: bool | None
-    device: Any
-    narrow: str
+    """How one `convert` call treats each leaf; its `leaf` method is the hot path."""
+
+    __slots__ = ("copy", "device", "dst", "narrow", "special", "x64")
+
+    def __init__(self, to: Any, copy: Any, device: Any, narrow: Any) -> None:
+        if copy is not None and copy is not True and copy is not False:
+            raise bad_argument("copy", copy, "None, True or False")
+        if narrow not in _NARROW_POLICIES:
+            raise bad_argument("narrow", narrow, "'warn', 'error' or 'allow'")
+        if not isinstance(to, str) or to not in backends.NAMES:
+            raise bad_argument("to", to, "one of 'numpy', 'torch', 'jax', 'cupy'")
+        self.dst = backends.load(to)
+        self.copy, self.device, self.narrow = copy, device, narrow
+        self.special = dtypes_named(self.dst.import_copies)
 
     def leaf(self, path: Path, x: Any) -> Any:
         name = backends.name_of(x)
         if name is None:
             return x
-        src = backends.load(name)
-        if src is self.dst:
+        src, dst = backends.load(name), self.dst
+        if src is dst:
             y = x
             if self.copy:
-                y = self.dst.copy(x)
+                y = dst.copy(x)
                 _record(_nbytes(x))
-        elif src.device_of(x) == "cpu":
-            y = self._from_host(path, src, x)
+        elif src.on_host(x):
+            y = self._fast_from_host(path, src, x)
         else:
             y = self._from_device(path, src, x)
+        if self.device is None:
+            return y
         return self._place(path, y)
 
-    def _from_host(self, path: Path, src: Any, x: Any) -> Any:
+    def _fast_from_host(self, path: Path, src: Any, x: Any) -> Any:
+        """The common case in a few checks; anything unusual goes to `_from_host`."""
+        a, dst = src.to_numpy(x), self.dst
+        flags, dtype = a.flags, a.dtype
+        readonly = src.immutable or not flags.writeable
+        if (
+            self.copy is not True
+            and not dst.device_only
+            and flags.c_contiguous
+            and (not readonly or (dst.marks_readonly and dst.takes_readonly_host))
+            and dtype not in self.special
+            and dtype not in NARROWER
+            and not (src.may_copy_silently and a.size and not src.shares(x, a))
+        ):
+            try:
+                return dst.from_numpy(a, readonly=readonly)
+            except (ValueError, BufferError, RuntimeError):
+                pass  # e.g. misaligned for JAX, a negative stride on a size-1 axis for torch
+        return self._from_host(path, src, x, a)
+
+    def _from_host(self, path: Path, src: Any, x: Any, a: np.ndarray) -> Any:
         dst = self.dst
-        a = src.to_numpy(x)
-        if src.may_copy_silently and a.size and a.ctypes.data != src.data_address(x):
+        if dst.device_only:  # host -> GPU is a transfer whatever the layout
+            self._allow_copy(path, f"{dst.name} arrays live on the GPU, this one in host memory")
+            _record(a.nbytes)
+            return dst.from_numpy(a, readonly=False)
+        if src.may_copy_silently and a.size and not src.shares(x, a):
             self._allow_copy(path, f"its {src.name} layout is not row-major")
             _record(a.nbytes)
         readonly = src.immutable or not a.flags.writeable
@@ -160,14 +195,13 @@ class _Plan:
         if target_dtype is not None:
             reason = f"{dst.name} without x64 cannot hold {a.dtype}"
         elif reason is None:
-            reason = _host_copy_reason(a, dst)
+            reason = copy_reason(a, dst)
         if reason is None and readonly and not dst.marks_readonly and self.copy is not False:
             reason = f"{dst.name} cannot mark memory read-only, and the source must not change"
         if reason is None:
-            if src.name != "numpy" and a.dtype.name in dst.import_copies:
-                # NumPy cannot carry this dtype over DLPack; the frameworks can, directly.
-                return dst.from_dlpack(src.exportable(x), copy=False)
-            if a.dtype.name in dst.import_copies:
+            if a.dtype in self.special:
+                if src.name != "numpy":  # NumPy cannot carry it over DLPack; frameworks can
+                    return dst.from_dlpack(src.exportable(x), copy=False)
                 self._allow_copy(path, f"{dst.name} copies {a.dtype} arrays from NumPy")
                 _record(a.nbytes)
                 return dst.from_numpy(a, readonly=readonly)
@@ -179,7 +213,7 @@ class _Plan:
         else:
             fresh = aligned_copy(a)
         _record(fresh.nbytes)
-        if fresh.dtype.name in dst.import_copies:
+        if fresh.dtype in self.special:
             _record(fresh.nbytes)
         return dst.from_numpy(fresh, readonly=False)
 
@@ -199,15 +233,16 @@ class _Plan:
             _record(a.nbytes)
             if dst.name == "numpy":
                 return a
-            return self._from_host(path, backends.load("numpy"), a)
+            return self._fast_from_host(path, backends.load("numpy"), a)
         x = src.exportable(x)
         if not src.is_contiguous(x):  # negative or gapped strides abort some importers
             self._allow_copy(path, "its strides are not contiguous")
             x = src.copy(x)
             _record(_nbytes(x))
-        dtype = _dtype_name(x)
-        if dtype in _NARROW and not dst.supports_x64():
-            self._check_narrowing(path, np.dtype(dtype), on_device=True)
+        name = _dtype_name(x)
+        dtype = None if name == "bfloat16" else np.dtype(name)
+        if dtype in NARROWER and not dst.supports_x64():
+            self._check_narrowing(path, dtype, on_device=True)
             self._allow_copy(path, f"{dst.name} without x64 cannot hold {dtype}")
             _record(_nbytes(x) // 2)
         elif self.copy or (src.immutable and not dst.marks_readonly and self.copy is None):
@@ -216,7 +251,7 @@ class _Plan:
         return dst.from_dlpack(x, copy=self.copy, readonly=src.immutable)
 
     def _place(self, path: Path, y: Any) -> Any:
-        if self.device is None or self.dst.same_device(y, self.device):
+        if self.dst.same_device(y, self.device):
             return y
         self._allow_copy(path, f"it must move to device {self.device!r}")
         _record(_nbytes(y))
@@ -229,12 +264,12 @@ class _Plan:
                 f"{self.dst.name} without a copy: {reason}"
             )
 
-    def _narrowed_dtype(self, path: Path, a: np.ndarray) -> str | None:
-        narrower = _NARROW.get(a.dtype.name)
+    def _narrowed_dtype(self, path: Path, a: np.ndarray) -> np.dtype | None:
+        narrower = NARROWER.get(a.dtype)
         if narrower is None or self.dst.supports_x64():
             return None
         if a.dtype.kind in "iu":
-            info = np.iinfo(narrower)
+            info = np.iinfo(narrower.type)
             if a.size and (a.min() < info.min or a.max() > info.max):
                 raise DtypeError(
                     f"{format_path(path)} is {a.dtype} with values in [{a.min()}, {a.max()}], "
@@ -254,39 +289,12 @@ class _Plan:
             )
         message = (
             f"{where} is {dtype}, but {self.dst.name} runs without x64: it becomes "
-            f"{_NARROW[dtype.name]}. Pass narrow='allow' to accept this silently, or enable x64"
+            f"{NARROWER[dtype]}. Pass narrow='allow' to accept this silently, or enable x64"
         )
         if self.narrow == "error":
             raise DtypeError(message)
         if self.narrow == "warn" and dtype.kind in "fc":
             warnings.warn(message, PrecisionWarning, stacklevel=2)
-
-
-def _host_copy_reason(a: np.ndarray, dst: Any) -> str | None:
-    """Why host array `a` cannot be handed to `dst` as it is, or None if it can."""
-    if dst.name == "numpy":
-        return None
-    if a.size and min(a.strides, default=0) < 0:  # also size-1 axes of "contiguous" arrays
-        return "it has negative strides"
-    if a.size and dst.compact_only and not a.flags.c_contiguous and not _compact(a):
-        return "its strides leave gaps, and it takes compact arrays only"
-    if dst.host_alignment > 1 and a.size and a.ctypes.data % dst.host_alignment:
-        return f"its data is not {dst.host_alignment}-byte aligned"
-    if not a.flags.writeable and not dst.takes_readonly_host:
-        return "it is read-only, and DLPack cannot hand read-only buffers to it"
-    return None
-
-
-def _compact(a: np.ndarray) -> bool:
-    """Whether `a` fills its memory without gaps in some axis order (a permuted C layout)."""
-    expected = a.itemsize
-    for stride, size in sorted(zip(a.strides, a.shape, strict=True)):
-        if size == 1:
-            continue
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _nbytes(x: Any) -> int:

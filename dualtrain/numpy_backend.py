@@ -23,9 +23,16 @@ class NumpyBackend:
     takes_readonly_host = True
     import_copies: frozenset[str] = frozenset()
     may_copy_silently = False
+    device_only = False
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, (np.ndarray, np.generic))
+
+    def on_host(self, x: Any) -> bool:
+        return True
+
+    def shares(self, x: Any, a: Any) -> bool:
+        return True
 
     def device_of(self, x: Any) -> str:
         return "cpu"

@@ -38,27 +38,49 @@ def map_with_path(fn: Callable[[Path, Any], Any], tree: Any) -> Any:
     return _map(fn, tree, ())
 
 
+_LEAF, _MAPPING, _TUPLE, _LIST, _DATACLASS = range(5)
+_kinds: dict[type, int] = {}
+
+
+def _kind(cls: type) -> int:
+    kind = _kinds.get(cls)
+    if kind is None:
+        if issubclass(cls, Mapping):
+            kind = _MAPPING
+        elif issubclass(cls, tuple):
+            kind = _TUPLE
+        elif issubclass(cls, list):
+            kind = _LIST
+        elif dataclasses.is_dataclass(cls):
+            kind = _DATACLASS
+        else:
+            kind = _LEAF
+        _kinds[cls] = kind
+    return kind
+
+
 def _map(fn: Callable[[Path, Any], Any], tree: Any, path: Path) -> Any:
-    if isinstance(tree, Mapping):
+    kind = _kind(type(tree))
+    if kind == _LEAF:
+        return fn(path, tree)
+    if kind == _MAPPING:
         items = [(k, _map(fn, v, (*path, k))) for k, v in tree.items()]
         cls: Any = type(tree)
         if isinstance(tree, defaultdict):
             return cls(tree.default_factory, items)
         return cls(items)
-    if isinstance(tree, tuple):
+    if kind == _TUPLE:
         values = [_map(fn, v, (*path, i)) for i, v in enumerate(tree)]
         if hasattr(tree, "_fields"):  # namedtuple
             return type(tree)(*values)
         return type(tree)(values) if type(tree) is not tuple else tuple(values)
-    if isinstance(tree, list):
+    if kind == _LIST:
         return type(tree)(_map(fn, v, (*path, i)) for i, v in enumerate(tree))
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        out = _copy.copy(tree)
-        for f in dataclasses.fields(tree):
-            value = _map(fn, getattr(tree, f.name), (*path, Field(f.name)))
-            object.__setattr__(out, f.name, value)  # also works on frozen dataclasses
-        return out
-    return fn(path, tree)
+    out = _copy.copy(tree)
+    for f in dataclasses.fields(tree):
+        value = _map(fn, getattr(tree, f.name), (*path, Field(f.name)))
+        object.__setattr__(out, f.name, value)  # also works on frozen dataclasses
+    return out
 
 
 def leaves(tree: Any) -> list[Any]:

@@ -6,9 +6,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 __all__ = ["JaxBackend", "make_backend"]
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+# Whether arrays of a sharding live in one host buffer; shardings compare by their devices,
+# so this stays as small as the set of device placements in use.
+_HOST_SHARDINGS: dict[Any, bool] = {}
 
 
 class JaxBackend:
@@ -22,9 +29,27 @@ class JaxBackend:
     takes_readonly_host = False  # jnp.from_dlpack asks NumPy for an unversioned capsule
     import_copies = frozenset({"bfloat16"})  # NumPy's DLPack export refuses ml_dtypes types
     may_copy_silently = True  # np.asarray copies arrays whose layout is not row-major
+    device_only = False
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, (jax.Array, jax.core.Tracer))
+
+    def on_host(self, x: jax.Array) -> bool:
+        try:
+            return _HOST_SHARDINGS[x.sharding]
+        except KeyError:
+            sharding = x.sharding
+            _HOST_SHARDINGS[sharding] = len(sharding.device_set) == 1 and all(
+                d.platform == "cpu" for d in sharding.device_set
+            )
+            return _HOST_SHARDINGS[sharding]
+        except AttributeError:  # tracers have no sharding and no buffer
+            return False
+
+    def shares(self, x: jax.Array, a: np.ndarray) -> bool:
+        # np.asarray hands back a view whose base is JAX's buffer export; a copy (made for
+        # arrays whose layout is not row-major) owns its memory and has no base.
+        return a.base is not None
 
     def device_of(self, x: jax.Array) -> str:
         devices = x.devices()
@@ -51,7 +76,7 @@ class JaxBackend:
     def from_numpy(self, a: np.ndarray, *, readonly: bool) -> jax.Array:
         if a.size == 0:  # no data to share, and an empty array's address may be unaligned
             return jnp.empty(a.shape, a.dtype)
-        if a.dtype.name == "bfloat16":  # in import_copies: the bitcast makes a new buffer
+        if a.dtype == _BF16:  # in import_copies: the bitcast makes a new buffer
             bits = jnp.from_dlpack(a.view(np.uint16), copy=False)
             return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
         return jnp.from_dlpack(a, copy=False)

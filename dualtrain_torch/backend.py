@@ -24,19 +24,29 @@ class TorchBackend:
     takes_readonly_host = True
     import_copies: frozenset[str] = frozenset()
     may_copy_silently = False
+    device_only = False
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, torch.Tensor)
+
+    def on_host(self, x: torch.Tensor) -> bool:
+        return x.is_cpu
+
+    def shares(self, x: torch.Tensor, a: np.ndarray) -> bool:
+        return True  # Tensor.numpy() never copies
 
     def device_of(self, x: torch.Tensor) -> str:
         # Pinned memory is host memory: its NumPy view reaches JAX as a plain CPU buffer.
         return str(x.device)
 
     def to_numpy(self, x: torch.Tensor) -> np.ndarray:
-        if x.device.type != "cpu":
+        if not x.is_cpu:
             raise BufferError(f"tensor is on {x.device}, not in host memory")
-        x = x.detach().resolve_conj().resolve_neg()
-        if x.dtype == torch.bfloat16:  # NumPy has no bfloat16: view the bits through ml_dtypes
+        if x.requires_grad:
+            x = x.detach()
+        if x.is_conj() or x.is_neg():
+            x = x.resolve_conj().resolve_neg()
+        if x.dtype is torch.bfloat16:  # NumPy has no bfloat16: view the bits through ml_dtypes
             return x.view(torch.int16).numpy().view(_BF16)
         return x.numpy()
 

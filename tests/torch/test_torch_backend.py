@@ -41,10 +41,3 @@ def test_torch_views_export_their_strides_to_numpy():
     t = torch.arange(12.0).reshape(3, 4).T
     n = convert(t, to="numpy")
     assert address(n) == address(t) and np.array_equal(n, t.numpy())
-
-
-def test_missing_jax_gives_an_install_hint(monkeypatch):
-    monkeypatch.setitem(dualtrain.backends._ADAPTERS, "jax", "dualtrain_no_such_adapter")
-    monkeypatch.delitem(dualtrain.backends._instances, "jax", raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'dualtrain\[jax\]'"):
-        convert(np.ones(2), to="jax")

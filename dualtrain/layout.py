@@ -1,0 +1,56 @@
+"""What a host array must look like before a framework can share it, and why it cannot.
+
+These rules are framework-free: they read a NumPy view of the array and the receiving
+backend's declared needs (`compact_only`, `host_alignment`, `takes_readonly_host`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["NARROWER", "copy_reason", "dtypes_named", "is_compact"]
+
+# The 32-bit dtype a 64-bit one becomes where a framework runs without 64-bit types.
+NARROWER: dict[np.dtype, np.dtype] = {
+    np.dtype(np.int64): np.dtype(np.int32),
+    np.dtype(np.uint64): np.dtype(np.uint32),
+    np.dtype(np.float64): np.dtype(np.float32),
+    np.dtype(np.complex128): np.dtype(np.complex64),
+}
+
+
+def dtypes_named(names: frozenset[str]) -> frozenset[np.dtype]:
+    """NumPy dtypes for dtype names (``"bfloat16"`` through ml_dtypes)."""
+    return frozenset(
+        np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name) for name in names
+    )
+
+
+def copy_reason(a: np.ndarray, dst: Any) -> str | None:
+    """Why host array `a` cannot be handed to backend `dst` as it is, or None if it can."""
+    if dst.name == "numpy":
+        return None
+    if a.size and min(a.strides, default=0) < 0:  # also size-1 axes of "contiguous" arrays
+        return "it has negative strides"
+    if a.size and dst.compact_only and not a.flags.c_contiguous and not is_compact(a):
+        return "its strides leave gaps, and it takes compact arrays only"
+    if dst.host_alignment > 1 and a.size and a.ctypes.data % dst.host_alignment:
+        return f"its data is not {dst.host_alignment}-byte aligned"
+    if not a.flags.writeable and not dst.takes_readonly_host:
+        return "it is read-only, and DLPack cannot hand read-only buffers to it"
+    return None
+
+
+def is_compact(a: np.ndarray) -> bool:
+    """Whether `a` fills its memory without gaps in some axis order (a permuted C layout)."""
+    expected = a.itemsize
+    for stride, size in sorted(zip(a.strides, a.shape, strict=True)):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
