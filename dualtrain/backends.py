@@ -21,7 +21,16 @@ from typing import Any, Protocol, runtime_checkable
 
 from dualtrain.errors import BackendError, bad_argument
 
-__all__ = ["NAMES", "Backend", "available", "backend_of", "load", "load_part", "name_of"]
+__all__ = [
+    "NAMES",
+    "Backend",
+    "BackendTraits",
+    "available",
+    "backend_of",
+    "load",
+    "load_part",
+    "name_of",
+]
 
 NAMES = ("numpy", "torch", "jax", "cupy")
 
@@ -144,6 +153,22 @@ class Backend(Protocol):
 
     def put_rows(self, x: Any, idx: Any, values: Any) -> Any:
         """`x` with rows `idx` set to `values` (in place where the framework can, else new)."""
+
+
+class BackendTraits:
+    """Defaults for the Backend attributes; an implementation overrides only what differs.
+
+    The defaults describe a mutable framework that shares any host buffer (torch).
+    """
+
+    immutable = False
+    compact_only = False
+    host_alignment = 1
+    marks_readonly = False
+    takes_readonly_host = True
+    import_copies: frozenset[str] = frozenset()
+    may_copy_silently = False
+    device_only = False
 
 
 _lock = threading.Lock()

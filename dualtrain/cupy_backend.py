@@ -12,20 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from dualtrain.backends import BackendTraits
+
 __all__ = ["CupyBackend", "make_backend"]
 
 
-class CupyBackend:
+class CupyBackend(BackendTraits):
     """The Backend protocol over ``cupy.ndarray`` (device memory; nothing is on the host)."""
 
     name = "cupy"
-    immutable = False
-    compact_only = False
-    host_alignment = 1
-    marks_readonly = False
-    takes_readonly_host = True
-    import_copies: frozenset[str] = frozenset()
-    may_copy_silently = False
     device_only = True
 
     def __init__(self, cupy: Any) -> None:

@@ -6,24 +6,18 @@ from typing import Any
 
 import numpy as np
 
+from dualtrain.backends import BackendTraits
 from dualtrain.errors import bad_argument
 from dualtrain.memory import aligned_copy, aligned_empty
 
 __all__ = ["NumpyBackend", "make_backend"]
 
 
-class NumpyBackend:
+class NumpyBackend(BackendTraits):
     """The Backend protocol over NumPy host arrays (see `dualtrain.backends.Backend`)."""
 
     name = "numpy"
-    immutable = False
-    compact_only = False
-    host_alignment = 1
     marks_readonly = True
-    takes_readonly_host = True
-    import_copies: frozenset[str] = frozenset()
-    may_copy_silently = False
-    device_only = False
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, (np.ndarray, np.generic))

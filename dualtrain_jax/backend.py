@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from dualtrain.backends import BackendTraits
+
 __all__ = ["JaxBackend", "make_backend"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -18,7 +20,7 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _HOST_SHARDINGS: dict[Any, bool] = {}
 
 
-class JaxBackend:
+class JaxBackend(BackendTraits):
     """The Backend protocol over ``jax.Array`` (tracers included for `owns`)."""
 
     name = "jax"
@@ -29,7 +31,6 @@ class JaxBackend:
     takes_readonly_host = False  # jnp.from_dlpack asks NumPy for an unversioned capsule
     import_copies = frozenset({"bfloat16"})  # NumPy's DLPack export refuses ml_dtypes types
     may_copy_silently = True  # np.asarray copies arrays whose layout is not row-major
-    device_only = False
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, (jax.Array, jax.core.Tracer))

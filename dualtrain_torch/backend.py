@@ -8,23 +8,21 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from dualtrain.backends import BackendTraits
+
 __all__ = ["TorchBackend", "make_backend"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-class TorchBackend:
-    """The Backend protocol over ``torch.Tensor``."""
+class TorchBackend(BackendTraits):
+    """The Backend protocol over ``torch.Tensor``.
+
+    Torch has no read-only tensors, so `marks_readonly` stays False: inference tensors are
+    no substitute, since torch checks them only after an in-place kernel has written.
+    """
 
     name = "torch"
-    immutable = False
-    compact_only = False
-    host_alignment = 1
-    marks_readonly = False  # no read-only tensors; inference tensors check after writing
-    takes_readonly_host = True
-    import_copies: frozenset[str] = frozenset()
-    may_copy_silently = False
-    device_only = False
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, torch.Tensor)
