@@ -7,6 +7,11 @@ the ratio, our overhead per tensor in µs (target <= 2), and the bytes we copied
 on every zero-copy path). JAX -> torch is measured with copy=False, its zero-copy contract;
 under the default copy=None torch gets a copy because it cannot mark memory read-only.
 
+A second table times the paths that must copy, against the plain way of getting the same
+result: JAX -> torch under copy=None (vs torch.from_dlpack(...).clone()), a NumPy array
+from NumPy's own allocator into JAX (vs jnp.asarray, which always copies), and float64 into
+JAX without x64 (vs jnp.asarray, which narrows silently).
+
     ./dev bench interop [--threads 1] [--quick] [--json PATH]
 """
 
@@ -77,7 +82,12 @@ def main() -> None:
                 row.extra["bytes copied"] = copies.nbytes
                 rows.append(row)
             del sources
-    over = [r.extra["µs over baseline per tensor"] for r in rows]
+    rows += copying_rows()
+    over = [
+        r.extra["µs over baseline per tensor"]
+        for r in rows
+        if "µs over baseline per tensor" in r.extra
+    ]
     harness.report(
         "interop",
         rows,
@@ -89,6 +99,37 @@ def main() -> None:
         median_overhead_us_per_tensor=float(np.median(over)),
         bytes_copied_total=sum(r.extra["bytes copied"] for r in rows),
     )
+
+
+def copying_rows() -> list:
+    rows = []
+    for size_name, elements in SIZES.items():
+        host = np.arange(elements, dtype=np.float32)  # NumPy's own, usually not 64-byte aligned
+        wide = np.arange(elements, dtype=np.float64)
+        j = jnp.asarray(host)
+        cases = [
+            ("jax -> torch (copy=None)", "from_dlpack().clone()",
+             lambda j=j: torch.from_dlpack(j).clone(),
+             lambda j=j: dualtrain.convert(j, to="torch")),
+            ("numpy (unaligned) -> jax", "jnp.asarray",
+             lambda h=host: jnp.asarray(h), lambda h=host: dualtrain.convert(h, to="jax")),
+            ("float64 numpy -> jax (narrowed)", "jnp.asarray",
+             lambda w=wide: jnp.asarray(w),
+             lambda w=wide: dualtrain.convert(w, to="jax", narrow="allow")),
+        ]  # fmt: skip
+        for case, base_name, base_fn, ours_fn in cases:
+            with dualtrain.count_copies() as copies:
+                ours_fn()
+            row = harness.compare(
+                f"{case}, 1 x {size_name}",
+                baseline=lambda f=base_fn: jax.block_until_ready(f()),
+                ours=lambda f=ours_fn: jax.block_until_ready(f()),
+                baseline_name=base_name,
+                quick=args.quick,
+            )
+            row.extra["bytes copied"] = copies.nbytes
+            rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

@@ -174,6 +174,7 @@ class BackendTraits:
 _lock = threading.Lock()
 _instances: dict[str, Backend] = {}
 _type_cache: dict[type, str | None] = {}
+_backend_cache: dict[type, Backend] = {}
 _SCALARS = (bool, int, float, complex, type(None))
 
 
@@ -242,6 +243,17 @@ def backend_of(*arrays: Any) -> Backend:
         found = sorted(map(str, names))
         raise BackendError(f"arrays must all belong to one framework; got {found}")
     return load(names.pop())  # type: ignore[arg-type]
+
+
+def of_type(cls: type) -> Backend | None:
+    """The loaded backend owning arrays of type `cls`, or None (cached; for hot paths)."""
+    backend = _backend_cache.get(cls)
+    if backend is None:
+        name = _name_of_type(cls)
+        if name is None:
+            return None
+        backend = _backend_cache[cls] = load(name)
+    return backend
 
 
 def name_of(x: Any) -> str | None:

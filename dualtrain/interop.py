@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from dualtrain import backends
+from dualtrain.backends import _backend_cache
 from dualtrain.errors import DtypeError, PrecisionWarning, bad_argument
 from dualtrain.layout import NARROWER, copy_reason, dtypes_named
 from dualtrain.memory import aligned_copy, aligned_empty
@@ -143,10 +144,10 @@ class _Plan:
         self.special = dtypes_named(self.dst.import_copies)
 
     def leaf(self, path: Path, x: Any) -> Any:
-        name = backends.name_of(x)
-        if name is None:
+        src = _backend_cache.get(type(x)) or backends.of_type(type(x))
+        if src is None:
             return x
-        src, dst = backends.load(name), self.dst
+        dst = self.dst
         if src is dst:
             y = x
             if self.copy:

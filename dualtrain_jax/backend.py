@@ -77,7 +77,7 @@ class JaxBackend(BackendTraits):
     def from_numpy(self, a: np.ndarray, *, readonly: bool) -> jax.Array:
         if a.size == 0:  # no data to share, and an empty array's address may be unaligned
             return jnp.empty(a.shape, a.dtype)
-        if a.dtype == _BF16:  # in import_copies: the bitcast makes a new buffer
+        if a.dtype.char == _BF16.char and a.dtype == _BF16:  # char first: dtype == is slow
             bits = jnp.from_dlpack(a.view(np.uint16), copy=False)
             return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
         return jnp.from_dlpack(a, copy=False)
