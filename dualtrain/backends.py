@@ -276,10 +276,9 @@ def _name_of_type(cls: type) -> str | None:
                 break
         if found:
             break
-    # Cache only positive answers: a type unknown now may belong to a framework that is
-    # imported later (a subclass defined before `import jax` cannot exist, but be safe).
-    if found is not None:
-        _type_cache[cls] = found
+    # Negative answers are final too: a framework's array type cannot exist before the
+    # framework is imported, and a type that exists now never becomes one of theirs.
+    _type_cache[cls] = found
     return found
 
 

@@ -119,7 +119,10 @@ def convert(
     """
     # Plans are cached per argument set: the checks run once, not on every call.
     key = (to, copy, type(copy), narrow)
-    plan = _plans.get(key) if device is None else None
+    try:
+        plan = _plans.get(key) if device is None else None
+    except TypeError:  # an unhashable argument: _Plan says which, in the house form
+        plan = None
     if plan is None:
         plan = _Plan(to, copy, device, narrow)
         if device is None:
@@ -130,7 +133,7 @@ def convert(
 class _Plan:
     """How one `convert` call treats each leaf; its `leaf` method is the hot path."""
 
-    __slots__ = ("copy", "device", "dst", "narrow", "special", "x64")
+    __slots__ = ("copy", "device", "dst", "narrow", "special")
 
     def __init__(self, to: Any, copy: Any, device: Any, narrow: Any) -> None:
         if copy is not None and copy is not True and copy is not False:
