@@ -1,0 +1,60 @@
+"""Neutral parameter names, canonical layouts and initialization, shared by every backend.
+
+A parameter is named by its path from the root Craft, joined with dots: ``block.0.weight``.
+Its canonical layout is the one written here; adapters map to their native layout (torch's
+Linear stores Dense weights transposed). Initial values are drawn once, in NumPy, from a
+counter-based generator keyed by (seed, name), so the same seed gives the same weights in
+torch and JAX, whatever the order of realization.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Any
+
+import numpy as np
+
+from dualtrain.memory import aligned_empty
+
+__all__ = ["ParamSpec", "initial_value", "join"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One parameter or state tensor of a layer.
+
+    Attributes:
+        shape: the canonical shape.
+        init: ``"uniform"`` (U(-bound, bound)), ``"normal"`` (N(0, std)), ``"ones"``,
+            ``"zeros"``.
+        scale: the bound of "uniform" or the std of "normal".
+        trainable: False for state (BatchNorm statistics), which optimizers never see.
+    """
+
+    shape: tuple[int, ...]
+    init: str = "uniform"
+    scale: float = 1.0
+    trainable: bool = True
+
+
+def join(*parts: object) -> str:
+    """``join("block", 0, "weight")`` -> ``"block.0.weight"`` (empty parts dropped)."""
+    return ".".join(str(p) for p in parts if p != "")
+
+
+def initial_value(spec: ParamSpec, name: str, seed: int, dtype: Any = np.float32) -> np.ndarray:
+    """The initial value of parameter `name`: the same for a (seed, name) on every backend."""
+    out = aligned_empty(spec.shape, dtype)
+    if spec.init in ("ones", "zeros"):
+        out.fill(1 if spec.init == "ones" else 0)
+        return out
+    # Philox is counter-based: a (seed, name) key names one stream, independent of the others.
+    key = (seed & 0xFFFFFFFF) << 32 | zlib.crc32(name.encode())
+    rng = np.random.Generator(np.random.Philox(key=key))
+    if spec.init == "uniform":
+        values = rng.uniform(-spec.scale, spec.scale, size=spec.shape)
+    else:
+        values = rng.normal(0.0, spec.scale, size=spec.shape)
+    out[...] = values
+    return out

@@ -1,0 +1,222 @@
+"""The NumPy reference: every dock layer and op written plainly, the oracle of the tests.
+
+`reference_forward(craft, params, *inputs)` runs a whole Craft in NumPy. The code favours
+being obviously right over speed (float64 in, float64 out).
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from dualtrain.craft import binding, dock
+from dualtrain.craft.padding import resolve_padding
+
+__all__ = ["LAYERS", "OPS", "reference_forward"]
+
+
+def reference_forward(
+    craft: Any,
+    params: dict[str, np.ndarray],
+    *inputs: Any,
+    state: dict[str, np.ndarray] | None = None,
+    train: bool = False,
+    seed: int = 0,
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """Runs `craft` in NumPy; returns its outputs and the new state (running statistics).
+
+    Args:
+        craft: the Craft.
+        params: every parameter (and state, unless `state` is given) by neutral name, e.g.
+            from ``craft.init(seed)``.
+        inputs: NumPy arrays.
+        state: state tensors by name; by default taken from `params`.
+        train: training mode (batch statistics, dropout).
+        seed: seeds the dropout masks.
+    """
+    natives = [name for name, part in craft.natives()]
+    if natives:
+        raise TypeError(f"the NumPy reference cannot run native layers: {natives}")
+    specs = craft.param_specs()
+    if state is None:
+        state = {k: v for k, v in params.items() if not specs[k].trainable}
+    bound = binding.FunctionalBinding(
+        craft,
+        LAYERS,
+        params,
+        state,
+        train=train,
+        rng=lambda i: np.random.default_rng([seed, i]),
+        backend="numpy",
+    )
+    with binding.active(bound):
+        out = craft.run(*inputs)
+    return out, bound.new_state
+
+
+def _dense(layer: dock.Dense, p: Any, x: np.ndarray) -> np.ndarray:
+    y = x @ p["weight"]
+    return y + p["bias"] if layer.bias else y
+
+
+def _windows(x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple) -> np.ndarray:
+    """Strided, dilated windows over the trailing spatial axes: (N, C, *out, *kernel)."""
+    nd = len(kernel)
+    span = [d * (k - 1) + 1 for k, d in zip(kernel, dilation, strict=True)]
+    win = sliding_window_view(x, span, axis=tuple(range(2, 2 + nd)))
+    index: tuple[slice, ...] = (slice(None), slice(None))
+    index += tuple(slice(None, None, s) for s in stride) + tuple(
+        slice(None, None, d) for d in dilation
+    )
+    return win[index]
+
+
+def _conv(layer: dock.Conv, p: Any, x: np.ndarray) -> np.ndarray:
+    k, s, d = layer.kernel, layer.stride, layer.dilation
+    pads = resolve_padding(layer.padding, x.shape[2:], k, s, d)
+    xp = np.pad(x, [(0, 0), (0, 0), *pads])
+    win = _windows(xp, k, s, d)
+    n, c, g = x.shape[0], x.shape[1], layer.groups
+    out_sizes = win.shape[2 : 2 + layer.ndim]
+    win = win.reshape(n, g, c // g, *win.shape[2:])
+    w = p["weight"].reshape(g, layer.out_channels // g, c // g, *k)
+    sp = string.ascii_letters[: layer.ndim]
+    kk = string.ascii_uppercase[: layer.ndim]
+    y = np.einsum(f"ngc{sp}{kk},gfc{kk}->ngf{sp}", win, w).reshape(n, -1, *out_sizes)
+    if layer.bias:
+        y = y + p["bias"].reshape(1, -1, *([1] * layer.ndim))
+    return y
+
+
+def _conv_transpose(layer: dock.ConvTranspose, p: Any, x: np.ndarray) -> np.ndarray:
+    (kh, kw), (sh, sw) = layer.kernel, layer.stride
+    (dh, dw), (ph, pw) = layer.dilation, layer.padding
+    oph, opw = layer.output_padding
+    n, c, h, w_ = x.shape
+    g, fo = layer.groups, layer.out_channels // layer.groups
+    full_h, full_w = (h - 1) * sh + dh * (kh - 1) + 1 + oph, (w_ - 1) * sw + dw * (kw - 1) + 1 + opw
+    y = np.zeros((n, g, fo, full_h, full_w), dtype=np.result_type(x, p["weight"]))
+    xg = x.reshape(n, g, c // g, h, w_)
+    wg = p["weight"].reshape(g, c // g, fo, kh, kw)
+    for i in range(kh):
+        for j in range(kw):
+            contrib = np.einsum("ngchw,gcf->ngfhw", xg, wg[:, :, :, i, j])
+            y[
+                :,
+                :,
+                :,
+                i * dh : i * dh + (h - 1) * sh + 1 : sh,
+                j * dw : j * dw + (w_ - 1) * sw + 1 : sw,
+            ] += contrib
+    out_h = (h - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    out_w = (w_ - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    y = y.reshape(n, g * fo, full_h, full_w)[:, :, ph : ph + out_h, pw : pw + out_w]
+    if layer.bias:
+        y = y + p["bias"].reshape(1, -1, 1, 1)
+    return y
+
+
+def _pool(layer: Any, x: np.ndarray, fill: float, reduce: Any) -> np.ndarray:
+    xp = np.pad(x, [(0, 0), (0, 0), *((q, q) for q in layer.padding)], constant_values=fill)
+    win = _windows(xp, layer.kernel, layer.stride, (1,) * layer.ndim)
+    return reduce(win, axis=tuple(range(-layer.ndim, 0)))
+
+
+def _max_pool(layer: dock.MaxPool, p: Any, x: np.ndarray) -> np.ndarray:
+    return _pool(layer, x, -np.inf, np.max)
+
+
+def _avg_pool(layer: dock.AvgPool, p: Any, x: np.ndarray) -> np.ndarray:
+    return _pool(layer, x, 0.0, np.mean)  # padding counts, as torch's count_include_pad
+
+
+def _batch_norm(layer: dock.BatchNorm, p: Any, x: np.ndarray) -> np.ndarray:
+    axes = (0, *range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    if p.train:
+        mean, var = x.mean(axis=axes), x.var(axis=axes)
+        n = x.size // x.shape[1]
+        m = layer.momentum
+        p.update("running_mean", (1 - m) * p["running_mean"] + m * mean)
+        p.update("running_var", (1 - m) * p["running_var"] + m * var * n / max(n - 1, 1))
+    else:
+        mean, var = p["running_mean"], p["running_var"]
+    y = (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + layer.eps)
+    if layer.affine:
+        y = y * p["weight"].reshape(shape) + p["bias"].reshape(shape)
+    return y.astype(x.dtype, copy=False)
+
+
+def _layer_norm(layer: dock.LayerNorm, p: Any, x: np.ndarray) -> np.ndarray:
+    axes = tuple(range(-len(layer.shape), 0))
+    y = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(
+        x.var(axis=axes, keepdims=True) + layer.eps
+    )
+    return y * p["weight"] + p["bias"] if layer.affine else y
+
+
+def _dropout(layer: dock.Dropout, p: Any, x: np.ndarray) -> np.ndarray:
+    if not p.train or layer.p == 0:
+        return x
+    keep = p.rng().random(x.shape) >= layer.p
+    return np.where(keep, x / (1 - layer.p), 0).astype(x.dtype, copy=False)
+
+
+def _embedding(layer: dock.Embedding, p: Any, ids: np.ndarray) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= layer.num_embeddings):
+        raise IndexError(
+            f"Embedding ids must be in [0, {layer.num_embeddings}); got {ids.min()}..{ids.max()}"
+        )
+    return p["weight"][ids]
+
+
+def _reshape(layer: dock.Reshape, p: Any, x: np.ndarray, shape: Any = None) -> np.ndarray:
+    return x.reshape(shape if shape is not None else layer.shape)
+
+
+LAYERS: dict[type, Any] = {
+    dock.Dense: _dense,
+    dock.Conv: _conv,
+    dock.ConvTranspose: _conv_transpose,
+    dock.MaxPool: _max_pool,
+    dock.AvgPool: _avg_pool,
+    dock.GlobalAvgPool: lambda layer, p, x: x.mean(axis=tuple(range(2, x.ndim))),
+    dock.GlobalMaxPool: lambda layer, p, x: x.max(axis=tuple(range(2, x.ndim))),
+    dock.Reshape: _reshape,
+    dock.Flatten: lambda layer, p, x: x.reshape(*x.shape[: layer.start], -1),
+    dock.BatchNorm: _batch_norm,
+    dock.LayerNorm: _layer_norm,
+    dock.Dropout: _dropout,
+    dock.Embedding: _embedding,
+}
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    shifted = x - x.max(axis=axis, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+OPS: dict[str, Any] = {
+    "relu": lambda x: np.maximum(x, 0),
+    "gelu": lambda x: (0.5 * x * (1 + _erf(x / math.sqrt(2)).astype(np.float64))).astype(x.dtype),
+    "sigmoid": lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype),
+    "tanh": np.tanh,
+    "softmax": _softmax,
+    "log_softmax": _log_softmax,
+    "concat": lambda xs, axis: np.concatenate(xs, axis=axis),
+    "add": np.add,
+    "mean": lambda x, axis, keepdims: np.mean(x, axis=axis, keepdims=keepdims),
+    "matmul": np.matmul,
+}

@@ -1,0 +1,175 @@
+"""A Craft realized as a JAX module: a pytree of parameters and state with a pure `apply`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dualtrain.craft import Craft, binding
+from dualtrain.errors import bad_argument
+from dualtrain.interop import convert
+from dualtrain_jax.layers import LAYERS
+
+__all__ = ["JaxModule", "Nozzle", "Prober", "Rudder", "coat", "realize", "shell"]
+
+
+@jax.tree_util.register_pytree_node_class
+class JaxModule:
+    """A realized Craft: ``params`` and ``state`` dicts keyed by neutral names, and `apply`.
+
+    It is a pytree (leaves: params, then state; the Craft is static), so it passes through
+    ``jit``, ``grad`` and ``vmap``. ``apply`` is pure; ``__call__`` runs inference with the
+    module's own values, in the mode the `Rudder`/`Prober`/`Nozzle` context sets.
+
+    Attributes:
+        params: trainable arrays, e.g. ``{"fc.weight": (in, out), ...}``.
+        state: non-trainable arrays (BatchNorm running statistics).
+        craft: the description.
+    """
+
+    dualtrain_backend = "jax"
+
+    def __init__(self, craft: Craft, params: dict[str, Any], state: dict[str, Any]) -> None:
+        self.craft, self.params, self.state = craft, params, state
+        self.train = False
+
+    def tree_flatten(self) -> tuple[tuple[Any, Any], Craft]:
+        return (self.params, self.state), self.craft
+
+    @classmethod
+    def tree_unflatten(cls, craft: Craft, children: tuple[Any, Any]) -> JaxModule:
+        return cls(craft, *children)
+
+    def apply(
+        self,
+        params: dict[str, Any],
+        state: dict[str, Any],
+        *inputs: Any,
+        train: bool = False,
+        rng: jax.Array | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Runs the Craft: returns ``(outputs, new_state)``; pure, so jit/grad/vmap apply.
+
+        Args:
+            params: the parameters (differentiate with respect to these).
+            state: the state; training mode returns its update.
+            inputs: the Craft's inputs.
+            train: batch statistics and dropout on.
+            rng: a PRNG key, needed in training mode by Dropout.
+            **kwargs: passed to ``run`` (e.g. a Reshape's shape).
+        """
+        fold = None if rng is None else (lambda i: jax.random.fold_in(rng, i))
+        bound = binding.FunctionalBinding(
+            self.craft, LAYERS, params, state, train=train, rng=fold, backend="jax"
+        )
+        with binding.active(bound):
+            out = self.craft.run(*inputs, **kwargs)
+        return out, bound.new_state
+
+    def __call__(self, *inputs: Any, rng: jax.Array | None = None) -> Any:
+        out, new_state = self.apply(self.params, self.state, *inputs, train=self.train, rng=rng)
+        if self.train:
+            self.state = new_state
+        return out
+
+    def replace(self, **changes: Any) -> JaxModule:
+        """A copy with `params` and/or `state` replaced."""
+        out = JaxModule(
+            self.craft, changes.get("params", self.params), changes.get("state", self.state)
+        )
+        out.train = self.train
+        return out
+
+    def __repr__(self) -> str:
+        count = sum(int(np.prod(v.shape)) for v in self.params.values())
+        return (
+            f"JaxModule({type(self.craft).__name__}, {len(self.params)} params, {count:,} values)"
+        )
+
+
+def realize(craft: Craft, seed: int = 0, dtype: Any = "float32", device: Any = None) -> JaxModule:
+    """The Craft as a JAX module, initialized like `dualtrain_torch.realize` for the seed.
+
+    Args:
+        craft: the model description.
+        seed: initialization seed; the same seed gives the same weights under torch.
+        dtype: floating dtype (float64 needs ``jax.enable_x64``).
+        device: a JAX device or sharding for the arrays; default JAX's default device.
+
+    Raises:
+        TypeError: the Craft holds a torch-native layer (the message names it).
+    """
+    if not isinstance(craft, Craft):
+        raise bad_argument("craft", craft, "a dualtrain.Craft instance")
+    foreign = [name for name, part in craft.natives() if getattr(part, "backend", "torch") != "jax"]
+    if foreign:
+        raise TypeError(
+            f"{type(craft).__name__} holds torch-native layers {foreign}; "
+            "realize it with dualtrain_torch"
+        )
+    specs = craft.param_specs()
+    values = convert(craft.init(seed, np.dtype(dtype)), to="jax", device=device)
+    params = {k: v for k, v in values.items() if specs[k].trainable}
+    state = {k: v for k, v in values.items() if not specs[k].trainable}
+    return JaxModule(craft, params, state)
+
+
+class _Mode:
+    train: bool
+
+    def __init__(self, *modules: JaxModule) -> None:
+        self.modules = modules
+
+    def __enter__(self) -> bool:
+        self._saved = [m.train for m in self.modules]
+        for m in self.modules:
+            m.train = self.train
+        return self.train
+
+    def __exit__(self, *exc: object) -> None:
+        for m, was in zip(self.modules, self._saved, strict=True):
+            m.train = was
+
+
+class Rudder(_Mode):
+    """Training mode for ``__call__`` (batch statistics, dropout); use ``jax.grad`` on apply."""
+
+    train = True
+
+
+class Prober(_Mode):
+    """Evaluation mode, for inspection with ``jax.grad``; parameters are left unchanged."""
+
+    train = False
+
+
+class Nozzle(_Mode):
+    """Evaluation mode for inference."""
+
+    train = False
+
+
+def coat(datum: Any, as_const: bool = True, device: Any = None, dtype: Any = None) -> jax.Array:
+    """Any number, list or array as a JAX array on `device`.
+
+    JAX arrays are all constants: `as_const` is accepted for symmetry with torch, and
+    differentiation is ``jax.grad``'s business.
+    """
+    if isinstance(datum, (int, float, bool, list, tuple)) or np.isscalar(datum):
+        out = jnp.asarray(datum, dtype=dtype)
+    else:
+        out = convert(datum, to="jax")
+        out = out.astype(dtype) if dtype is not None else out
+    return jax.device_put(out, device) if device is not None else out
+
+
+def shell(datum: Any, as_np: bool = True) -> Any:
+    """A JAX array (or pytree) back as NumPy (``as_np``) or as a host JAX array."""
+    if as_np:
+        out = convert(datum, to="numpy")
+        return out.item() if isinstance(out, np.ndarray) and out.shape == () else out
+    return jax.device_put(datum, jax.devices("cpu")[0])

@@ -1,0 +1,197 @@
+"""A Craft realized as a torch ``nn.Module``, and the training contexts around it."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dualtrain.craft import Craft, binding, dock
+from dualtrain.craft.checks import check
+from dualtrain.craft.craft import is_torch_module
+from dualtrain.errors import bad_argument
+from dualtrain.interop import convert
+from dualtrain_torch.layers import TO_TORCH, build
+
+__all__ = ["CraftModule", "Nozzle", "Prober", "Rudder", "coat", "realize", "shell"]
+
+
+class _TorchBinding:
+    __slots__ = ("modules",)
+
+    def __init__(self, modules: dict[int, nn.Module]) -> None:
+        self.modules = modules
+
+    def layer(self, layer: Any, *inputs: Any, **kwargs: Any) -> Any:
+        module = self.modules.get(id(layer))
+        if module is None:
+            raise binding.NotRealizedError(
+                f"a {type(layer).__name__} layer was called that is not an attribute of the "
+                "Craft being run; assign layers in __init__ so they are named and realized"
+            )
+        if inputs:
+            check(layer, inputs[0])
+        return module(*inputs, **kwargs)
+
+    def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:
+        return obj.fn(*inputs, **kwargs)
+
+
+class CraftModule(nn.Module):
+    """An ``nn.Module`` whose ``forward`` is the Craft's ``run``.
+
+    Submodules mirror the Craft's attributes (child Crafts, lists, dicts, Sequential), so the
+    ``state_dict`` keys are the neutral names: ``block.0.weight``. Dense weights are stored
+    in ``nn.Linear``'s ``(out, in)`` layout; checkpoints convert.
+    """
+
+    dualtrain_backend = "torch"
+
+    def __init__(self, craft: Craft, modules: dict[int, nn.Module]) -> None:
+        super().__init__()
+        self.craft = craft
+        self._layer_modules = modules
+        for name, part in craft.parts().items():
+            self.add_module(name, _module_for(part, modules))
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        with binding.active(_TorchBinding(self._layer_modules)):
+            return self.craft.run(*inputs, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"craft={type(self.craft).__name__}, scope={self.craft.scope!r}"
+
+
+def _module_for(part: Any, modules: dict[int, nn.Module]) -> nn.Module:
+    if id(part) in modules:  # a layer used twice is one module: tied weights
+        return modules[id(part)]
+    if isinstance(part, Craft):
+        out: nn.Module = CraftModule(part, modules)
+    elif isinstance(part, dock.Sequential):
+        out = nn.ModuleList([_module_for(p, modules) for p in part.layers])
+    elif isinstance(part, (list, tuple)):
+        out = nn.ModuleList([_module_for(p, modules) for p in part])
+    elif isinstance(part, dict):
+        out = nn.ModuleDict({k: _module_for(v, modules) for k, v in part.items()})
+    elif is_torch_module(part):
+        out = part
+    elif isinstance(part, dock.Native):
+        out = nn.Identity()  # holds no parameters; the binding calls its function
+    else:
+        out = build(part)
+    modules[id(part)] = out
+    return out
+
+
+def realize(craft: Craft, seed: int = 0, device: Any = None, dtype: Any = "float32") -> CraftModule:
+    """The Craft as a torch module, initialized like `dualtrain_jax.realize` for the seed.
+
+    Args:
+        craft: the model description.
+        seed: initialization seed; the same seed gives the same weights under JAX.
+        device: where the module lives (``"cpu"``, ``"cuda:0"``); default CPU.
+        dtype: floating dtype of parameters and state.
+
+    Raises:
+        TypeError: the Craft holds a JAX-native layer (the message names it).
+    """
+    if not isinstance(craft, Craft):
+        raise bad_argument("craft", craft, "a dualtrain.Craft instance")
+    foreign = [
+        name for name, part in craft.natives() if getattr(part, "backend", "torch") != "torch"
+    ]
+    if foreign:
+        raise TypeError(
+            f"{type(craft).__name__} holds JAX-native layers {foreign}; "
+            "realize it with dualtrain_jax"
+        )
+    module = CraftModule(craft, {}).to(dtype=getattr(torch, np.dtype(dtype).name))
+    load_canonical(module, craft.init(seed, np.dtype(dtype)))
+    return module.to(device) if device is not None else module
+
+
+def load_canonical(module: CraftModule, tensors: dict[str, np.ndarray]) -> None:
+    """Copies canonical-layout NumPy arrays into the module's parameters and buffers."""
+    kinds = {name: type(layer) for name, layer in module.craft.named_layers()}
+    targets = dict(module.named_parameters(remove_duplicate=False))
+    targets.update(module.named_buffers(remove_duplicate=False))
+    with torch.no_grad():
+        for name, value in tensors.items():
+            owner, _, local = name.rpartition(".")
+            to_torch = TO_TORCH.get(kinds.get(owner, object), {}).get(local)
+            array = to_torch(value) if to_torch else value
+            target = targets[name]
+            target.copy_(
+                convert(np.ascontiguousarray(array), to="torch", copy=True).to(target.dtype)
+            )
+
+
+class _Mode:
+    """Shared body of the three contexts: a grad mode plus train/eval for the modules."""
+
+    grad: bool
+    train: bool
+
+    def __init__(self, *modules: nn.Module) -> None:
+        self.modules = modules
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> bool:
+        self._saved = [m.training for m in self.modules]
+        for m in self.modules:
+            m.train(self.train)
+        self._stack.enter_context(torch.enable_grad() if self.grad else torch.no_grad())
+        return self.train
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+        for m, was in zip(self.modules, self._saved, strict=True):
+            m.train(was)
+
+
+class Rudder(_Mode):
+    """Training: gradients on, modules in train mode (``with Rudder(net): loss.backward()``)."""
+
+    grad, train = True, True
+
+
+class Prober(_Mode):
+    """Inspection: gradients on, modules in eval mode; parameters are left to you unchanged."""
+
+    grad, train = True, False
+
+
+class Nozzle(_Mode):
+    """Inference: gradients off, modules in eval mode."""
+
+    grad, train = False, False
+
+
+def coat(datum: Any, as_const: bool = True, device: Any = None, dtype: Any = None) -> torch.Tensor:
+    """Any number, list or array as a tensor on `device`; trainable when ``as_const=False``."""
+    if isinstance(datum, torch.Tensor):
+        t = datum
+    elif isinstance(datum, (int, float, bool, list, tuple)) or np.isscalar(datum):
+        t = torch.as_tensor(np.asarray(datum))
+    else:
+        t = convert(datum, to="torch")
+    if dtype is not None:
+        t = t.to(getattr(torch, str(dtype)))
+    elif t.is_floating_point() and t.dtype == torch.float64 and not isinstance(datum, np.ndarray):
+        t = t.float()  # Python floats become float32, torch's default
+    if device is not None:
+        t = t.to(device)
+    if not as_const:
+        t = t.detach().clone().requires_grad_(True)
+    return t
+
+
+def shell(datum: Any, as_np: bool = True) -> Any:
+    """A tensor (or pytree of them) back as NumPy (``as_np``) or a detached CPU tensor."""
+    if as_np:
+        out = convert(datum, to="numpy")  # device arrays are fetched to the host (a copy)
+        return out.item() if isinstance(out, np.ndarray) and out.shape == () else out
+    return datum.detach().cpu()

@@ -1,0 +1,153 @@
+"""Each dock spec as a native torch module, the layout map, and the functional ops.
+
+The modules are torch's own (``nn.Linear``, ``nn.Conv2d``, ``nn.BatchNorm2d``'s base...), so
+hooks, ``state_dict``, ``torch.compile`` and DDP see ordinary modules. Their parameters sit
+at the neutral names; `TO_TORCH` and `FROM_TORCH` map canonical layouts where torch's
+differ (a Dense weight is ``(in, out)`` canonically, ``(out, in)`` in ``nn.Linear``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from dualtrain.craft import dock
+from dualtrain.craft.padding import resolve_padding
+
+__all__ = ["FROM_TORCH", "OPS", "TO_TORCH", "build"]
+
+_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+_MAX = {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d}
+_AVG = {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d}
+
+
+def _static_pads(spec: dock.Conv) -> tuple[int, ...] | None:
+    """Symmetric pads known before any input is seen, or None when they depend on it."""
+    padding = spec.padding
+    if padding == "valid":
+        return (0,) * spec.ndim
+    if padding == "same":
+        if any(s != 1 for s in spec.stride):
+            return None
+        totals = [d * (k - 1) for k, d in zip(spec.kernel, spec.dilation, strict=True)]
+        return tuple(t // 2 for t in totals) if all(t % 2 == 0 for t in totals) else None
+    pads = resolve_padding(padding, (1,) * spec.ndim, spec.kernel, spec.stride, spec.dilation)
+    return tuple(lo for lo, hi in pads) if all(lo == hi for lo, hi in pads) else None
+
+
+def _conv(spec: dock.Conv) -> nn.Module:
+    static = _static_pads(spec)
+    base = _CONV[spec.ndim]
+
+    class Conv(base):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if static is None:  # "same" at stride > 1, or odd totals: pad per input size
+                pads = resolve_padding(
+                    spec.padding, x.shape[2:], spec.kernel, spec.stride, spec.dilation
+                )
+                x = F.pad(x, [p for lo_hi in reversed(pads) for p in lo_hi])
+            return super().forward(x)
+
+    Conv.__name__ = Conv.__qualname__ = base.__name__
+    return Conv(
+        spec.in_channels, spec.out_channels, spec.kernel, spec.stride,
+        padding=static or 0, dilation=spec.dilation, groups=spec.groups, bias=spec.bias,
+    )  # fmt: skip
+
+
+class BatchNorm(nn.modules.batchnorm._BatchNorm):
+    """torch's batch norm for inputs of any rank >= 2 (BatchNorm1d/2d/3d differ only there)."""
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"BatchNorm takes (N, C, ...); got shape {tuple(x.shape)}")
+
+
+class Reshape(nn.Module):
+    """``x.reshape(shape)``, the shape given at construction or at call time."""
+
+    def __init__(self, shape: tuple[int, ...] | None) -> None:
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, x: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        return x.reshape(shape if shape is not None else self.shape)
+
+
+class GlobalPool(nn.Module):
+    """Mean or max over every spatial axis: ``(N, C, *S) -> (N, C)``."""
+
+    def __init__(self, reduce: str) -> None:
+        super().__init__()
+        self.reduce = reduce
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.flatten(2)
+        return flat.mean(-1) if self.reduce == "mean" else flat.amax(-1)
+
+
+def _batch_norm(spec: dock.BatchNorm) -> nn.Module:
+    return BatchNorm(spec.num_features, spec.eps, spec.momentum, affine=spec.affine)
+
+
+BUILDERS: dict[type, Callable[[Any], nn.Module]] = {
+    dock.Dense: lambda s: nn.Linear(s.in_features, s.out_features, bias=s.bias),
+    dock.Conv: _conv,
+    dock.ConvTranspose: lambda s: nn.ConvTranspose2d(
+        s.in_channels,
+        s.out_channels,
+        s.kernel,
+        s.stride,
+        s.padding,
+        s.output_padding,
+        groups=s.groups,
+        bias=s.bias,
+        dilation=s.dilation,
+    ),
+    dock.MaxPool: lambda s: _MAX[s.ndim](s.kernel, s.stride, s.padding),
+    dock.AvgPool: lambda s: _AVG[s.ndim](s.kernel, s.stride, s.padding, count_include_pad=True),
+    dock.GlobalAvgPool: lambda s: GlobalPool("mean"),
+    dock.GlobalMaxPool: lambda s: GlobalPool("max"),
+    dock.Reshape: lambda s: Reshape(s.shape),
+    dock.Flatten: lambda s: nn.Flatten(s.start),
+    dock.BatchNorm: _batch_norm,
+    dock.LayerNorm: lambda s: nn.LayerNorm(s.shape, s.eps, elementwise_affine=s.affine),
+    dock.Dropout: lambda s: nn.Dropout(s.p),
+    dock.Embedding: lambda s: nn.Embedding(s.num_embeddings, s.dim),
+}
+
+
+def build(spec: Any) -> nn.Module:
+    """The torch module for dock layer `spec` (parameters uninitialized; realize fills them)."""
+    return BUILDERS[type(spec)](spec)
+
+
+def _transpose(x: Any) -> Any:
+    return x.T
+
+
+# Canonical -> torch layout and back, per layer class and parameter (identity when absent).
+TO_TORCH: dict[type, dict[str, Callable[[Any], Any]]] = {dock.Dense: {"weight": _transpose}}
+FROM_TORCH: dict[type, dict[str, Callable[[Any], Any]]] = {dock.Dense: {"weight": _transpose}}
+
+
+OPS: dict[str, Callable[..., Any]] = {
+    "relu": torch.relu,
+    "gelu": F.gelu,  # exact (erf) by default, as the reference
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "softmax": lambda x, axis: torch.softmax(x, axis),
+    "log_softmax": lambda x, axis: torch.log_softmax(x, axis),
+    "concat": lambda xs, axis: torch.cat(xs, axis),
+    "add": torch.add,
+    "mean": lambda x, axis, keepdims: (
+        x.mean()
+        if axis is None and not keepdims
+        else x.mean(dim=tuple(range(x.ndim)) if axis is None else axis, keepdim=keepdims)
+    ),
+    "matmul": torch.matmul,
+}
