@@ -113,3 +113,90 @@ def pytrees(draw, leaves=None, max_leaves: int = 6):
         )
 
     return draw(st.recursive(leaves, extend, max_leaves=max_leaves))
+
+
+# --- dock layers ------------------------------------------------------------------------
+
+LAYER_KINDS = (
+    "Dense", "Conv", "ConvTranspose", "MaxPool", "AvgPool", "GlobalAvgPool", "GlobalMaxPool",
+    "Reshape", "Flatten", "BatchNorm", "LayerNorm", "Dropout", "Embedding",
+)  # fmt: skip
+
+
+def _divisor(draw, n: int) -> int:
+    return draw(st.sampled_from([d for d in range(1, n + 1) if n % d == 0]))
+
+
+@st.composite
+def dock_cases(draw, kind: str):
+    """A dock layer of `kind` with drawn hyper-parameters, and a float64 input that fits it."""
+    from dualtrain.craft import dock
+
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    batch = draw(st.integers(1, 3))
+
+    def data(*shape):
+        return rng.normal(size=shape)
+
+    if kind == "Dense":
+        i, o = draw(st.integers(1, 6)), draw(st.integers(1, 6))
+        lead = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2))
+        return dock.Dense(i, o, bias=draw(st.booleans())), data(batch, *lead, i)
+    if kind == "Conv":
+        nd = draw(st.integers(1, 3))
+        groups = draw(st.integers(1, 3))
+        cin, cout = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+        k = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+        d = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+        s = tuple(draw(st.integers(1, 2)) for _ in range(nd))
+        padding = draw(st.one_of(
+            st.sampled_from(["same", "valid"]), st.integers(0, 2),
+            st.tuples(*[st.tuples(st.integers(0, 2), st.integers(0, 2)) for _ in range(nd)]),
+        ))  # fmt: skip
+        sizes = [
+            draw(st.integers(dd * (kk - 1) + 1, dd * (kk - 1) + 4))
+            for kk, dd in zip(k, d, strict=True)
+        ]
+        layer = dock.Conv(cin, cout, k, s, padding, d, groups, bias=draw(st.booleans()))
+        return layer, data(batch, cin, *sizes)
+    if kind == "ConvTranspose":
+        groups = draw(st.integers(1, 2))
+        cin, cout = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+        k = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+        s = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+        d = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+        p = tuple(draw(st.integers(0, dd * (kk - 1) // 2)) for kk, dd in zip(k, d, strict=True))
+        op = tuple(draw(st.integers(0, max(ss, dd) - 1)) for ss, dd in zip(s, d, strict=True))
+        layer = dock.ConvTranspose(cin, cout, k, s, p, op, d, groups, bias=draw(st.booleans()))
+        return layer, data(batch, cin, draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    if kind in ("MaxPool", "AvgPool"):
+        nd = draw(st.integers(1, 3))
+        k = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+        s = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+        p = tuple(draw(st.integers(0, kk // 2)) for kk in k)
+        sizes = [draw(st.integers(kk, kk + 4)) for kk in k]
+        return getattr(dock, kind)(k, s, p), data(batch, draw(st.integers(1, 3)), *sizes)
+    if kind in ("GlobalAvgPool", "GlobalMaxPool"):
+        spatial = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+        return getattr(dock, kind)(), data(batch, draw(st.integers(1, 3)), *spatial)
+    if kind == "Reshape":
+        shape = draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
+        return dock.Reshape((batch, -1)), data(batch, *shape)
+    if kind == "Flatten":
+        shape = draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
+        return dock.Flatten(draw(st.integers(1, len(shape)))), data(batch, *shape)
+    if kind == "BatchNorm":
+        c = draw(st.integers(1, 4))
+        spatial = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2))
+        layer = dock.BatchNorm(c, momentum=draw(st.floats(0, 1)), affine=draw(st.booleans()))
+        return layer, data(batch + 1, c, *spatial)
+    if kind == "LayerNorm":
+        shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=2)))
+        return dock.LayerNorm(shape, affine=draw(st.booleans())), data(batch, *shape)
+    if kind == "Dropout":
+        return dock.Dropout(draw(st.floats(0, 0.9))), data(batch, draw(st.integers(1, 6)))
+    if kind == "Embedding":
+        n, dim = draw(st.integers(1, 8)), draw(st.integers(1, 4))
+        ids = rng.integers(0, n, size=(batch, draw(st.integers(1, 4))))
+        return dock.Embedding(n, dim), ids
+    raise ValueError(kind)

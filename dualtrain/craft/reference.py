@@ -7,7 +7,6 @@ being obviously right over speed (float64 in, float64 out).
 from __future__ import annotations
 
 import math
-import string
 from typing import Any
 
 import numpy as np
@@ -84,8 +83,7 @@ def _conv(layer: dock.Conv, p: Any, x: np.ndarray) -> np.ndarray:
     out_sizes = win.shape[2 : 2 + layer.ndim]
     win = win.reshape(n, g, c // g, *win.shape[2:])
     w = p["weight"].reshape(g, layer.out_channels // g, c // g, *k)
-    sp = string.ascii_letters[: layer.ndim]
-    kk = string.ascii_uppercase[: layer.ndim]
+    sp, kk = "xyz"[: layer.ndim], "XYZ"[: layer.ndim]  # clear of the n, g, c, f axes
     y = np.einsum(f"ngc{sp}{kk},gfc{kk}->ngf{sp}", win, w).reshape(n, -1, *out_sizes)
     if layer.bias:
         y = y + p["bias"].reshape(1, -1, *([1] * layer.ndim))

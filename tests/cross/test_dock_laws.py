@@ -1,0 +1,158 @@
+"""Every dock layer: torch == JAX == the NumPy reference, forward and gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dualtrain import convert
+from dualtrain.craft import Craft, dock, reference_forward
+from tests.strategies import LAYER_KINDS, dock_cases
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+from dualtrain_jax import craft as jcraft  # noqa: E402
+from dualtrain_torch import craft as tcraft  # noqa: E402
+from dualtrain_torch.layers import FROM_TORCH  # noqa: E402
+
+# Each example compiles fresh JAX kernels for its shapes: a third of the profile's examples
+# per layer kind and mode keeps the suite's budget (DUALTRAIN_HYPOTHESIS=thorough scales it).
+FEW = settings(max_examples=max(5, settings().max_examples // 3))
+
+
+class One(Craft):
+    def __init__(self, layer):
+        super().__init__("one")
+        self.layer = layer
+
+    def run(self, x):
+        return self.layer(x)
+
+
+def perturbed(craft, seed, dtype):
+    """Initial values moved off their defaults, so ones/zeros do not hide mistakes."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, value in craft.init(seed, "float64").items():
+        v = value + 0.3 * rng.normal(size=value.shape)
+        out[name] = (np.abs(v) + 0.5 if name.endswith("running_var") else v).astype(dtype)
+    return out
+
+
+def split(craft, values):
+    specs = craft.param_specs()
+    params = {k: v for k, v in values.items() if specs[k].trainable}
+    return params, {k: v for k, v in values.items() if not specs[k].trainable}
+
+
+def torch_run(craft, values, x, train, cotangent):
+    module = tcraft.realize(craft, dtype=str(next(iter(values.values()), x).dtype))
+    tcraft.load_canonical(module, values)
+    module.train(train)
+    xt = torch.tensor(x, requires_grad=x.dtype.kind == "f")
+    y = module(xt)
+    state = {k: v.detach().numpy().copy() for k, v in module.state_dict().items() if "running" in k}
+    grads = {}
+    if cotangent is not None:
+        (y * torch.from_numpy(cotangent)).sum().backward()
+        kinds = {name: type(layer) for name, layer in craft.named_layers()}
+        for name, p in module.named_parameters():
+            owner, _, local = name.rpartition(".")
+            back = FROM_TORCH.get(kinds[owner], {}).get(local, lambda a: a)
+            grads[name] = back(p.grad.numpy())
+        if xt.grad is not None:
+            grads["input"] = xt.grad.numpy()
+    return y.detach().numpy(), state, grads
+
+
+def jax_run(craft, values, x, train, cotangent):
+    module = jcraft.realize(craft, dtype=str(next(iter(values.values()), x).dtype))
+    params, state = split(craft, convert(values, to="jax"))
+    xj = convert(x, to="jax")
+    y, new_state = module.apply(params, state, xj, train=train, rng=jax.random.key(0))
+    grads = {}
+    if cotangent is not None:
+        ct = convert(cotangent, to="jax")
+
+        def loss(p, inp):
+            return (module.apply(p, state, inp, train=train, rng=jax.random.key(0))[0] * ct).sum()
+
+        if x.dtype.kind == "f":
+            gp, gx = jax.grad(loss, argnums=(0, 1))(params, xj)
+            grads["input"] = np.asarray(gx)
+        else:
+            gp = jax.grad(loss)(params, xj)
+        grads.update({k: np.asarray(v) for k, v in gp.items()})
+    return np.asarray(y), {k: np.asarray(v) for k, v in new_state.items()}, grads
+
+
+def close(a, b, tol):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape
+    scale = max(1.0, float(np.abs(b).max(initial=0.0)))
+    assert float(np.abs(a - b).max(initial=0.0)) <= tol * scale
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@FEW
+@given(data=st.data())
+def test_float64_torch_equals_jax_equals_reference(kind, train, data):
+    layer, x = data.draw(dock_cases(kind))
+    if kind == "Dropout" and train:
+        return  # masks come from each framework's generator: see the dropout law below
+    craft = One(layer)
+    values = perturbed(craft, 1, np.float64)
+    params, state = split(craft, values)
+    ref, ref_state = reference_forward(craft, params, x, state=state, train=train)
+    cotangent = np.random.default_rng(2).normal(size=np.shape(ref))
+    with jax.enable_x64(True):
+        yt, st_t, gt = torch_run(craft, values, x, train, cotangent)
+        yj, st_j, gj = jax_run(craft, values, x, train, cotangent)
+    close(yt, ref, 1e-10)
+    close(yj, ref, 1e-10)
+    for name, value in ref_state.items():
+        close(st_t[name], value, 1e-10)
+        close(st_j[name], value, 1e-10)
+    assert sorted(gt) == sorted(gj)
+    for name in gt:
+        close(gj[name], gt[name], 1e-9)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@FEW
+@given(data=st.data())
+def test_float32_torch_and_jax_within_1e5_of_reference(kind, data):
+    layer, x = data.draw(dock_cases(kind))
+    craft = One(layer)
+    values = perturbed(craft, 3, np.float32)
+    floating = x.dtype.kind == "f"
+    x32 = x.astype(np.float32) if floating else x
+    params, state = split(craft, values)
+    widen = lambda d: {k: v.astype(np.float64) for k, v in d.items()}  # noqa: E731
+    x_ref = x32.astype(np.float64) if floating else x
+    ref, _ = reference_forward(craft, widen(params), x_ref, state=widen(state))
+    yt, _, _ = torch_run(craft, values, x32, False, None)
+    yj, _, _ = jax_run(craft, values, x32, False, None)
+    assert yt.dtype == yj.dtype == np.float32
+    close(yt, ref, 1e-5)
+    close(yj, ref, 1e-5)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+@given(p=st.floats(0.05, 0.9), seed=st.integers(0, 100))
+def test_dropout_zeroes_or_scales_each_element(backend, p, seed):
+    craft = One(dock.Dropout(p))
+    x = np.random.default_rng(seed).uniform(1, 2, size=(64, 8))
+    if backend == "numpy":
+        y, _ = reference_forward(craft, {}, x, train=True, seed=seed)
+    elif backend == "torch":
+        y, _, _ = torch_run(craft, {}, x, True, None)
+    else:
+        with jax.enable_x64(True):
+            y, _, _ = jax_run(craft, {}, x, True, None)
+    kept = y != 0
+    np.testing.assert_allclose(y[kept], x[kept] / (1 - p), rtol=1e-12)
+    assert 0 < kept.mean() < 1 or p < 0.1  # some of each, at these sizes
