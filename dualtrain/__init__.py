@@ -7,7 +7,9 @@ backend by name or handed an array of that framework.
 
 from __future__ import annotations
 
+from dualtrain.aerolog import CheckpointError, TimeMachine
 from dualtrain.backends import Backend, available, backend_of, load
+from dualtrain.craft import Craft, autopad, dock
 from dualtrain.errors import (
     ArgumentError,
     BackendError,
@@ -25,18 +27,23 @@ __all__ = [
     "ArgumentError",
     "Backend",
     "BackendError",
+    "CheckpointError",
     "CopyCount",
+    "Craft",
     "DtypeError",
     "DualtrainError",
     "PrecisionWarning",
     "ShapeError",
+    "TimeMachine",
     "__version__",
     "aligned_copy",
     "aligned_empty",
+    "autopad",
     "available",
     "backend_of",
     "convert",
     "count_copies",
+    "dock",
     "is_aligned",
     "load",
 ]
