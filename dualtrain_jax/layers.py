@@ -77,12 +77,14 @@ def _pool(spec: Any, x: jax.Array, init: Any, op: Any) -> jax.Array:
     return lax.reduce_window(x, init, op, window, strides, pads)
 
 
+# Python scalars as init values: JAX recognizes (-inf, max) and (0, add) as monoids, which
+# have gradients; an array init turns into a tracer under jit and loses them.
 def _max_pool(spec: dock.MaxPool, p: Any, x: jax.Array) -> jax.Array:
-    return _pool(spec, x, jnp.array(-jnp.inf, x.dtype), lax.max)
+    return _pool(spec, x, -float("inf"), lax.max)
 
 
 def _avg_pool(spec: dock.AvgPool, p: Any, x: jax.Array) -> jax.Array:
-    total = _pool(spec, x, jnp.array(0, x.dtype), lax.add)
+    total = _pool(spec, x, 0.0, lax.add)
     size = 1
     for k in spec.kernel:
         size *= k

@@ -13,6 +13,7 @@ from tests.strategies import LAYER_KINDS, dock_cases
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
+jnp = jax.numpy
 from dualtrain_jax import craft as jcraft  # noqa: E402
 from dualtrain_torch import craft as tcraft  # noqa: E402
 from dualtrain_torch.layers import FROM_TORCH  # noqa: E402
@@ -156,3 +157,29 @@ def test_dropout_zeroes_or_scales_each_element(backend, p, seed):
     kept = y != 0
     np.testing.assert_allclose(y[kept], x[kept] / (1 - p), rtol=1e-12)
     assert 0 < kept.mean() < 1 or p < 0.1  # some of each, at these sizes
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@settings(max_examples=3)
+@given(data=st.data())
+def test_jax_gradients_under_jit_equal_eager_ones(kind, data):
+    layer, x = data.draw(dock_cases(kind))
+    craft = One(layer)
+    values = perturbed(craft, 4, np.float32)
+    module = jcraft.realize(craft)
+    params, state = split(craft, convert(values, to="jax"))
+    xj = convert(x.astype(np.float32) if x.dtype.kind == "f" else x, to="jax")
+    key = jax.random.key(1)
+    shape = module.apply(params, state, xj, train=True, rng=key)[0].shape
+    cotangent = jnp.asarray(np.random.default_rng(5).normal(size=shape).astype(np.float32))
+
+    def loss(p, inp):
+        return (module.apply(p, state, inp, train=True, rng=key)[0] * cotangent).sum()
+
+    argnums = (0, 1) if x.dtype.kind == "f" else (0,)
+    eager = jax.grad(loss, argnums)(params, xj)
+    jitted = jax.jit(jax.grad(loss, argnums))(params, xj)  # MaxPool once failed only here
+    for e, j in zip(
+        jax.tree_util.tree_leaves(eager), jax.tree_util.tree_leaves(jitted), strict=True
+    ):
+        close(np.asarray(j), np.asarray(e), 1e-5)
