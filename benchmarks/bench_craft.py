@@ -99,12 +99,12 @@ def jax_by_hand(name, values):
 
     def forward(p, x):
         if name == "MLP":
-            h = jax.nn.relu(x @ p["fc1.weight"] + p["fc1.bias"])
-            h = jax.nn.relu(h @ p["fc2.weight"] + p["fc2.bias"])
-            return h @ p["fc3.weight"] + p["fc3.bias"]
+            h = jax.nn.relu(x @ p["fc1.weight"].T + p["fc1.bias"])
+            h = jax.nn.relu(h @ p["fc2.weight"].T + p["fc2.bias"])
+            return h @ p["fc3.weight"].T + p["fc3.bias"]
         h = pool(jax.nn.relu(conv(p, x, "conv1")))
         h = pool(jax.nn.relu(conv(p, h, "conv2")))
-        return h.reshape(h.shape[0], -1) @ p["fc.weight"] + p["fc.bias"]
+        return h.reshape(h.shape[0], -1) @ p["fc.weight"].T + p["fc.bias"]
 
     return forward
 

@@ -1,14 +1,16 @@
 """`dualtrain demo`: what dualtrain does today, end to end, on data made on the spot.
 
 It lists the backends found, moves a pytree NumPy -> torch -> JAX -> NumPy counting the
-copies, and trains one small MLP in torch and in JAX from the same data and the same initial
-weights, printing the two loss curves side by side. Adapters are reached only through
-`dualtrain.backends`; no data or weights are downloaded.
+copies, trains one Craft (a small MLP with BatchNorm) in torch and in JAX from the same data
+and the same seed, printing the two loss curves side by side, then drops the torch model's
+checkpoint and loads it into a fresh JAX module, which then predicts what torch does.
+Adapters are reached only through `dualtrain.backends`; nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import tempfile
 import time
 from typing import Any
 
@@ -17,39 +19,48 @@ from rich.console import Console
 from rich.table import Table
 
 from dualtrain import backends
+from dualtrain.aerolog import TimeMachine
+from dualtrain.craft import Craft, dock
 from dualtrain.interop import convert, count_copies
 from dualtrain.memory import aligned_empty
 
-__all__ = ["TRAIN_MLP_CONTRACT", "make_data", "run"]
+__all__ = ["TRAIN_CONTRACT", "DemoNet", "make_data", "run"]
 
-TRAIN_MLP_CONTRACT = """
-``train_mlp(params, x, y, *, lr, steps) -> list[float]``, in each adapter's ``demo`` module:
-full-batch SGD on a tanh MLP with softmax cross-entropy, returning the loss before each step.
-``params`` holds ``w1 (in, hidden)``, ``b1 (hidden,)``, ``w2 (hidden, classes)`` and
-``b2 (classes,)`` as float32 NumPy arrays; ``x`` is ``(n, in)`` float32, ``y`` is ``(n,)``
-int32 class labels. Both adapters compute the same maths, so the losses agree to float32
-rounding.
+TRAIN_CONTRACT = """
+``train(craft, x, y, *, lr, steps, seed) -> (losses, module)``, in each adapter's ``demo``
+module: realize `craft` with `seed`, then run `steps` full-batch SGD steps of softmax
+cross-entropy in training mode, returning the loss before each step and the trained module.
+``x`` is ``(n, in)`` float32, ``y`` is ``(n,)`` int32 class labels. Both adapters compute
+the same maths from the same initial weights, so the losses agree to float32 rounding.
 """
 
 
+class DemoNet(Craft):
+    """The demo's model: Dense -> BatchNorm -> tanh -> Dense."""
+
+    def __init__(self, features: int = 16, hidden: int = 32, classes: int = 4) -> None:
+        super().__init__("DEMO")
+        self.fc1 = dock.Dense(features, hidden)
+        self.bn = dock.BatchNorm(hidden)
+        self.fc2 = dock.Dense(hidden, classes)
+
+    def run(self, x: Any) -> Any:
+        return self.fc2(dock.tanh(self.bn(self.fc1(x))))
+
+
 def make_data(
-    seed: int, n: int = 512, features: int = 16, classes: int = 4, hidden: int = 32
+    seed: int, n: int = 512, features: int = 16, classes: int = 4
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """Gaussian blobs and initial MLP weights, as 64-byte aligned float32 host arrays.
+    """Gaussian blobs and the demo model's initial weights, as aligned host arrays.
 
     Returns:
-        ``x (n, features)`` float32, ``y (n,)`` int32 and the weights ``w1 (features,
-        hidden)``, ``b1 (hidden,)``, ``w2 (hidden, classes)``, ``b2 (classes,)``.
+        ``x (n, features)`` float32, ``y (n,)`` int32 and DemoNet's initial parameters.
     """
     rng = np.random.default_rng(seed)
-    centers = rng.normal(0.0, 2.0, size=(classes, features))
+    centers = rng.normal(0.0, 1.0, size=(classes, features))
     y = rng.integers(0, classes, size=n).astype(np.int32)
     x = centers[y] + rng.normal(0.0, 1.0, size=(n, features))
-    shapes = {"w1": (features, hidden), "b1": (hidden,), "w2": (hidden, classes), "b2": (classes,)}
-    params = {}
-    for name, shape in shapes.items():
-        scale = 1.0 / np.sqrt(shape[0]) if len(shape) == 2 else 0.0
-        params[name] = _aligned(rng.normal(0.0, 1.0, size=shape) * scale)
+    params = DemoNet(features, classes=classes).init(seed)
     return _aligned(x), _aligned(y, np.int32), params
 
 
@@ -67,14 +78,17 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
     _show_backends(console)
     x, y, params = make_data(seed)
     copies = _show_exchange(console, x, y, params)
-    torch_losses, jax_losses, seconds = _show_training(console, x, y, params, lr, steps)
+    craft = DemoNet(x.shape[1], classes=int(y.max()) + 1)
+    losses, modules, seconds = _show_training(console, craft, x, y, lr, steps, seed)
+    crossing = _show_checkpoint(console, modules, x)
     total = time.perf_counter() - started
     console.print(f"demo finished in {total:.1f} s")
     return {
         "copies": copies,
-        "torch_losses": torch_losses,
-        "jax_losses": jax_losses,
+        "torch_losses": losses["torch"],
+        "jax_losses": losses["jax"],
         "train_seconds": seconds,
+        "checkpoint_max_difference": crossing,
     }
 
 
@@ -121,14 +135,15 @@ def _address(array: Any, framework: str) -> int:
 
 
 def _show_training(
-    console: Console, x: np.ndarray, y: np.ndarray, params: dict, lr: float, steps: int
-) -> tuple[list[float], list[float], dict[str, float]]:
-    losses, seconds = {}, {}
+    console: Console, craft: Craft, x: np.ndarray, y: np.ndarray, lr: float, steps: int, seed: int
+) -> tuple[dict[str, list[float]], dict[str, Any], dict[str, float]]:
+    losses, modules, seconds = {}, {}, {}
     for name in ("torch", "jax"):
         started = time.perf_counter()
-        losses[name] = backends.load_part(name, "demo").train_mlp(params, x, y, lr=lr, steps=steps)
+        part = backends.load_part(name, "demo")
+        losses[name], modules[name] = part.train(craft, x, y, lr=lr, steps=steps, seed=seed)
         seconds[name] = time.perf_counter() - started
-    table = Table(title=f"the same MLP, data and weights: {steps} full-batch SGD steps, lr={lr}")
+    table = Table(title=f"one Craft, realized twice: {steps} full-batch SGD steps, lr={lr}")
     for column in ("step", "torch loss", "JAX loss", "|difference|"):
         table.add_column(column, justify="right")
     for i in sorted({*range(0, steps, max(1, steps // 6)), steps - 1}):
@@ -138,4 +153,23 @@ def _show_training(
     console.print(
         f"torch {seconds['torch']:.2f} s, JAX {seconds['jax']:.2f} s (JAX includes its jit)"
     )
-    return losses["torch"], losses["jax"], seconds
+    return losses, modules, seconds
+
+
+def _show_checkpoint(console: Console, modules: dict[str, Any], x: np.ndarray) -> float:
+    """Drops the torch model, loads it into a fresh JAX module, compares their predictions."""
+    with tempfile.TemporaryDirectory() as folder:
+        tm = TimeMachine(ckpt_path=folder, save_path=folder)
+        anchor = tm.drop(modules["torch"], step=len(x))
+        fresh = backends.load_part("jax", "craft").realize(modules["jax"].craft, seed=12345)
+        skipped = tm.to(fresh, frozen=True)
+        torch_module = modules["torch"]
+        torch_module.eval()
+        expected = convert(torch_module(convert(x, to="torch")), to="numpy")
+        got = convert(fresh(convert(x, to="jax")), to="numpy")
+    difference = float(np.abs(expected - got).max())
+    console.print(
+        f"checkpoint {anchor.name}: written by torch, loaded into a fresh JAX module "
+        f"({len(skipped)} skipped); eval predictions differ by at most {difference:.1e}"
+    )
+    return difference

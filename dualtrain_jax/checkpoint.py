@@ -8,12 +8,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import safetensors
 
 from dualtrain.aerolog.optim_state import OptimizerState
 from dualtrain.aerolog.time_machine import CheckpointError
 from dualtrain_jax.craft import JaxModule
 
-__all__ = ["export_optimizer", "export_tensors", "import_optimizer", "import_tensors"]
+__all__ = [
+    "export_optimizer",
+    "export_tensors",
+    "import_optimizer",
+    "import_tensors",
+    "read",
+    "shapes",
+]
 
 _STATES = (optax.ScaleByAdamState, optax.TraceState)
 
@@ -21,6 +29,17 @@ _STATES = (optax.ScaleByAdamState, optax.TraceState)
 def export_tensors(module: JaxModule) -> dict[str, np.ndarray]:
     """Parameters and state by neutral name (JAX keeps the canonical layout) on the host."""
     return {name: np.asarray(value) for name, value in {**module.params, **module.state}.items()}
+
+
+def shapes(module: JaxModule) -> dict[str, tuple[int, ...]]:
+    """Shapes of what `export_tensors` would give."""
+    return {name: tuple(v.shape) for name, v in {**module.params, **module.state}.items()}
+
+
+def read(path: Any, names: list[str]) -> dict[str, np.ndarray]:
+    """Arrays `names` of an anchor, read by safetensors into host memory."""
+    with safetensors.safe_open(str(path), framework="numpy") as f:
+        return {name: f.get_tensor(name) for name in names}
 
 
 def import_tensors(module: JaxModule, tensors: dict[str, np.ndarray]) -> None:

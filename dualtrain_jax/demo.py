@@ -1,41 +1,41 @@
-"""The demo's training loop in JAX: the same MLP, data and SGD as `dualtrain_torch.demo`."""
+"""The demo's training loop in JAX: `dualtrain.demo.TRAIN_CONTRACT` says what it computes."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dualtrain import convert
+from dualtrain import Craft, convert
+from dualtrain_jax.craft import realize
 
-__all__ = ["train_mlp"]
+__all__ = ["train"]
 
 
-def train_mlp(
-    params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, lr: float, steps: int
-) -> list[float]:
-    """The demo's training loop; the contract is `dualtrain.demo.TRAIN_MLP_CONTRACT`."""
-    weights = convert(params, to="jax")
+def train(
+    craft: Craft, x: np.ndarray, y: np.ndarray, *, lr: float, steps: int, seed: int
+) -> tuple[list[float], Any]:
+    """The demo's training loop; the contract is `dualtrain.demo.TRAIN_CONTRACT`."""
+    module = realize(craft, seed=seed)
     inputs, labels = convert((x, y), to="jax")
     optimizer = optax.sgd(lr)
 
-    def loss_fn(w: dict[str, Any]) -> jax.Array:
-        hidden = jnp.tanh(inputs @ w["w1"] + w["b1"])
-        logits = hidden @ w["w2"] + w["b2"]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    def loss_fn(params: Any, state: Any) -> tuple[jax.Array, Any]:
+        logits, state = module.apply(params, state, inputs, train=True)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), state
 
     @jax.jit
-    def step(w: dict[str, Any], state: Any) -> tuple[dict[str, Any], Any, jax.Array]:
-        loss, grads = jax.value_and_grad(loss_fn)(w)
-        updates, state = optimizer.update(grads, state, w)
-        return optax.apply_updates(w, updates), state, loss
+    def step(params: Any, state: Any, opt_state: Any) -> tuple[Any, Any, Any, jax.Array]:
+        (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), state, opt_state, loss
 
-    state = optimizer.init(weights)
+    params, state, opt_state = module.params, module.state, optimizer.init(module.params)
     losses = []
     for _ in range(steps):
-        weights, state, loss = step(weights, state)
+        params, state, opt_state, loss = step(params, state, opt_state)
         losses.append(float(loss))
-    return losses
+    module.params, module.state = params, state
+    return losses, module

@@ -3,7 +3,7 @@
 ``LAYERS[type(spec)](spec, view, x)`` computes one layer; `view` (a
 `dualtrain.craft.binding.LayerView`) gives the layer's parameters by local name, the mode,
 a PRNG key and a way to write new state. Parameters keep the canonical layouts, which JAX's
-convolutions take as they are (``OIHW`` kernels, ``NCHW`` data).
+contractions take as they are (``(out, in)`` Dense weights, ``OIHW`` kernels, ``NCHW`` data).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def _numbers(nd: int) -> tuple[str, str, str]:
 
 
 def _dense(spec: dock.Dense, p: Any, x: jax.Array) -> jax.Array:
-    y = x @ p["weight"]
+    # Contract x's last axis with the (out, in) weight's axis 1: no transpose is materialized.
+    y = lax.dot_general(x, p["weight"], (((x.ndim - 1,), (1,)), ((), ())))
     return y + p["bias"] if spec.bias else y
 
 

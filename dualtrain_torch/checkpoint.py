@@ -5,24 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import safetensors
 import torch
 
 from dualtrain.aerolog.optim_state import OptimizerState
 from dualtrain.aerolog.time_machine import CheckpointError
 from dualtrain_torch.craft import CraftModule, load_canonical
-from dualtrain_torch.layers import FROM_TORCH, TO_TORCH
 
-__all__ = ["export_optimizer", "export_tensors", "import_optimizer", "import_tensors"]
+__all__ = [
+    "export_optimizer",
+    "export_tensors",
+    "import_optimizer",
+    "import_tensors",
+    "read",
+    "shapes",
+]
 
 _FAMILY = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adam"}
 _SLOTS = {
     "sgd": {"momentum": "momentum_buffer"},
     "adam": {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"},
 }
-
-
-def _kinds(module: CraftModule) -> dict[str, type]:
-    return {name: type(layer) for name, layer in module.craft.named_layers()}
 
 
 def _saved_names(module: CraftModule) -> set[str]:
@@ -33,21 +36,28 @@ def _saved_names(module: CraftModule) -> set[str]:
     return names
 
 
-def _canonical(kinds: dict[str, type], name: str, tensor: torch.Tensor) -> np.ndarray:
-    owner, _, local = name.rpartition(".")
-    value = tensor.detach().cpu().numpy()
-    to_canonical = FROM_TORCH.get(kinds.get(owner, object), {}).get(local)
-    return to_canonical(value) if to_canonical else value
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """A host NumPy view of `tensor` (bfloat16 as its bits; safetensors' NumPy side has none)."""
+    value = tensor.detach().cpu()
+    return value.numpy() if value.dtype != torch.bfloat16 else value.view(torch.int16).numpy()
+
+
+def shapes(module: CraftModule) -> dict[str, tuple[int, ...]]:
+    """Canonical shapes of what `export_tensors` would give, without copying anything."""
+    wanted = _saved_names(module)
+    return {name: tuple(t.shape) for name, t in module.state_dict().items() if name in wanted}
+
+
+def read(path: Any, names: list[str]) -> dict[str, torch.Tensor]:
+    """Tensors `names` of an anchor, memory-mapped by safetensors (no copy until used)."""
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        return {name: f.get_tensor(name) for name in names}
 
 
 def export_tensors(module: CraftModule) -> dict[str, np.ndarray]:
     """Parameters and state by neutral name, canonical layout, as host NumPy arrays."""
-    kinds, wanted = _kinds(module), _saved_names(module)
-    return {
-        name: _canonical(kinds, name, t)
-        for name, t in module.state_dict().items()
-        if name in wanted
-    }
+    wanted = _saved_names(module)
+    return {name: _host(t) for name, t in module.state_dict().items() if name in wanted}
 
 
 def import_tensors(module: CraftModule, tensors: dict[str, np.ndarray]) -> None:
@@ -69,7 +79,7 @@ def _family(optimizer: Any) -> str:
 
 def export_optimizer(module: CraftModule, optimizer: torch.optim.Optimizer) -> OptimizerState:
     """The optimizer's state in neutral form, keyed by the module's parameter names."""
-    family, kinds = _family(optimizer), _kinds(module)
+    family = _family(optimizer)
     names = {id(p): n for n, p in module.named_parameters()}
     slots: dict[str, dict[str, Any]] = {slot: {} for slot in _SLOTS[family]}
     step = 0
@@ -80,7 +90,7 @@ def export_optimizer(module: CraftModule, optimizer: torch.optim.Optimizer) -> O
                 raise CheckpointError("the optimizer holds a parameter that is not the module's")
             for slot, key in _SLOTS[family].items():
                 if state.get(key) is not None:
-                    slots[slot][names[id(p)]] = _canonical(kinds, names[id(p)], state[key])
+                    slots[slot][names[id(p)]] = _host(state[key])
             if "step" in state:
                 step = max(step, int(state["step"]))
     hyper = {k: v for k, v in optimizer.param_groups[0].items() if k != "params" and _plain(v)}
@@ -92,7 +102,7 @@ def import_optimizer(
     module: CraftModule, optimizer: torch.optim.Optimizer, state: OptimizerState
 ) -> torch.optim.Optimizer:
     """Fills `optimizer`'s per-parameter state from `state`; returns the optimizer."""
-    family, kinds = _family(optimizer), _kinds(module)
+    family = _family(optimizer)
     if family != state.family:
         raise CheckpointError(
             f"the checkpoint holds {state.family} state; "
@@ -102,13 +112,7 @@ def import_optimizer(
         values = {}
         for slot, key in _SLOTS[family].items():
             if name in state.slots[slot]:
-                owner, _, local = name.rpartition(".")
-                to_torch = TO_TORCH.get(kinds.get(owner, object), {}).get(local)
-                array = np.ascontiguousarray(state.slots[slot][name])
-                array = to_torch(array) if to_torch else array
-                values[key] = torch.as_tensor(
-                    np.ascontiguousarray(array), dtype=p.dtype, device=p.device
-                )
+                values[key] = torch.empty_like(p).copy_(_tensor(state.slots[slot][name]))
         if values:
             if family == "adam":
                 values["step"] = torch.tensor(float(state.step), dtype=torch.float32)
@@ -121,9 +125,13 @@ def export_rng() -> np.ndarray:
     return torch.random.get_rng_state().numpy()
 
 
-def import_rng(state: np.ndarray) -> None:
+def import_rng(state: Any) -> None:
     """Restores torch's global CPU generator."""
-    torch.random.set_rng_state(torch.from_numpy(np.ascontiguousarray(state)))
+    torch.random.set_rng_state(_tensor(state).to(torch.uint8).contiguous())
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.array(value))
 
 
 def _plain(value: Any) -> bool:

@@ -14,7 +14,7 @@ from dualtrain.craft.checks import check
 from dualtrain.craft.craft import is_torch_module
 from dualtrain.errors import bad_argument
 from dualtrain.interop import convert
-from dualtrain_torch.layers import TO_TORCH, build
+from dualtrain_torch.layers import build
 
 __all__ = ["CraftModule", "Nozzle", "Prober", "Rudder", "coat", "realize", "shell"]
 
@@ -44,8 +44,8 @@ class CraftModule(nn.Module):
     """An ``nn.Module`` whose ``forward`` is the Craft's ``run``.
 
     Submodules mirror the Craft's attributes (child Crafts, lists, dicts, Sequential), so the
-    ``state_dict`` keys are the neutral names: ``block.0.weight``. Dense weights are stored
-    in ``nn.Linear``'s ``(out, in)`` layout; checkpoints convert.
+    ``state_dict`` keys are the neutral names (``block.0.weight``) and its tensors are in the
+    canonical layouts, so a ``state_dict`` is a checkpoint's content as it is.
     """
 
     dualtrain_backend = "torch"
@@ -113,20 +113,17 @@ def realize(craft: Craft, seed: int = 0, device: Any = None, dtype: Any = "float
     return module.to(device) if device is not None else module
 
 
-def load_canonical(module: CraftModule, tensors: dict[str, np.ndarray]) -> None:
-    """Copies canonical-layout NumPy arrays into the module's parameters and buffers."""
-    kinds = {name: type(layer) for name, layer in module.craft.named_layers()}
+def load_canonical(module: CraftModule, tensors: dict[str, Any]) -> None:
+    """Copies canonical arrays (NumPy or torch) into the module's parameters and buffers.
+
+    One ``copy_`` per tensor, which also casts the dtype and moves it to the module's device.
+    """
     targets = dict(module.named_parameters(remove_duplicate=False))
     targets.update(module.named_buffers(remove_duplicate=False))
     with torch.no_grad():
         for name, value in tensors.items():
-            owner, _, local = name.rpartition(".")
-            to_torch = TO_TORCH.get(kinds.get(owner, object), {}).get(local)
-            array = to_torch(value) if to_torch else value
-            target = targets[name]
-            target.copy_(
-                convert(np.ascontiguousarray(array), to="torch", copy=True).to(target.dtype)
-            )
+            source = value if isinstance(value, torch.Tensor) else convert(value, to="torch")
+            targets[name].copy_(source)
 
 
 class _Mode:

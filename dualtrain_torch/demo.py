@@ -1,30 +1,31 @@
-"""The demo's training loop in torch: the same MLP, data and SGD as `dualtrain_jax.demo`."""
+"""The demo's training loop in torch: `dualtrain.demo.TRAIN_CONTRACT` says what it computes."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 
-from dualtrain import convert
+from dualtrain import Craft, convert
+from dualtrain_torch.craft import Rudder, realize
 
-__all__ = ["train_mlp"]
+__all__ = ["train"]
 
 
-def train_mlp(
-    params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, *, lr: float, steps: int
-) -> list[float]:
-    """The demo's training loop; the contract is `dualtrain.demo.TRAIN_MLP_CONTRACT`."""
-    # copy=True: the parameters become ordinary leaf tensors that SGD updates in place.
-    weights = {k: v.requires_grad_() for k, v in convert(params, to="torch", copy=True).items()}
+def train(
+    craft: Craft, x: np.ndarray, y: np.ndarray, *, lr: float, steps: int, seed: int
+) -> tuple[list[float], Any]:
+    """The demo's training loop; the contract is `dualtrain.demo.TRAIN_CONTRACT`."""
+    module = realize(craft, seed=seed)
     inputs, labels = convert((x, y), to="torch")
-    optimizer = torch.optim.SGD(weights.values(), lr=lr)
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
     losses = []
-    for _ in range(steps):
-        hidden = torch.tanh(inputs @ weights["w1"] + weights["b1"])
-        logits = hidden @ weights["w2"] + weights["b2"]
-        loss = torch.nn.functional.cross_entropy(logits, labels.long())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+    with Rudder(module):
+        for _ in range(steps):
+            loss = torch.nn.functional.cross_entropy(module(inputs), labels.long())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses, module

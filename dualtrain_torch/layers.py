@@ -2,8 +2,7 @@
 
 The modules are torch's own (``nn.Linear``, ``nn.Conv2d``, ``nn.BatchNorm2d``'s base...), so
 hooks, ``state_dict``, ``torch.compile`` and DDP see ordinary modules. Their parameters sit
-at the neutral names; `TO_TORCH` and `FROM_TORCH` map canonical layouts where torch's
-differ (a Dense weight is ``(in, out)`` canonically, ``(out, in)`` in ``nn.Linear``).
+at the neutral names, in the canonical layouts, which are torch's: no mapping is needed.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from torch import nn
 from dualtrain.craft import dock
 from dualtrain.craft.padding import resolve_padding
 
-__all__ = ["FROM_TORCH", "OPS", "TO_TORCH", "build"]
+__all__ = ["OPS", "build"]
 
 _CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
 _MAX = {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d}
@@ -124,15 +123,6 @@ BUILDERS: dict[type, Callable[[Any], nn.Module]] = {
 def build(spec: Any) -> nn.Module:
     """The torch module for dock layer `spec` (parameters uninitialized; realize fills them)."""
     return BUILDERS[type(spec)](spec)
-
-
-def _transpose(x: Any) -> Any:
-    return x.T
-
-
-# Canonical -> torch layout and back, per layer class and parameter (identity when absent).
-TO_TORCH: dict[type, dict[str, Callable[[Any], Any]]] = {dock.Dense: {"weight": _transpose}}
-FROM_TORCH: dict[type, dict[str, Callable[[Any], Any]]] = {dock.Dense: {"weight": _transpose}}
 
 
 OPS: dict[str, Callable[..., Any]] = {

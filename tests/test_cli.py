@@ -27,7 +27,7 @@ def test_bad_step_count_is_refused(capsys):
     assert "must be a positive int; got 0" in capsys.readouterr().err
 
 
-def test_demo_shares_memory_and_trains_identically_in_both_frameworks():
+def test_demo_shares_memory_trains_one_craft_in_both_and_crosses_its_checkpoint():
     pytest.importorskip("torch")
     pytest.importorskip("jax")
     from dualtrain.demo import run
@@ -40,8 +40,10 @@ def test_demo_shares_memory_and_trains_identically_in_both_frameworks():
     assert torch_losses[-1] < torch_losses[0]  # it learns
     for a, b in zip(torch_losses, jax_losses, strict=True):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(a))
+    assert result["checkpoint_max_difference"] <= 1e-5  # torch's checkpoint, loaded into JAX
     text = out.getvalue()
     assert "NumPy -> torch -> JAX -> NumPy" in text and "round trip bit-exact: True" in text
+    assert "loaded into a fresh JAX module (0 skipped)" in " ".join(text.split())
 
 
 def test_python_dash_m_runs_the_cli():

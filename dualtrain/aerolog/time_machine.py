@@ -124,12 +124,13 @@ class TimeMachine:
         rng = part.export_rng()
         if rng is not None:
             tensors["__rng__"] = rng
+        manifest["tensors"] = sorted(tensors)
         path = self._target(craft, file, step)
         try:
             metadata = {"dualtrain": json.dumps(manifest, default=_jsonable)}
         except TypeError as err:
             raise bad_argument("extra", extra, "JSON-serializable data") from err
-        _write_atomic(path, {k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata)
+        _write_atomic(path, tensors, metadata)
         self._retain(path)
         return path
 
@@ -182,26 +183,29 @@ class TimeMachine:
             The names skipped (with why), and the step, extra data and optimizer restored.
         """
         path = self._source(file)
-        tensors, manifest = _read(path)
+        manifest = _manifest(path)
         part = _adapter(craft)
-        model = {k: v.shape for k, v in _select(part.export_tensors(craft), ckpt_scope).items()}
-        weights = {k: v for k, v in tensors.items() if not k.startswith(("optimizer.", "__"))}
-        saved = _select(weights, ckpt_scope)
+        model = _select(part.shapes(craft), ckpt_scope)
+        saved = _select({k: tuple(v["shape"]) for k, v in manifest["names"].items()}, ckpt_scope)
         skipped = _compare(model, saved, frozen, path)
-        part.import_tensors(
-            craft, {k: v for k, v in saved.items() if k in model and k not in skipped}
-        )
+        wanted = [k for k in saved if k in model and k not in skipped]
+        info = manifest.get("optimizer")
+        if optimizer is not None and info is None:
+            raise CheckpointError(f"{path} holds no optimizer state; it was dropped without one")
+        extra_names = []
+        if optimizer is not None:
+            extra_names = [k for k in manifest.get("tensors", []) if k.startswith("optimizer.")]
+        if restore_rng and "__rng__" in manifest.get("tensors", []):
+            extra_names.append("__rng__")
+        # The adapter reads with its framework's safetensors binding (torch: memory-mapped).
+        tensors = part.read(path, wanted + extra_names)
+        part.import_tensors(craft, {k: tensors[k] for k in wanted})
         restored = Restored(skipped)
         restored.file, restored.manifest = path, manifest
         restored.step, restored.extra = manifest.get("step"), manifest.get("extra", {})
         restored.optimizer = None
-        if optimizer is not None:
-            info = manifest.get("optimizer")
-            if info is None:
-                raise CheckpointError(
-                    f"{path} holds no optimizer state; it was dropped without one"
-                )
-            opt_tensors = {k: v for k, v in tensors.items() if k.startswith("optimizer.")}
+        if optimizer is not None and info is not None:
+            opt_tensors = {k: tensors[k] for k in extra_names if k.startswith("optimizer.")}
             state = OptimizerState.from_tensors(
                 info["family"], info["step"], info["hyper"], opt_tensors
             )
@@ -253,16 +257,18 @@ def _select_slots(state: OptimizerState, scope: str | None) -> OptimizerState:
     return OptimizerState(state.family, state.step, slots, state.hyper)
 
 
-def _compare(model: dict[str, tuple], saved: dict[str, Any], frozen: bool, path: Path) -> list[str]:
+def _compare(
+    model: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]], frozen: bool, path: Path
+) -> list[str]:
     """Names to skip; with `frozen`, a CheckpointError naming the first problem of each kind."""
     problems, skipped = [], []
     for name, shape in model.items():
         if name not in saved:
             problems.append(f"{name} is in the model but not in {path.name}")
             skipped.append(name)
-        elif tuple(saved[name].shape) != tuple(shape):
+        elif tuple(saved[name]) != tuple(shape):
             problems.append(
-                f"{name} is {tuple(saved[name].shape)} on disk but {tuple(shape)} in the model"
+                f"{name} is {tuple(saved[name])} on disk but {tuple(shape)} in the model"
             )
             skipped.append(name)
     for name in saved:
@@ -274,7 +280,8 @@ def _compare(model: dict[str, tuple], saved: dict[str, Any], frozen: bool, path:
     return skipped
 
 
-def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _manifest(path: Path) -> dict[str, Any]:
+    """The manifest in an anchor's header, read without loading any tensor."""
     try:
         with safetensors.safe_open(str(path), framework="numpy") as f:
             metadata = f.metadata() or {}
@@ -287,7 +294,7 @@ def _read(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         raise CheckpointError(
             f"{path} has format {manifest.get('format')!r}; this reads {FORMAT!r}"
         )
-    return safetensors.numpy.load_file(str(path)), manifest
+    return dict(manifest)
 
 
 def _write_atomic(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
@@ -295,7 +302,10 @@ def _write_atomic(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        safetensors.numpy.save_file(tensors, tmp, metadata=metadata)
+        # Adapters hand over contiguous host arrays (views of their tensors): no copy here.
+        safetensors.numpy.save_file(
+            {k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp, metadata=metadata
+        )
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

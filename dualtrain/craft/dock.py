@@ -1,12 +1,14 @@
 """The neutral layer set. Each layer is a frozen spec: sizes and options, no arrays.
 
 Data are channels-first, as in torch: Dense takes ``(..., in)``; Conv and pooling take
-``(N, C, *spatial)``; BatchNorm takes ``(N, C, ...)``. Canonical parameter layouts:
+``(N, C, *spatial)``; BatchNorm takes ``(N, C, ...)``. The canonical parameter layouts are
+torch's, so torch modules and checkpoints hold them as they are; JAX contracts them directly
+(``lax.dot_general``, ``OIHW`` kernels) at no cost:
 
 =============  ===================================  ==============================
 layer          parameter: shape                     initial value
 =============  ===================================  ==============================
-Dense          weight ``(in, out)``, bias ``(out,)``  U(±1/sqrt(in))
+Dense          weight ``(out, in)``, bias ``(out,)``  U(±1/sqrt(in))
 Conv           weight ``(out, in/groups, *kernel)``  U(±1/sqrt(in/groups·prod(kernel)))
 ConvTranspose  weight ``(in, out/groups, kh, kw)``  U(±1/sqrt(out/groups·kh·kw))
 BatchNorm      weight, bias ``(C,)``; state          ones, zeros; running_mean 0,
@@ -104,7 +106,7 @@ class Layer:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dense(Layer):
-    """``y = x @ weight + bias`` over the last axis: ``(..., in) -> (..., out)``."""
+    """``y = x @ weight.T + bias`` over the last axis: ``(..., in) -> (..., out)``."""
 
     in_features: int
     out_features: int
@@ -116,7 +118,7 @@ class Dense(Layer):
 
     def params(self) -> dict[str, ParamSpec]:
         bound = 1 / math.sqrt(self.in_features)
-        out = {"weight": ParamSpec((self.in_features, self.out_features), "uniform", bound)}
+        out = {"weight": ParamSpec((self.out_features, self.in_features), "uniform", bound)}
         if self.bias:
             out["bias"] = ParamSpec((self.out_features,), "uniform", bound)
         return out

@@ -1,8 +1,8 @@
 """Neutral parameter names, canonical layouts and initialization, shared by every backend.
 
 A parameter is named by its path from the root Craft, joined with dots: ``block.0.weight``.
-Its canonical layout is the one written here; adapters map to their native layout (torch's
-Linear stores Dense weights transposed). Initial values are drawn once, in NumPy, from a
+Its canonical layout is the one `dualtrain.craft.dock` documents for the layer (torch's own
+layouts, which JAX's contractions take as they are). Initial values are drawn once, in NumPy, from a
 counter-based generator keyed by (seed, name), so the same seed gives the same weights in
 torch and JAX, whatever the order of realization.
 """

@@ -58,7 +58,7 @@ def reference_forward(
 
 
 def _dense(layer: dock.Dense, p: Any, x: np.ndarray) -> np.ndarray:
-    y = x @ p["weight"]
+    y = x @ p["weight"].T
     return y + p["bias"] if layer.bias else y
 
 

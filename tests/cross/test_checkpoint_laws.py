@@ -156,7 +156,7 @@ def test_frozen_refuses_and_names_every_mismatch(tmp_path):
     anchor = TimeMachine().drop(tcraft.realize(MLP(hidden=16)), tmp_path / "a")
     other = tcraft.realize(MLP(hidden=12))
     with pytest.raises(
-        CheckpointError, match=r"fc1\.weight is \(8, 16\) on disk but \(8, 12\) in the model"
+        CheckpointError, match=r"fc1\.weight is \(16, 8\) on disk but \(12, 8\) in the model"
     ):
         TimeMachine().to(other, anchor, frozen=True)
     skipped = TimeMachine().to(other, anchor)
@@ -169,7 +169,7 @@ def test_frozen_refuses_and_names_every_mismatch(tmp_path):
 def test_scopes_select_by_name_prefix(tmp_path):
     module = tcraft.realize(MLP(), seed=8)
     anchor = TimeMachine().drop(module, tmp_path / "fc1", save_scope="fc1")
-    _, manifest = dualtrain.aerolog.time_machine._read(anchor)
+    manifest = dualtrain.aerolog.time_machine._manifest(anchor)
     assert sorted(manifest["names"]) == ["fc1.bias", "fc1.weight"]
     jm = jcraft.realize(MLP(), seed=9)
     skipped = TimeMachine().to(jm, anchor, ckpt_scope="fc1", frozen=True)
@@ -202,7 +202,7 @@ def test_tied_weights_are_stored_once(tmp_path):
             return self.again(self.fc(x))
 
     module = tcraft.realize(Tied())
-    _, manifest = dualtrain.aerolog.time_machine._read(TimeMachine().drop(module, tmp_path / "t"))
+    manifest = dualtrain.aerolog.time_machine._manifest(TimeMachine().drop(module, tmp_path / "t"))
     assert sorted(manifest["names"]) == ["fc.bias", "fc.weight"]
 
 
@@ -229,8 +229,8 @@ def test_anchors_are_plain_safetensors_with_a_json_manifest(tmp_path):
         and manifest["step"] == 7
         and manifest["extra"] == {"epoch": 2}
     )
-    assert manifest["names"]["fc1.weight"] == {"shape": [8, 16], "dtype": "float32"}
-    assert header["fc1.weight"]["shape"] == [8, 16]  # canonical (in, out), not nn.Linear's
+    assert manifest["names"]["fc1.weight"] == {"shape": [16, 8], "dtype": "float32"}
+    assert header["fc1.weight"]["shape"] == [16, 8]  # the canonical (out, in)
 
 
 def test_foreign_and_missing_files_are_refused(tmp_path):

@@ -16,7 +16,6 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 from dualtrain_jax import craft as jcraft  # noqa: E402
 from dualtrain_torch import craft as tcraft  # noqa: E402
-from dualtrain_torch.layers import FROM_TORCH  # noqa: E402
 
 # Each example compiles fresh JAX kernels for its shapes: a third of the profile's examples
 # per layer kind and mode keeps the suite's budget (DUALTRAIN_HYPOTHESIS=thorough scales it).
@@ -58,11 +57,8 @@ def torch_run(craft, values, x, train, cotangent):
     grads = {}
     if cotangent is not None:
         (y * torch.from_numpy(cotangent)).sum().backward()
-        kinds = {name: type(layer) for name, layer in craft.named_layers()}
         for name, p in module.named_parameters():
-            owner, _, local = name.rpartition(".")
-            back = FROM_TORCH.get(kinds[owner], {}).get(local, lambda a: a)
-            grads[name] = back(p.grad.numpy())
+            grads[name] = p.grad.numpy()
         if xt.grad is not None:
             grads["input"] = xt.grad.numpy()
     return y.detach().numpy(), state, grads
