@@ -8,6 +8,7 @@ import numpy as np
 import safetensors
 import torch
 
+from dualtrain import convert
 from dualtrain.aerolog.optim_state import OptimizerState
 from dualtrain.aerolog.time_machine import CheckpointError
 from dualtrain_torch.craft import CraftModule, load_canonical
@@ -37,9 +38,8 @@ def _saved_names(module: CraftModule) -> set[str]:
 
 
 def _host(tensor: torch.Tensor) -> np.ndarray:
-    """A host NumPy view of `tensor` (bfloat16 as its bits; safetensors' NumPy side has none)."""
-    value = tensor.detach().cpu()
-    return value.numpy() if value.dtype != torch.bfloat16 else value.view(torch.int16).numpy()
+    """A host NumPy view of `tensor` (bfloat16 as ml_dtypes', which safetensors stores as BF16)."""
+    return convert(tensor.detach().cpu(), to="numpy")
 
 
 def shapes(module: CraftModule) -> dict[str, tuple[int, ...]]:

@@ -258,3 +258,17 @@ def test_torch_rng_state_is_restored_on_request(tmp_path):
     torch.manual_seed(999)
     TimeMachine().to(module, anchor, restore_rng=True)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_bfloat16_models_cross_as_bfloat16(tmp_path):
+    module = tcraft.realize(MLP(), seed=10, dtype="bfloat16")
+    anchor = TimeMachine().drop(module, tmp_path / "bf16")
+    manifest = dualtrain.aerolog.time_machine._manifest(anchor)
+    assert manifest["names"]["fc1.weight"]["dtype"] == "bfloat16"
+    jm = jcraft.realize(MLP(), seed=11, dtype="bfloat16")
+    TimeMachine().to(jm, anchor, frozen=True)
+    assert jm.params["fc1.weight"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(
+        np.asarray(jm.params["fc1.weight"]).astype(np.float32),
+        module.fc1.weight.detach().float().numpy(),
+    )

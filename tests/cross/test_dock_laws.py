@@ -179,3 +179,33 @@ def test_jax_gradients_under_jit_equal_eager_ones(kind, data):
         jax.tree_util.tree_leaves(eager), jax.tree_util.tree_leaves(jitted), strict=True
     ):
         close(np.asarray(j), np.asarray(e), 1e-5)
+
+
+OPS = {
+    "relu": lambda ops, x: ops.relu(x),
+    "gelu": lambda ops, x: ops.gelu(x),
+    "sigmoid": lambda ops, x: ops.sigmoid(x),
+    "tanh": lambda ops, x: ops.tanh(x),
+    "softmax": lambda ops, x: ops.softmax(x, axis=-1),
+    "log_softmax": lambda ops, x: ops.log_softmax(x, axis=0),
+    "concat": lambda ops, x: ops.concat([x, x * 2], axis=-1),
+    "add": lambda ops, x: ops.add(x, x[..., :1]),
+    "mean": lambda ops, x: ops.mean(x, axis=-1, keepdims=True),
+    "matmul": lambda ops, x: ops.matmul(x, x.T if x.ndim == 2 else x),
+}
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@settings(max_examples=10)
+@given(
+    shape=st.tuples(st.integers(1, 4), st.integers(1, 5)),
+    seed=st.integers(0, 2**31),
+)
+def test_functional_ops_torch_equal_jax_equal_reference(op, shape, seed):
+    x = np.random.default_rng(seed).normal(size=shape) * 3
+    expected = OPS[op](dock, x)  # NumPy arrays dispatch to the reference
+    with jax.enable_x64(True):
+        got_jax = np.asarray(OPS[op](dock, jnp.asarray(x)))
+    got_torch = OPS[op](dock, torch.from_numpy(x)).numpy()
+    close(got_torch, expected, 1e-12)
+    close(got_jax, expected, 1e-12)
