@@ -63,9 +63,7 @@ class JaxModule:
             **kwargs: passed to ``run`` (e.g. a Reshape's shape).
         """
         fold = None if rng is None else (lambda i: jax.random.fold_in(rng, i))
-        bound = binding.FunctionalBinding(
-            self.craft, LAYERS, params, state, train=train, rng=fold, backend="jax"
-        )
+        bound = binding.FunctionalBinding(self.craft, LAYERS, params, state, train=train, rng=fold)
         with binding.active(bound):
             out = self.craft.run(*inputs, **kwargs)
         return out, bound.new_state

@@ -107,12 +107,11 @@ class FunctionalBinding:
         *,
         train: bool,
         rng: Any,
-        backend: str,
     ) -> None:
         self.names = craft.layer_names()
         self.table, self.params, self.train = table, params, train
         self.new_state = dict(state)
-        self._rng, self._count, self.backend = rng, 0, backend
+        self._rng, self._count = rng, 0
 
     def next_rng(self, name: str) -> Any:
         if self._rng is None:

@@ -50,7 +50,6 @@ def reference_forward(
         state,
         train=train,
         rng=lambda i: np.random.default_rng([seed, i]),
-        backend="numpy",
     )
     with binding.active(bound):
         out = craft.run(*inputs)
