@@ -29,7 +29,6 @@ __all__ = [
     "backend_of",
     "load",
     "load_part",
-    "name_of",
 ]
 
 NAMES = ("numpy", "torch", "jax", "cupy")
@@ -254,11 +253,6 @@ def of_type(cls: type) -> Backend | None:
             return None
         backend = _backend_cache[cls] = load(name)
     return backend
-
-
-def name_of(x: Any) -> str | None:
-    """The framework name of array `x`, or None for anything else (cached per type)."""
-    return _name_of_type(type(x))
 
 
 def _name_of_type(cls: type) -> str | None:

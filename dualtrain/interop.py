@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from dualtrain import backends
-from dualtrain.backends import _backend_cache
 from dualtrain.errors import DtypeError, PrecisionWarning, bad_argument
 from dualtrain.layout import NARROWER, copy_reason, dtypes_named
 from dualtrain.memory import aligned_copy, aligned_empty
@@ -147,7 +146,7 @@ class _Plan:
         self.special = dtypes_named(self.dst.import_copies)
 
     def leaf(self, path: Path, x: Any) -> Any:
-        src = _backend_cache.get(type(x)) or backends.of_type(type(x))
+        src = backends.of_type(type(x))
         if src is None:
             return x
         dst = self.dst

@@ -11,7 +11,7 @@ import dualtrain
 
 def address(x) -> int:
     """The data address of a NumPy, torch or JAX array."""
-    name = dualtrain.backends.name_of(x)
+    name = dualtrain.backend_of(x).name
     if name == "torch":
         return int(x.data_ptr())
     if name == "jax":

@@ -28,18 +28,18 @@ import dataclasses
 import math
 from typing import Any
 
-from dualtrain.craft import binding
-from dualtrain.craft.ops import (
-    add,
-    concat,
-    gelu,
-    log_softmax,
-    matmul,
-    mean,
-    relu,
-    sigmoid,
-    softmax,
-    tanh,
+from dualtrain.craft import binding, ops
+from dualtrain.craft.ops import (  # the functional ops live in dock too: dock.relu(x)
+    add as add,
+    concat as concat,
+    gelu as gelu,
+    log_softmax as log_softmax,
+    matmul as matmul,
+    mean as mean,
+    relu as relu,
+    sigmoid as sigmoid,
+    softmax as softmax,
+    tanh as tanh,
 )
 from dualtrain.craft.padding import check_padding, to_tuple
 from dualtrain.craft.params import ParamSpec
@@ -62,22 +62,26 @@ __all__ = [
     "Native",
     "Reshape",
     "Sequential",
-    "add",
-    "concat",
-    "gelu",
-    "log_softmax",
-    "matmul",
-    "mean",
-    "relu",
-    "sigmoid",
-    "softmax",
-    "tanh",
+    *ops.__all__,
 ]
 
 
 def _positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise bad_argument(name, value, "a positive int")
+
+
+def _check_channels(spec: Any) -> None:
+    """Positive channel counts and groups, and groups dividing both (Conv, ConvTranspose)."""
+    _positive("in_channels", spec.in_channels)
+    _positive("out_channels", spec.out_channels)
+    _positive("groups", spec.groups)
+    if spec.in_channels % spec.groups or spec.out_channels % spec.groups:
+        raise bad_argument(
+            "groups",
+            spec.groups,
+            f"a divisor of in_channels={spec.in_channels} and out_channels={spec.out_channels}",
+        )
 
 
 def _ndim(kernel: object, ndim: int | None) -> int:
@@ -144,19 +148,12 @@ class Conv(Layer):
     ndim: Any = None
 
     def __post_init__(self) -> None:
-        _positive("in_channels", self.in_channels)
-        _positive("out_channels", self.out_channels)
-        _positive("groups", self.groups)
+        _check_channels(self)
         nd = _ndim(self.kernel, self.ndim)
         object.__setattr__(self, "ndim", nd)
         for name in ("kernel", "stride", "dilation"):
             object.__setattr__(self, name, to_tuple(getattr(self, name), nd, name))
         check_padding(self.padding, nd)
-        if self.in_channels % self.groups or self.out_channels % self.groups:
-            raise bad_argument(
-                "groups", self.groups, f"a divisor of in_channels={self.in_channels} "
-                f"and out_channels={self.out_channels}"
-            )  # fmt: skip
 
     def params(self) -> dict[str, ParamSpec]:
         fan_in = self.in_channels // self.groups * math.prod(self.kernel)
@@ -186,9 +183,7 @@ class ConvTranspose(Layer):
     bias: bool = True
 
     def __post_init__(self) -> None:
-        _positive("in_channels", self.in_channels)
-        _positive("out_channels", self.out_channels)
-        _positive("groups", self.groups)
+        _check_channels(self)
         for name in ("kernel", "stride", "dilation"):
             object.__setattr__(self, name, to_tuple(getattr(self, name), 2, name))
         for name in ("padding", "output_padding"):
@@ -202,8 +197,6 @@ class ConvTranspose(Layer):
                 raise bad_argument(
                     "output_padding", self.output_padding, "smaller than stride or dilation"
                 )
-        if self.in_channels % self.groups or self.out_channels % self.groups:
-            raise bad_argument("groups", self.groups, "a divisor of both channel counts")
 
     def params(self) -> dict[str, ParamSpec]:
         kh, kw = self.kernel

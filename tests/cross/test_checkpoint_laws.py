@@ -7,8 +7,7 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import dualtrain
 from dualtrain import CheckpointError, Craft, TimeMachine, dock

@@ -7,8 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import dualtrain
 from dualtrain import convert, count_copies
