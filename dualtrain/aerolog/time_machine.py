@@ -125,16 +125,17 @@ class TimeMachine:
         if rng is not None:
             tensors["__rng__"] = rng
         manifest["tensors"] = sorted(tensors)
-        path = self._target(craft, file, step)
+        path = self._target(craft, file)
         try:
             metadata = {"dualtrain": json.dumps(manifest, default=_jsonable)}
         except TypeError as err:
             raise bad_argument("extra", extra, "JSON-serializable data") from err
         _write_atomic(path, tensors, metadata)
-        self._retain(path)
+        if not file:  # retention governs the anchors drop names itself, never a named file
+            self._retain(path.stem.rpartition("-")[0])
         return path
 
-    def _target(self, craft: Any, file: str | os.PathLike, step: int | None) -> Path:
+    def _target(self, craft: Any, file: str | os.PathLike) -> Path:
         if file:
             path = Path(file)
             if not path.is_absolute() and self.save_path is not None:
@@ -146,11 +147,8 @@ class TimeMachine:
         numbers = [n for n, _ in _anchors(self.save_path, stem)]
         return self.save_path / f"{stem}-{max(numbers, default=0) + 1}{_SUFFIX}"
 
-    def _retain(self, written: Path) -> None:
+    def _retain(self, stem: str) -> None:
         if self.max_anchors == -1 or self.save_path is None:
-            return
-        stem = written.stem.rpartition("-")[0]
-        if written.parent.resolve() != self.save_path.resolve() or not stem:
             return
         anchors = _anchors(self.save_path, stem)
         for _, path in anchors[: max(0, len(anchors) - self.max_anchors)]:

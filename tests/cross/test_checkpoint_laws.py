@@ -188,6 +188,16 @@ def test_retention_counts_anchors_on_disk_across_restarts(tmp_path):
     tm = TimeMachine(save_path=tmp_path, max_anchors=2)
     assert tm.drop(module).name == "MLP-4.safetensors"
     assert len(list(tmp_path.iterdir())) == 2
+    # A file you name is yours: it is neither counted nor pruned, and prunes nothing.
+    tm.drop(module, "MLP-final")
+    tm.drop(module, "MLP-99")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [
+        "MLP-3.safetensors",
+        "MLP-4.safetensors",
+        "MLP-99.safetensors",
+        "MLP-final.safetensors",
+    ]
 
 
 def test_tied_weights_are_stored_once(tmp_path):
