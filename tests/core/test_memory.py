@@ -34,12 +34,6 @@ def test_aligned_copy_of_a_view_makes_it_contiguous(a):
     assert np.array_equal(b, view, equal_nan=True)
 
 
-def test_numpy_alone_is_not_aligned_which_is_why_this_module_exists():
-    # NumPy's large allocations start 16 bytes past a 64-byte boundary on this platform;
-    # if this ever changes the module is still right, so only check our side.
-    assert is_aligned(aligned_empty(1 << 20, np.float32))
-
-
 def test_negative_shape_is_refused_with_the_house_message():
     with pytest.raises(
         ValueError, match=r"shape must be a tuple of non-negative ints; got shape=\(2, -1\)"

@@ -62,6 +62,8 @@ def test_device_verbs_on_the_host(backend):
     x = convert(np.ones(3, np.float32), to=backend.name)
     assert backend.device_of(x) == "cpu"
     assert backend.same_device(x, "cpu") and backend.same_device(x, None)
-    assert backend.device_put(x, "cpu") is not None
+    put = backend.device_put(x, "cpu")  # already there: the same memory comes back
+    assert address(put) == address(x)
+    assert np.array_equal(convert(put, to="numpy"), np.ones(3))
     assert backend.is_contiguous(backend.exportable(x))
     assert backend.owns(x) and not backend.owns([1.0])

@@ -88,9 +88,14 @@ def test_ddp_wraps_a_realized_module(tmp_path):
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
+        x = torch.randn(2, 3, 32, 32)
         ddp = torch.nn.parallel.DistributedDataParallel(tcraft.realize(Net(10), seed=0))
-        ddp(torch.randn(2, 3, 32, 32)).sum().backward()
-        assert ddp.module.fc.weight.grad is not None
+        ddp(x).sum().backward()
+        plain = tcraft.realize(Net(10), seed=0)
+        plain(x).sum().backward()
+        # One rank: the all-reduced gradient is the plain one.
+        torch.testing.assert_close(ddp.module.fc.weight.grad, plain.fc.weight.grad)
+        torch.testing.assert_close(ddp.module.conv.weight.grad, plain.conv.weight.grad)
     finally:
         dist.destroy_process_group()
 
