@@ -171,14 +171,12 @@ def coat(datum: Any, as_const: bool = True, device: Any = None, dtype: Any = Non
     """Any number, list or array as a tensor on `device`; trainable when ``as_const=False``."""
     if isinstance(datum, torch.Tensor):
         t = datum
-    elif isinstance(datum, (int, float, bool, list, tuple)) or np.isscalar(datum):
-        t = torch.as_tensor(np.asarray(datum))
+    elif isinstance(datum, (int, float, bool, complex, list, tuple)):
+        t = torch.tensor(datum)  # torch's defaults for Python numbers: float32, int64
     else:
-        t = convert(datum, to="torch")
+        t = convert(datum, to="torch")  # arrays (and NumPy scalars) keep their dtype
     if dtype is not None:
         t = t.to(getattr(torch, str(dtype)))
-    elif t.is_floating_point() and t.dtype == torch.float64 and not isinstance(datum, np.ndarray):
-        t = t.float()  # Python floats become float32, torch's default
     if device is not None:
         t = t.to(device)
     if not as_const:

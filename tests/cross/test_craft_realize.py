@@ -171,6 +171,12 @@ def test_native_layers_run_under_their_framework_and_are_refused_by_the_other():
 def test_coat_and_shell_round_trip_in_both():
     t = tcraft.coat([1.0, 2.0], as_const=False)
     assert t.requires_grad and t.dtype == torch.float32
+    # Arrays and tensors keep their dtype; Python numbers take each framework's default.
+    assert tcraft.coat(torch.ones(2, dtype=torch.float64)).dtype == torch.float64
+    assert tcraft.coat(np.ones(2)).dtype == torch.float64
+    assert tcraft.coat(3).dtype == torch.int64
+    assert jcraft.coat(1.5).dtype == jnp.float32
+    assert jcraft.coat(np.ones(2, np.float32)).dtype == jnp.float32
     assert tcraft.shell(t * 2).tolist() == [2.0, 4.0]
     assert tcraft.shell(torch.tensor(3.0)) == 3.0
     j = jcraft.coat(np.arange(3))
