@@ -123,6 +123,9 @@ class Backend(Protocol):
         not be written: the result refuses writes where the framework `marks_readonly`.
         """
 
+    def from_numpy_copy(self, a: Any) -> Any:
+        """A new array of this framework holding a copy of host array `a` (one copy)."""
+
     def from_dlpack(self, x: Any, *, copy: bool | None, readonly: bool = False) -> Any:
         """Imports any DLPack producer; the framework passes its own stream to `x`.
 
@@ -168,6 +171,15 @@ class BackendTraits:
     import_copies: frozenset[str] = frozenset()
     may_copy_silently = False
     device_only = False
+
+    def from_numpy_copy(self, a: Any) -> Any:
+        """A new array of this framework holding a copy of host array `a`: one copy.
+
+        The default copies into a 64-byte aligned buffer and imports that without a copy.
+        """
+        from dualtrain.memory import aligned_copy  # memory needs nothing from here
+
+        return self.from_numpy(aligned_copy(a), readonly=False)  # type: ignore[attr-defined]
 
 
 _lock = threading.Lock()

@@ -34,7 +34,7 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.errors import DtypeError, PrecisionWarning, bad_argument
 from dualtrain.layout import NARROWER, copy_reason, dtypes_named
-from dualtrain.memory import aligned_copy, aligned_empty
+from dualtrain.memory import aligned_empty
 from dualtrain.tree import Path, format_path, map_with_path
 
 __all__ = ["CopyCount", "convert", "count_copies"]
@@ -175,12 +175,14 @@ class _Plan:
             and (not readonly or (dst.marks_readonly and dst.takes_readonly_host))
             and dtype not in self.special
             and dtype not in NARROWER
+            # Check alignment first where it matters (JAX): a refused import raises slowly.
+            and (dst.host_alignment == 1 or not a.size or not a.ctypes.data % dst.host_alignment)
             and not (src.may_copy_silently and a.size and not src.shares(x, a))
         ):
             try:
                 return dst.from_numpy(a, readonly=readonly)
             except (ValueError, BufferError, RuntimeError):
-                pass  # e.g. misaligned for JAX, a negative stride on a size-1 axis for torch
+                pass  # e.g. a negative stride on a size-1 axis, which torch refuses
         return self._from_host(path, src, x, a)
 
     def _from_host(self, path: Path, src: Any, x: Any, a: np.ndarray) -> Any:
@@ -194,6 +196,7 @@ class _Plan:
             _record(a.nbytes)
         readonly = src.immutable or not a.flags.writeable
         reason = None if not self.copy else "copy=True"
+        fresh = None
         target_dtype = self._narrowed_dtype(path, a)
         if target_dtype is not None:
             reason = f"{dst.name} without x64 cannot hold {a.dtype}"
@@ -213,12 +216,11 @@ class _Plan:
         if target_dtype is not None:
             fresh = aligned_empty(a.shape, target_dtype)
             np.copyto(fresh, a, casting="unsafe")
-        else:
-            fresh = aligned_copy(a)
-        _record(fresh.nbytes)
-        if fresh.dtype in self.special:
-            _record(fresh.nbytes)
-        return dst.from_numpy(fresh, readonly=False)
+            a = fresh  # narrowed: this was the copy; import it as it is
+        _record(a.nbytes)
+        if a.dtype in self.special:  # the import copies again (bfloat16 into JAX)
+            _record(a.nbytes)
+        return dst.from_numpy(a, readonly=False) if a is fresh else dst.from_numpy_copy(a)
 
     def _import(self, path: Path, a: np.ndarray, readonly: bool) -> Any:
         y = self.dst.from_numpy(a, readonly=readonly)

@@ -14,6 +14,7 @@ from dualtrain.backends import BackendTraits
 __all__ = ["JaxBackend", "make_backend"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+_OWN_COPY_BYTES = 256 * 1024  # copies up to this size go through jnp.array
 
 # Whether arrays of a sharding live in one host buffer; shardings compare by their devices,
 # so this stays as small as the set of device placements in use.
@@ -81,6 +82,12 @@ class JaxBackend(BackendTraits):
             bits = jnp.from_dlpack(a.view(np.uint16), copy=False)
             return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
         return jnp.from_dlpack(a, copy=False)
+
+    def from_numpy_copy(self, a: np.ndarray) -> jax.Array:
+        # Below ~512 KiB JAX's own copy (18-45 µs) beats a DLPack import (~50 µs, measured).
+        if a.nbytes <= _OWN_COPY_BYTES and a.dtype != _BF16:
+            return jnp.array(a, copy=True)
+        return super().from_numpy_copy(a)
 
     def from_dlpack(self, x: Any, *, copy: bool | None, readonly: bool = False) -> jax.Array:
         return jnp.from_dlpack(x, copy=copy)
