@@ -101,10 +101,17 @@ def main() -> None:
     )
 
 
+def unaligned(elements: int) -> np.ndarray:
+    """float32 values that start off a 64-byte boundary, as NumPy's own arrays usually do."""
+    raw = np.arange(elements + 16, dtype=np.float32)
+    start = next(k for k in range(16) if raw[k:].ctypes.data % 64)
+    return raw[start : start + elements]
+
+
 def copying_rows() -> list:
     rows = []
     for size_name, elements in SIZES.items():
-        host = np.arange(elements, dtype=np.float32)  # NumPy's own, usually not 64-byte aligned
+        host = unaligned(elements)
         wide = np.arange(elements, dtype=np.float64)
         j = jnp.asarray(host)
         cases = [
