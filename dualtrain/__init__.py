@@ -15,9 +15,11 @@ from dualtrain.errors import (
     BackendError,
     DtypeError,
     DualtrainError,
+    PackError,
     PrecisionWarning,
     ShapeError,
 )
+from dualtrain.fuel import Comburant, FuelGenerator, Tank
 from dualtrain.interop import CopyCount, convert, count_copies
 from dualtrain.memory import aligned_copy, aligned_empty, is_aligned
 
@@ -29,11 +31,15 @@ __all__ = [
     "BackendError",
     "CheckpointError",
     "CopyCount",
+    "Comburant",
     "Craft",
     "DtypeError",
     "DualtrainError",
+    "FuelGenerator",
+    "PackError",
     "PrecisionWarning",
     "ShapeError",
+    "Tank",
     "TimeMachine",
     "__version__",
     "aligned_copy",

@@ -2,4 +2,5 @@
 
 from dualtrain.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # worker processes (spawn) import this module too
+    raise SystemExit(main())

@@ -14,6 +14,7 @@ __all__ = [
     "BackendError",
     "DtypeError",
     "DualtrainError",
+    "PackError",
     "PrecisionWarning",
     "ShapeError",
     "bad_argument",
@@ -38,6 +39,10 @@ class DtypeError(DualtrainError, TypeError):
 
 class BackendError(DualtrainError, TypeError):
     """An array belongs to no known framework, or arrays of several frameworks were mixed."""
+
+
+class PackError(DualtrainError, ValueError):
+    """A row of a pack's file list is bad: the message names the file, line and column."""
 
 
 class PrecisionWarning(UserWarning):

@@ -1,0 +1,112 @@
+"""Comburant: seeded augmentation of an image (and its mask) or a sequence of frames."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
+from dualtrain.fuel.streams import AUGMENT, SampleKey, current_sample, stream
+from dualtrain.fuel.transforms import Transform
+
+__all__ = ["Comburant"]
+
+
+class Comburant:
+    """Applies `transforms` in order, with parameters drawn per sample.
+
+    Draws come from a counter-based stream keyed by (seed, epoch, row index) and the
+    transform's position, so a sample gets the same augmentation whichever worker, thread,
+    process or framework prepares it. Inside a Tank's `prep_fn` the key is the sample in
+    hand; elsewhere pass ``key=(seed, epoch, index)``.
+
+    Example::
+
+        augment = Comburant(Flip(), Crop(area=(0.5, 1.0)), Brighten(0.1))
+        tank = Tank(path, {"image": "uint8", "label": "int64"}, 64,
+                    prep_fn=lambda s: {**s, "image": augment(s["image"])})
+    """
+
+    def __init__(self, *transforms: Transform) -> None:
+        for i, t in enumerate(transforms):
+            if not isinstance(t, Transform):
+                raise bad_argument(f"transforms[{i}]", t, "a dualtrain.fuel transform")
+        self.transforms = transforms
+
+    def __call__(self, image: Any, mask: Any = None, *, key: Any = None) -> Any:
+        """Augments one sample.
+
+        Args:
+            image: uint8 ``(H, W)`` or ``(H, W, C)``; a sequence is a list of such frames
+                or a ``(T, H, W, C)`` array.
+            mask: an optional label map (or sequence of them) moved by the same geometric
+                draws, with nearest-neighbour resampling; photometric transforms skip it.
+            key: a SampleKey or (seed, epoch, index); None takes the Tank's sample in hand.
+
+        Returns:
+            The augmented image (same shape and dtype), or (image, mask) when a mask is given.
+        """
+        sample = _key(key)
+        is_seq = isinstance(image, (list, tuple)) or (
+            isinstance(image, np.ndarray) and image.ndim == 4
+        )
+        frames = _frames("image", image, is_seq)
+        masks = None if mask is None else _frames("mask", mask, is_seq)
+        if masks is not None and len(masks) != len(frames):
+            raise ShapeError(f"mask has {len(masks)} frames; image has {len(frames)}")
+        for position, t in enumerate(self.transforms):
+            rng = stream(sample.seed, AUGMENT, sample.epoch, sample.index, position)
+            params = t.draw(rng, frames[0].shape)
+            if t.sequence_only:
+                if not is_seq:
+                    raise ArgumentError(f"{t!r} acts on sequences; got one image")
+                kept = list(t.frames(len(frames), params))  # type: ignore[attr-defined]
+                frames = [frames[i] for i in kept]
+                masks = None if masks is None else [masks[i] for i in kept]
+                continue
+            frames = [t.apply(f, params) for f in frames]
+            if masks is not None and t.geometric:
+                masks = [t.apply(m, params, mask=True) for m in masks]
+        out = _unframe(image, frames, is_seq)
+        return out if masks is None else (out, _unframe(mask, masks, is_seq))
+
+
+def _key(key: Any) -> SampleKey:
+    if key is None:
+        sample = current_sample()
+        if sample is None:
+            raise bad_argument("key", None, "(seed, epoch, index) outside a Tank's prep_fn")
+        return sample
+    if isinstance(key, SampleKey):
+        return key
+    if isinstance(key, tuple) and len(key) == 3 and all(isinstance(k, int) for k in key):
+        if key[1] < 0 or key[2] < 0:
+            raise bad_argument("key", key, "(seed, epoch >= 0, index >= 0)")
+        return SampleKey(*key)
+    raise bad_argument("key", key, "a SampleKey or a (seed, epoch, index) tuple of ints")
+
+
+def _frames(name: str, x: Any, is_seq: bool) -> list[np.ndarray]:
+    frames = list(x) if is_seq else [x]
+    if not frames:
+        raise bad_argument(name, x, "a non-empty sequence of frames")
+    for f in frames:
+        if not isinstance(f, np.ndarray) or f.ndim not in (2, 3):
+            raise ShapeError(f"{name} must be (H, W) or (H, W, C) arrays; got {_describe(f)}")
+        if f.dtype != np.uint8:
+            raise DtypeError(f"{name} must be uint8; got dtype {f.dtype}")
+    return frames
+
+
+def _unframe(original: Any, frames: list[np.ndarray], is_seq: bool) -> Any:
+    if not is_seq:
+        return np.ascontiguousarray(frames[0])
+    if isinstance(original, np.ndarray):
+        return np.stack(frames)
+    return [np.ascontiguousarray(f) for f in frames]
+
+
+def _describe(x: Any) -> str:
+    shape = getattr(x, "shape", None)
+    return f"shape {tuple(shape)}" if shape is not None else type(x).__name__

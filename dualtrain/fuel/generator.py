@@ -1,0 +1,286 @@
+"""FuelGenerator: packs the raw images listed in a CSV into HDF5 or npz files."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.fuel import images
+from dualtrain.fuel.columns import ColumnType
+from dualtrain.fuel.filelist import FileList, Row, SkippedRow, read_file_list
+from dualtrain.fuel.layout import format_of
+from dualtrain.fuel.writer import PackWriter
+
+__all__ = ["FuelGenerator", "PackReport", "shard_paths"]
+
+_PROPERTIES = ("file_dir", "file_list", "dtype", "is_seq", "delimiter", "quotechar")
+_CHUNK = 16  # rows per task handed to a worker process
+
+
+@dataclasses.dataclass(frozen=True)
+class PackReport:
+    """What `FuelGenerator.generate` wrote.
+
+    Attributes:
+        paths: the pack files, one per shard.
+        rows: rows written, over all shards.
+        skipped: rows left out under ``on_error="skip"`` (line, column, reason).
+        seconds: wall time of the whole run.
+    """
+
+    paths: list[str]
+    rows: int
+    skipped: list[SkippedRow]
+    seconds: float
+
+    @property
+    def images_per_s(self) -> float:
+        """Rows packed per second."""
+        return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+
+class FuelGenerator:
+    """Packs the images listed in a CSV file, with their labels, into a Fuel pack.
+
+    Args:
+        config: a dict of the keyword arguments below (mutually exclusive with them).
+        file_dir: the folder the CSV's file names are relative to.
+        file_list: the CSV file: a header row of keys, the image files in the first
+            column, values in the others.
+        dtype: the column types, one per column (the image column's ``"vuint8"`` may be
+            left out) or a dict key -> type; see `dualtrain.fuel.columns`.
+        is_seq: the first column holds a quoted, comma-separated list of frame files.
+        delimiter, quotechar: the CSV dialect.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        file_dir: str | None = None,
+        file_list: str | None = None,
+        dtype: Sequence[str] | Mapping[str, str] | None = None,
+        is_seq: bool = False,
+        delimiter: str = ",",
+        quotechar: str = '"',
+    ) -> None:
+        given = {
+            "file_dir": file_dir, "file_list": file_list, "dtype": dtype, "is_seq": is_seq,
+            "delimiter": delimiter, "quotechar": quotechar,
+        }  # fmt: skip
+        defaults = {"is_seq": False, "delimiter": ",", "quotechar": '"'}
+        if config is not None:
+            changed = [k for k, v in given.items() if v is not None and v != defaults.get(k)]
+            if changed:
+                raise ArgumentError(
+                    f"config and keyword arguments are mutually exclusive; got config and {changed}"
+                )
+            given = {**given, **dict(config)}
+        self._props: dict[str, Any] = {}
+        self.modify(given)
+
+    def modify(self, config: Mapping[str, Any] | None = None, **changes: Any) -> None:
+        """Changes properties from a dict or keywords.
+
+        The properties: ``file_dir``, ``file_list``, ``dtype``, ``is_seq``, ``delimiter``,
+        ``quotechar``; anything else is an error.
+        """
+        updates = {**dict(config or {}), **changes}
+        unknown = [k for k in updates if k not in _PROPERTIES]
+        if unknown:
+            raise bad_argument("config", unknown, f"keys among {list(_PROPERTIES)}")
+        props = {**self._props, **updates}
+        props.setdefault("is_seq", False)
+        props.setdefault("delimiter", ",")
+        props.setdefault("quotechar", '"')
+        for key in ("file_dir", "file_list", "dtype"):
+            if props.get(key) is None:
+                raise bad_argument(key, props.get(key), "given (in config or as a keyword)")
+        dtype = props["dtype"]
+        named = dtype.items() if isinstance(dtype, Mapping) else enumerate(dtype)
+        for column, name in named:
+            ColumnType.parse(name, f"dtype[{column!r}]")  # the header is checked in generate
+        if not os.path.isdir(props["file_dir"]):
+            raise bad_argument("file_dir", props["file_dir"], "an existing folder")
+        if not str(props["file_list"]).lower().endswith(".csv"):
+            raise bad_argument("file_list", props["file_list"], "a path to a .csv file")
+        if not os.path.isfile(props["file_list"]):
+            joined = os.path.join(props["file_dir"], props["file_list"])
+            if not os.path.isfile(joined):
+                raise bad_argument("file_list", props["file_list"], "an existing CSV file")
+            props["file_list"] = joined
+        self._props = props
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The current properties."""
+        return dict(self._props)
+
+    def generate(
+        self,
+        dst_path: str,
+        height: int,
+        width: int,
+        channel: int = 3,
+        encode: str = "JPEG",
+        shards: int = 1,
+        keep_exif: bool = True,
+        *,
+        quality: int = 90,
+        workers: int | None = None,
+        on_error: str = "raise",
+    ) -> PackReport:
+        """Decodes, orients, converts, resizes and re-encodes every image into a pack.
+
+        Args:
+            dst_path: the pack file (.h5, .hdf5 or .npz). With ``shards=k > 1`` the files are
+                ``stem-00000-of-0000k.ext`` beside it.
+            height: the stored image height in pixels.
+            width: the stored image width in pixels.
+            channel: 1 (grey), 3 (RGB) or 4 (RGBA).
+            encode: "JPEG" (at `quality`) or "PNG" (lossless).
+            shards: the number of files, of near-equal row counts (at most the row count).
+            keep_exif: store each file's EXIF block in ``<key>.exif``.
+            quality: JPEG quality, 1..95.
+            workers: worker processes; None uses every core for more than 64 rows.
+            on_error: "raise" stops at the first bad row; "skip" leaves bad rows out and
+                lists them in the report.
+
+        Returns:
+            A PackReport. The files appear under their final names only when complete.
+
+        Raises:
+            PackError: a bad row (missing or unreadable file, bad value, wrong cell count),
+                naming the CSV file, line and column.
+        """
+        started = time.perf_counter()
+        _check_generate(dst_path, height, width, channel, encode, shards, quality, on_error)
+        encode = encode.upper()
+        p = self._props
+        listing = read_file_list(
+            p["file_list"], p["file_dir"], p["dtype"], is_seq=p["is_seq"],
+            delimiter=p["delimiter"], quotechar=p["quotechar"], on_error=on_error,
+        )  # fmt: skip
+        if shards > max(len(listing.rows), 1):
+            raise bad_argument("shards", shards, f"at most the {len(listing.rows)} good rows")
+        paths = shard_paths(dst_path, shards)
+        image = {"height": height, "width": width, "channel": channel, "encode": encode}
+        writers: list[PackWriter] = []
+        try:
+            for i, path in enumerate(paths):
+                writers.append(self._writer(listing, path, keep_exif, image, i, shards))
+            settings = (height, width, channel, encode, quality, keep_exif)
+            bounds = np.linspace(0, len(listing.rows), shards + 1).round().astype(int)
+            for index, (row, result) in enumerate(
+                _encoded(listing.rows, settings, workers, len(listing.rows))
+            ):
+                if isinstance(result, str):  # the image could not be read
+                    if on_error == "raise":
+                        raise listing.error(row.line, listing.image_key, result)
+                    listing.skipped.append(SkippedRow(row.line, listing.image_key, result))
+                    continue
+                shard = int(np.searchsorted(bounds, index, side="right")) - 1
+                self._append(writers[shard], listing, row, result)
+            for w in writers:
+                w.commit()
+        except BaseException:
+            for w in writers:
+                w.abort()
+            raise
+        written = sum(w.rows for w in writers)
+        listing.skipped.sort(key=lambda s: s.line)
+        return PackReport(paths, written, listing.skipped, time.perf_counter() - started)
+
+    def _writer(
+        self, listing: FileList, path: str, keep_exif: bool, image: dict[str, Any], i: int, k: int
+    ) -> PackWriter:
+        meta = {"image": image, "shard": i, "shards": k, "exif": keep_exif}
+        return PackWriter(
+            path, listing.columns, listing.image_key, is_seq=self._props["is_seq"],
+            keep_exif=keep_exif, meta=meta,
+        )  # fmt: skip
+
+    def _append(self, writer: PackWriter, listing: FileList, row: Row, result: Any) -> None:
+        frames, exif = result
+        key = listing.image_key
+        values = {key: frames if self._props["is_seq"] else frames[0], f"{key}.exif": exif}
+        writer.append({**values, **row.values})
+
+
+def shard_paths(dst_path: str, shards: int) -> list[str]:
+    """The file names of a pack in `shards` files (just `dst_path` for one)."""
+    if shards == 1:
+        return [dst_path]
+    root, ext = os.path.splitext(dst_path)
+    return [f"{root}-{i:05d}-of-{shards:05d}{ext}" for i in range(shards)]
+
+
+def _check_generate(
+    dst_path: str, height: int, width: int, channel: int, encode: str, shards: int,
+    quality: int, on_error: str,
+) -> None:  # fmt: skip
+    format_of(dst_path)
+    for name, value in (("height", height), ("width", width), ("shards", shards)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise bad_argument(name, value, "a positive int")
+    if channel not in images.MODES:
+        raise bad_argument("channel", channel, "1, 3 or 4")
+    if not isinstance(encode, str) or encode.upper() not in images.ENCODINGS:
+        raise bad_argument("encode", encode, "'JPEG' or 'PNG'")
+    if not isinstance(quality, int) or not 1 <= quality <= 95:
+        raise bad_argument("quality", quality, "an int in 1..95")
+    if on_error not in ("raise", "skip"):
+        raise bad_argument("on_error", on_error, "'raise' or 'skip'")
+    folder = os.path.dirname(os.path.abspath(dst_path))
+    if not os.path.isdir(folder):
+        raise bad_argument("dst_path", dst_path, "a path in an existing folder")
+
+
+def _encoded(
+    rows: list[Row], settings: tuple[Any, ...], workers: int | None, n: int
+) -> Iterator[tuple[Row, Any]]:
+    """(row, (frames, exif) or an error string) for every row, in order."""
+    if workers is None:
+        workers = (os.cpu_count() or 1) if n > 64 else 0
+    if not isinstance(workers, int) or workers < 0:
+        raise bad_argument("workers", workers, "a non-negative int or None")
+    chunks = [rows[i : i + _CHUNK] for i in range(0, len(rows), _CHUNK)]
+    if workers == 0:
+        for chunk in chunks:
+            yield from zip(chunk, _encode_chunk([r.files for r in chunk], settings), strict=True)
+        return
+    # spawn: the caller may hold torch or JAX threads, which fork would copy half-alive.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        jobs = pool.map(
+            _encode_chunk, [[r.files for r in c] for c in chunks], [settings] * len(chunks)
+        )
+        for chunk, results in zip(chunks, jobs, strict=True):
+            yield from zip(chunk, results, strict=True)
+
+
+def _encode_chunk(files: list[tuple[str, ...]], settings: tuple[Any, ...]) -> list[Any]:
+    height, width, channel, encode, quality, keep_exif = settings
+    out: list[Any] = []
+    for row_files in files:
+        frames: list[bytes] = []
+        exif = b""
+        try:
+            for j, path in enumerate(row_files):
+                with open(path, "rb") as f:
+                    raw = f.read()
+                img, frame_exif = images.prepare(raw, height, width, channel, keep_exif=keep_exif)
+                frames.append(images.encode(img, encode, quality))
+                exif = frame_exif if j == 0 else exif
+        except OSError as e:
+            out.append(f"cannot read image {path!r}: {e}")
+            continue
+        out.append((frames, exif))
+    return out

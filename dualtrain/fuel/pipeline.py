@@ -1,0 +1,197 @@
+"""The batch pipeline behind a Tank: prepares batches ahead, in threads or processes.
+
+A batch is cut into one chunk per worker; each chunk runs fetch_fn and prep_fn on its rows
+(inside the sample's `sample_scope`, so a Comburant draws by (seed, epoch, row)) and, with
+the default collate, copies its samples straight into the batch's arrays, in parallel.
+Batches come out in order whatever the worker count, and equal for any worker count.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import multiprocessing
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from dualtrain.fuel.streams import SampleKey, sample_scope
+from dualtrain.memory import aligned_empty
+
+__all__ = ["Pipeline", "Recipe"]
+
+Fn = Callable[..., Any]
+
+
+class Recipe:
+    """What to do with each row: picklable, so worker processes get it whole."""
+
+    def __init__(self, data: Any, fetch_fn: Fn, prep_fn: Fn | None, seed: int) -> None:
+        self.data, self.fetch_fn, self.prep_fn, self.seed = data, fetch_fn, prep_fn, seed
+
+    def sample(self, epoch: int, index: int) -> Any:
+        """fetch_fn then prep_fn on row `index`, with the sample in scope."""
+        with sample_scope(SampleKey(self.seed, epoch, index)):
+            try:
+                datum = self.fetch_fn(self.data, index)
+                return datum if self.prep_fn is None else self.prep_fn(datum)
+            except Exception as e:
+                e.add_note(f"while preparing row {index} of epoch {epoch}")
+                raise
+
+
+class _Stacked:
+    """The arrays a default-collated batch is stacked into.
+
+    Each key's array is allocated by the first sample that reaches it; keys whose samples
+    differ in shape or type become lists.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.arrays: dict[str, np.ndarray] = {}
+        self.ragged: set[str] = set()
+        self._lock = threading.Lock()
+
+    def put(self, slot: int, sample: dict[str, Any]) -> None:
+        for key, value in sample.items():
+            if key in self.ragged:
+                continue
+            arr = self.arrays.get(key)
+            if arr is None:
+                if not isinstance(value, (np.ndarray, np.generic, int, float, bool)):
+                    self.ragged.add(key)
+                    continue
+                value = np.asarray(value)
+                with self._lock:
+                    arr = self.arrays.get(key)
+                    if arr is None:
+                        arr = aligned_empty((self.size, *value.shape), value.dtype)
+                        self.arrays[key] = arr
+            if np.shape(value) != arr.shape[1:] or np.asarray(value).dtype != arr.dtype:
+                self.ragged.add(key)
+                continue
+            arr[slot] = value
+
+
+def _run_chunk(
+    recipe: Recipe, epoch: int, rows: np.ndarray, first: int, stacked: _Stacked | None
+) -> list[Any]:
+    samples = [recipe.sample(epoch, int(i)) for i in rows]
+    if stacked is not None:
+        for offset, sample in enumerate(samples):
+            stacked.put(first + offset, sample)
+    return samples
+
+
+def default_collate(samples: list[Any], stacked: _Stacked | None = None) -> Any:
+    """Stacks a list of dict samples key by key.
+
+    Keys whose values differ in shape, or are not arrays or numbers (str, lists), stay lists.
+    """
+    if not samples or not isinstance(samples[0], dict):
+        raise TypeError(
+            f"the default collate takes dict samples; got {type(samples[0]).__name__}; "
+            "pass collate_fn for other sample types"
+        )
+    if stacked is None:
+        stacked = _Stacked(len(samples))
+        for slot, sample in enumerate(samples):
+            stacked.put(slot, sample)
+    out: dict[str, Any] = {}
+    for key in samples[0]:
+        if key in stacked.ragged or key not in stacked.arrays:
+            out[key] = [s[key] for s in samples]
+        else:
+            out[key] = stacked.arrays[key]
+    return out
+
+
+class Pipeline:
+    """Prepares the batches of an order ahead of their use.
+
+    Args:
+        recipe: what to do per row.
+        collate_fn: list of samples -> batch; None is `default_collate`, done in the workers.
+        workers: 0 runs in the caller's thread; else the worker count.
+        mode: "thread" or "process".
+        prefetch: batches prepared ahead of the one being taken (with workers).
+    """
+
+    def __init__(
+        self, recipe: Recipe, collate_fn: Fn | None, workers: int, mode: str, prefetch: int
+    ) -> None:
+        self.recipe, self.collate_fn = recipe, collate_fn
+        self.workers, self.mode, self.prefetch = workers, mode, prefetch
+        self._pool: Executor | None = None
+        self._ahead: collections.deque[tuple[tuple[int, int], Any]] = collections.deque()
+
+    def _executor(self) -> Executor:
+        if self._pool is None:
+            if self.mode == "thread":
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="dualtrain-tank")
+            else:
+                # spawn: the caller may hold torch or JAX threads, which fork copies half-alive.
+                context = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+        return self._pool
+
+    def _start(self, epoch: int, rows: np.ndarray) -> Any:
+        """Starts one batch; returns what `_finish` needs."""
+        in_workers = self.collate_fn is None and self.mode == "thread"
+        stacked = _Stacked(len(rows)) if in_workers else None
+        if self.workers == 0:
+            return stacked, [_run_chunk(self.recipe, epoch, rows, 0, stacked)]
+        bounds = np.linspace(0, len(rows), min(self.workers, len(rows)) + 1).astype(int)
+        pool = self._executor()
+        futures = [
+            pool.submit(_run_chunk, self.recipe, epoch, rows[lo:hi], int(lo), stacked)
+            for lo, hi in itertools.pairwise(bounds)
+        ]
+        return stacked, futures
+
+    def _finish(self, started: Any) -> Any:
+        stacked, parts = started
+        samples = [
+            s for part in parts for s in (part.result() if isinstance(part, Future) else part)
+        ]
+        if self.collate_fn is not None:
+            return self.collate_fn(samples)
+        return default_collate(samples, stacked)
+
+    def get(self, key: tuple[int, int], plan: Callable[[tuple[int, int]], Any]) -> Any:
+        """The batch `key` = (epoch, number); `plan(key)` gives its rows and the next key.
+
+        Batches prepared ahead for another order (after a seek) are dropped.
+        """
+        if self._ahead and self._ahead[0][0] != key:
+            self.cancel()
+        if not self._ahead:
+            rows, _ = plan(key)
+            self._ahead.append((key, self._start(key[0], rows)))
+        if self.workers:
+            last = self._ahead[-1][0]
+            while len(self._ahead) <= self.prefetch:
+                _, last = plan(last)
+                rows, _ = plan(last)
+                self._ahead.append((last, self._start(last[0], rows)))
+        _, started = self._ahead.popleft()
+        return self._finish(started)
+
+    def cancel(self) -> None:
+        """Drops the batches prepared ahead (their work is waited for, then discarded)."""
+        while self._ahead:
+            _, (_, parts) = self._ahead.popleft()
+            for part in parts:
+                if isinstance(part, Future):
+                    part.cancel()
+
+    def close(self) -> None:
+        """Stops the workers."""
+        self.cancel()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,209 @@
+"""PackWriter: writes one pack file row by row, under a temporary name until committed.
+
+HDF5 packs are written as they grow (resizable datasets, flushed every `flush_rows` rows),
+so memory stays bounded; npz packs are gathered and written at the end. Either way the file
+only gets its final name in `commit`, by an atomic rename.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from dualtrain.fuel.columns import ColumnType
+from dualtrain.fuel.layout import META_KEY, format_of, meta_to_json
+
+__all__ = ["PackWriter", "temporary_name"]
+
+
+def temporary_name(path: str) -> str:
+    """The name a file is written under before its rename: hidden, same folder, per pid."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+
+
+class PackWriter:
+    """Writes the rows of one pack file.
+
+    Args:
+        path: the final file name (.h5, .hdf5 or .npz).
+        columns: key -> ColumnType, in CSV order; the first is the image column.
+        image_key: the key of the encoded-image column.
+        is_seq: the image column holds sequences of frames.
+        keep_exif: store each image's EXIF block in ``key.exif``.
+        meta: extra metadata stored with the pack (image size, encoding, shard).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        columns: dict[str, ColumnType],
+        image_key: str,
+        *,
+        is_seq: bool,
+        keep_exif: bool,
+        meta: dict[str, Any],
+        flush_rows: int = 256,
+    ) -> None:
+        self.path = path
+        self.format = format_of(path)
+        self.tmp = temporary_name(path)
+        self._columns = columns
+        self._image_key = image_key
+        self._is_seq = is_seq
+        self._keep_exif = keep_exif
+        self._meta = meta
+        self._flush_rows = flush_rows
+        self._pending: dict[str, list[Any]] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._ends: dict[str, int] = {}  # flat length written so far, per variable dataset
+        self._rows = 0
+        self._h5: Any = None
+        self._npz: dict[str, list[np.ndarray]] = {}
+        # Creating the file now makes an unwritable destination fail before any work.
+        try:
+            if self.format == "hdf5":
+                import h5py
+
+                self._h5 = h5py.File(self.tmp, "w")
+            else:
+                with open(self.tmp, "wb"):
+                    pass
+        except OSError as e:
+            raise OSError(e.errno, f"dst_path {path!r} cannot be written: {e}") from e
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Adds one row.
+
+        The image column as bytes (a list of bytes for sequences), the others as parsed
+        values, and ``key.exif`` bytes when EXIF is kept.
+        """
+        self._add_variable(self._image_key, row[self._image_key], frames=self._is_seq)
+        if self._keep_exif:
+            self._add_variable(f"{self._image_key}.exif", row[f"{self._image_key}.exif"])
+        for key, ctype in self._columns.items():
+            if key == self._image_key:
+                continue
+            value = row[key]
+            if ctype.base == "str":
+                self._add_variable(key, value.encode())
+            elif ctype.variable:
+                self._add_variable(key, value)
+            else:
+                self._add_fixed(key, np.asarray(value, dtype=ctype.dtype))
+        self._rows += 1
+        if self._h5 is not None and self._rows % self._flush_rows == 0:
+            self._flush()
+
+    def _add_fixed(self, key: str, value: np.ndarray) -> None:
+        # read_file_list has checked that a fixed column's cells all have one shape.
+        self._shapes.setdefault(key, value.shape)
+        self._pending.setdefault(key, []).append(value)
+
+    @property
+    def rows(self) -> int:
+        """Rows appended so far."""
+        return self._rows
+
+    def _add_variable(self, key: str, value: Any, *, frames: bool = False) -> None:
+        items = list(value) if frames else [value]
+        ends = self._pending.setdefault(f"{key}.ends", [])
+        values = self._pending.setdefault(key, [])
+        for item in items:
+            arr = np.frombuffer(item, np.uint8) if isinstance(item, bytes) else np.asarray(item)
+            values.append(arr.ravel())
+            ends.append(arr.size)
+        if frames:
+            self._pending.setdefault(f"{key}.counts", []).append(len(items))
+
+    def _take_pending(self) -> dict[str, np.ndarray]:
+        """Turns the pending rows into the arrays to append, offsets made absolute."""
+        out: dict[str, np.ndarray] = {}
+        for name, parts in self._pending.items():
+            if not parts:
+                continue
+            if name.endswith((".ends", ".counts")):
+                base, kind = name.rsplit(".", 1)
+                target = f"{base}.offsets" if kind == "ends" else f"{base}.frames"
+                start = self._ends.get(target, 0)
+                cumulative = start + np.cumsum(np.asarray(parts, dtype=np.int64))
+                self._ends[target] = int(cumulative[-1])
+                out[target] = cumulative
+            elif name in self._shapes:
+                out[name] = np.stack(parts)
+            else:
+                out[name] = np.concatenate(parts)
+        self._pending = {k: [] for k in self._pending}
+        return out
+
+    def _empty(self) -> dict[str, np.ndarray]:
+        """Every dataset of this pack as it is with no rows (offsets hold their leading 0)."""
+        zero = np.zeros(1, np.int64)
+        out: dict[str, np.ndarray] = {}
+        for key, ctype in self._columns.items():
+            shape = self._shapes.get(key, ())
+            out[key] = np.empty((0, *shape), ctype.dtype)
+            if ctype.variable or key == self._image_key:
+                out[f"{key}.offsets"] = zero
+        if self._is_seq:
+            out[f"{self._image_key}.frames"] = zero
+        if self._keep_exif:
+            out[f"{self._image_key}.exif"] = np.empty(0, np.uint8)
+            out[f"{self._image_key}.exif.offsets"] = zero
+        return out
+
+    def _flush(self) -> None:
+        for name, arr in self._take_pending().items():
+            if name not in self._h5:
+                init = self._empty()[name]
+                self._h5.create_dataset(
+                    name, data=init, maxshape=(None, *arr.shape[1:]), chunks=True
+                )
+            ds = self._h5[name]
+            old = ds.shape[0]
+            ds.resize(old + arr.shape[0], axis=0)
+            ds[old:] = arr
+
+    def commit(self) -> str:
+        """Writes what is left and the metadata, then renames the file to its final name."""
+        meta = {**self._meta, "count": self._rows, "keys": list(self._columns)}
+        meta["columns"] = self._column_meta()
+        if self._h5 is not None:
+            self._flush()
+            for name, init in self._empty().items():
+                if name not in self._h5:  # no row reached this dataset
+                    self._h5.create_dataset(name, data=init)
+            self._h5.attrs[META_KEY] = meta_to_json(meta)
+            self._h5.close()
+            self._h5 = None
+        else:
+            arrays = self._empty()
+            for name, arr in self._take_pending().items():
+                arrays[name] = np.concatenate([arrays[name], arr])
+            arrays[META_KEY] = np.frombuffer(meta_to_json(meta).encode(), np.uint8)
+            with open(self.tmp, "wb") as f:
+                np.savez(f, allow_pickle=False, **arrays)
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Closes and deletes the temporary file; the final name is never touched."""
+        if self._h5 is not None:
+            self._h5.close()
+            self._h5 = None
+        if os.path.exists(self.tmp):
+            os.remove(self.tmp)
+
+    def _column_meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {}
+        for key, ctype in self._columns.items():
+            kind = "value"
+            if key == self._image_key:
+                kind = "sequence" if self._is_seq else "image"
+            entry: dict[str, Any] = {"type": ctype.name, "kind": kind}
+            if not ctype.variable:
+                entry["shape"] = list(self._shapes.get(key, ()))
+            meta[key] = entry
+        return meta

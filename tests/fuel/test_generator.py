@@ -1,0 +1,247 @@
+"""FuelGenerator: round trips through the pack, shards, sequences, EXIF, and bad rows."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from PIL import Image
+
+from dualtrain import ArgumentError, PackError
+from dualtrain.fuel import FuelGenerator, Pack, Tank, decode
+from tests.fuel.raw import DTYPES, SPEC, expected_row, make_folder, picture, write_csv
+
+N = 11
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("raw")
+    make_folder(str(path), N)
+    return str(path)
+
+
+def generator(folder: str, **kw) -> FuelGenerator:
+    return FuelGenerator(file_dir=folder, file_list=os.path.join(folder, "list.csv"),
+                         dtype=DTYPES, **kw)  # fmt: skip
+
+
+@settings(max_examples=8)
+@given(ext=st.sampled_from(["h5", "hdf5", "npz"]), shards=st.integers(1, 4))
+def test_png_round_trip_is_exact_with_labels(folder, tmp_path_factory, ext, shards):
+    out = tmp_path_factory.mktemp("pack")
+    report = generator(folder).generate(str(out / f"p.{ext}"), 20, 24, encode="PNG",
+                                        shards=shards, workers=0)  # fmt: skip
+    assert report.rows == N and len(report.paths) == shards and not report.skipped
+    assert sorted(os.listdir(out)) == sorted(os.path.basename(p) for p in report.paths)
+    sizes = [len(Pack(p)) for p in report.paths]
+    assert sum(sizes) == N and max(sizes) - min(sizes) <= 1  # near-equal shards
+    tank = Tank(report.paths, SPEC, N, shuffle=False, in_same_size=False)
+    batch = tank.next()
+    for i in range(N):
+        np.testing.assert_array_equal(batch["image"][i], picture(i))
+        want = expected_row(i)
+        assert batch["label"][i] == want["label"] and batch["name"][i] == want["name"]
+        np.testing.assert_array_equal(batch["box"][i], want["box"])
+        np.testing.assert_array_equal(batch["tags"][i], want["tags"])
+        assert batch["tags"][i].dtype == np.int32
+
+
+def test_jpeg_round_trip_within_codec_tolerance(folder, tmp_path):
+    report = generator(folder).generate(str(tmp_path / "p.h5"), 20, 24, quality=95, workers=0)
+    pack = Pack(report.paths)
+    for i in range(N):
+        image = decode(pack["image"][i])
+        # Exactly Pillow's own JPEG round trip at that quality, and close to the original.
+        buf = io.BytesIO()
+        Image.fromarray(picture(i)).save(buf, format="JPEG", quality=95)
+        np.testing.assert_array_equal(image, decode(buf.getvalue()))
+        assert np.abs(image.astype(int) - picture(i)).mean() < 16  # colour noise, 4:2:0
+
+
+def test_worker_processes_write_the_same_pack(folder, tmp_path):
+    one = generator(folder).generate(str(tmp_path / "a.npz"), 10, 12, encode="PNG", workers=0)
+    two = generator(folder).generate(str(tmp_path / "b.npz"), 10, 12, encode="PNG", workers=2)
+    a, b = np.load(one.paths[0]), np.load(two.paths[0])
+    assert sorted(a.files) == sorted(b.files)
+    for name in a.files:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_resize_and_channel_conversion(folder, tmp_path):
+    for channel in (1, 3, 4):
+        report = generator(folder).generate(
+            str(tmp_path / f"c{channel}.h5"), 7, 9, channel=channel, encode="PNG", workers=0
+        )
+        image = decode(Pack(report.paths)["image"][0])
+        assert image.shape == (7, 9, channel)
+    grey = Pack(str(tmp_path / "c1.h5"))
+    want = np.asarray(Image.fromarray(picture(0)).convert("L").resize((9, 7), Image.BICUBIC))
+    np.testing.assert_array_equal(decode(grey["image"][0])[..., 0], want)
+
+
+def test_exif_orientation_is_applied_and_the_block_kept(tmp_path):
+    raw = picture(3, 10, 16)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to display
+    Image.fromarray(raw).save(tmp_path / "r.png", exif=exif.tobytes())
+    write_csv(str(tmp_path / "list.csv"), [["image", "label"], ["r.png", "1"]])
+    gen = FuelGenerator(file_dir=str(tmp_path), file_list=str(tmp_path / "list.csv"),
+                        dtype=["int64"])  # fmt: skip
+    report = gen.generate(str(tmp_path / "p.h5"), 16, 10, encode="PNG", workers=0)
+    pack = Pack(report.paths)
+    np.testing.assert_array_equal(decode(pack["image"][0]), np.rot90(raw, k=-1))
+    kept = Image.Exif()
+    kept.load(pack["image.exif"][0].tobytes())
+    assert kept[0x0112] == 6
+    report = gen.generate(str(tmp_path / "q.h5"), 16, 10, encode="PNG", keep_exif=False,
+                          workers=0)  # fmt: skip
+    with pytest.raises(ValueError, match=r"image\.exif"):
+        Pack(report.paths)["image.exif"]
+
+
+def test_sequences_store_every_frame(tmp_path):
+    for i in range(6):
+        Image.fromarray(picture(i, 8, 8)).save(tmp_path / f"f{i}.png")
+    rows = [["clip", "label"], ["f0.png,f1.png,f2.png", "0"], ["f3.png", "1"],
+            ["f4.png,f5.png", "2"]]  # fmt: skip
+    write_csv(str(tmp_path / "list.csv"), rows)
+    gen = FuelGenerator(file_dir=str(tmp_path), file_list=str(tmp_path / "list.csv"),
+                        dtype=["vuint8", "int64"], is_seq=True)  # fmt: skip
+    for ext in ("h5", "npz"):
+        report = gen.generate(str(tmp_path / f"s.{ext}"), 8, 8, encode="PNG", workers=0)
+        clips = Pack(report.paths)["clip"]
+        assert [len(clips[i]) for i in range(3)] == [3, 1, 2]
+        tank = Tank(report.paths, {"clip": "uint8", "label": "int64"}, 3, shuffle=False)
+        batch = tank.next()
+        assert batch["clip"][0].shape == (3, 8, 8, 3)  # frame counts differ: a list
+        np.testing.assert_array_equal(batch["clip"][2][1], picture(5, 8, 8))
+        np.testing.assert_array_equal(batch["label"], [0, 1, 2])
+
+
+def _bad_folder(tmp_path, rows):
+    for i in range(3):
+        Image.fromarray(picture(i)).save(tmp_path / f"{i}.png")
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    write_csv(str(tmp_path / "list.csv"), [["image", "label", "box"], *rows])
+    return FuelGenerator(file_dir=str(tmp_path), file_list=str(tmp_path / "list.csv"),
+                         dtype=["vuint8", "uint8", "float32"])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("row", "column", "says"),
+    [
+        (["missing.png", "1", "0"], "image", "does not exist"),
+        (["broken.jpg", "1", "0"], "image", "cannot read image"),
+        (["1.png", "300", "0"], "label", "does not fit uint8"),
+        (["1.png", "x", "0"], "label", "not an integer"),
+        (["1.png", "1", "1,2"], "box", "a 'v' type"),
+        (["1.png", "1"], "box", "has 2 cells"),
+        (["1.png", "1", "1e300"], "box", "does not fit float32"),
+    ],
+)
+def test_bad_rows_name_file_line_and_column(tmp_path, row, column, says):
+    gen = _bad_folder(tmp_path, [["0.png", "0", "0.5"], row, ["2.png", "2", "1"]])
+    with pytest.raises(PackError) as e:
+        gen.generate(str(tmp_path / "p.h5"), 8, 8, workers=0)
+    message = str(e.value)
+    assert "list.csv" in message and "line 3" in message and f"column {column!r}" in message
+    assert says in message
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(("p.", ".p."))]  # no pack left
+    report = gen.generate(str(tmp_path / "p.h5"), 8, 8, workers=0, on_error="skip")
+    assert report.rows == 2 and [(s.line, s.column) for s in report.skipped] == [(3, column)]
+    assert says in report.skipped[0].reason
+    tank = Tank(report.paths, {"label": "uint8"}, 2, shuffle=False)
+    np.testing.assert_array_equal(tank.next()["label"], [0, 2])
+
+
+def test_bad_arguments(folder, tmp_path):
+    gen = generator(folder)
+    with pytest.raises(ArgumentError, match="dst_path"):
+        gen.generate(str(tmp_path / "p.tar"), 8, 8)
+    with pytest.raises(ArgumentError, match="dst_path"):
+        gen.generate(str(tmp_path / "no" / "such" / "p.h5"), 8, 8)
+    with pytest.raises(ArgumentError, match="height must be a positive int; got height=0"):
+        gen.generate(str(tmp_path / "p.h5"), 0, 8)
+    with pytest.raises(ArgumentError, match="channel"):
+        gen.generate(str(tmp_path / "p.h5"), 8, 8, channel=2)
+    with pytest.raises(ArgumentError, match="encode"):
+        gen.generate(str(tmp_path / "p.h5"), 8, 8, encode="GIF")
+    with pytest.raises(ArgumentError, match="shards"):
+        gen.generate(str(tmp_path / "p.h5"), 8, 8, shards=N + 1)
+    with pytest.raises(ArgumentError, match="dtype"):
+        FuelGenerator(file_dir=folder, file_list=os.path.join(folder, "list.csv"),
+                      dtype=["int64", "int65", "float32", "vint32", "str"])  # fmt: skip
+    with pytest.raises(ArgumentError, match="dtype"):
+        FuelGenerator(
+            file_dir=folder, file_list=os.path.join(folder, "list.csv"), dtype=["vuint8", "int64"]
+        ).generate(str(tmp_path / "p.h5"), 8, 8)
+    with pytest.raises(ArgumentError, match="mutually exclusive"):
+        FuelGenerator({"file_dir": folder}, file_dir=folder)
+    with pytest.raises(ArgumentError, match="config"):
+        gen.modify(height=200)
+    assert not os.listdir(tmp_path)
+
+
+def test_unwritable_destination_fails_before_any_work(folder, tmp_path):
+    # /proc takes no new files, even from root; a read-only folder stops other users.
+    with pytest.raises(OSError, match=r"dst_path '/proc/p\.h5' cannot be written"):
+        generator(folder).generate("/proc/p.h5", 8, 8, workers=0)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):
+            with pytest.raises(OSError, match="cannot be written"):
+                generator(folder).generate(str(locked / "p.npz"), 8, 8, workers=0)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_config_and_modify(folder, tmp_path):
+    gen = FuelGenerator({"file_dir": folder, "file_list": os.path.join(folder, "list.csv"),
+                         "dtype": DTYPES})  # fmt: skip
+    gen.modify(dtype={"label": "int16", "box": "float64", "tags": "vint64", "name": "str"})
+    report = gen.generate(str(tmp_path / "p.npz"), 8, 8, workers=0)
+    assert Pack(report.paths).columns["box"]["type"] == "float64"
+    assert gen.config["dtype"]["label"] == "int16"
+
+
+_KILLED = """
+import sys
+from dualtrain.fuel import FuelGenerator
+gen = FuelGenerator(file_dir=sys.argv[1], file_list=sys.argv[1] + "/list.csv",
+                    dtype=["vuint8", "int64", "float32", "vint32", "str"])
+gen.generate(sys.argv[2], 64, 64, encode="PNG", workers=0)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_generate_leaves_no_pack_under_the_final_name(tmp_path):
+    folder = tmp_path / "raw"
+    make_folder(str(folder), 400, size=(96, 96))
+    dst = tmp_path / "out" / "p.h5"
+    dst.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED, str(folder), str(dst)])
+    deadline = time.monotonic() + 60
+    while not [f for f in os.listdir(dst.parent) if f.endswith(".tmp")]:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    time.sleep(0.3)  # well inside the run, some rows written
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not dst.exists()
+    assert all(f.endswith(".tmp") for f in os.listdir(dst.parent))
+
+
+def test_images_are_stored_reencoded(folder, tmp_path):
+    report = generator(folder).generate(str(tmp_path / "p.h5"), 20, 24, workers=0)
+    stored = Pack(report.paths)["image"][0].tobytes()
+    assert Image.open(io.BytesIO(stored)).format == "JPEG"
