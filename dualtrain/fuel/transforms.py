@@ -150,14 +150,18 @@ class Brighten(Transform):
         return _colour(x, lambda c: lut[c])
 
 
-class Contrast(Transform):
-    """Scales pixels away from the image's mean grey by a factor in [1-f, 1+f] (>= 0)."""
+class _Scaling(Transform):
+    """A photometric transform drawing one factor in [1-f, 1+f] (>= 0) or a (low, high)."""
 
     def __init__(self, factor: float | tuple[float, float] = 0.2) -> None:
         self.factor = _range("factor", factor, 0.0, around=1.0)
 
     def draw(self, rng: np.random.Generator, shape: tuple[int, ...]) -> float:
         return float(rng.uniform(*self.factor))
+
+
+class Contrast(_Scaling):
+    """Scales pixels away from the image's mean grey by a factor in [1-f, 1+f] (>= 0)."""
 
     def apply(self, x: np.ndarray, params: float, mask: bool = False) -> np.ndarray:
         if mask or params == 1.0:
@@ -167,14 +171,8 @@ class Contrast(Transform):
         return _colour(x, lambda c: lut[c])
 
 
-class Saturate(Transform):
+class Saturate(_Scaling):
     """Scales colours away from their grey by a factor in [1-f, 1+f] (>= 0); grey is kept."""
-
-    def __init__(self, factor: float | tuple[float, float] = 0.2) -> None:
-        self.factor = _range("factor", factor, 0.0, around=1.0)
-
-    def draw(self, rng: np.random.Generator, shape: tuple[int, ...]) -> float:
-        return float(rng.uniform(*self.factor))
 
     def apply(self, x: np.ndarray, params: float, mask: bool = False) -> np.ndarray:
         if mask or params == 1.0 or x.ndim < 3 or x.shape[2] < 3:
