@@ -4,6 +4,7 @@ It lists the backends found, moves a pytree NumPy -> torch -> JAX -> NumPy count
 copies, trains one Craft (a small MLP with BatchNorm) in torch and in JAX from the same data
 and the same seed, printing the two loss curves side by side, then drops the torch model's
 checkpoint and loads it into a fresh JAX module, which then predicts what torch does.
+Last, it packs synthetic images into a Fuel pack and trains from a Tank under both.
 Adapters are reached only through `dualtrain.backends`; nothing is downloaded.
 """
 
@@ -21,6 +22,7 @@ from rich.table import Table
 from dualtrain import backends
 from dualtrain.aerolog import TimeMachine
 from dualtrain.craft import Craft, dock
+from dualtrain.demo_fuel import run_fuel
 from dualtrain.interop import convert, count_copies
 from dualtrain.memory import aligned_empty
 
@@ -81,6 +83,7 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
     craft = DemoNet(x.shape[1], classes=int(y.max()) + 1)
     losses, modules, seconds = _show_training(console, craft, x, y, lr, steps, seed)
     crossing = _show_checkpoint(console, modules, x)
+    fuel = run_fuel(console, seed)
     total = time.perf_counter() - started
     console.print(f"demo finished in {total:.1f} s")
     return {
@@ -89,6 +92,7 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
         "jax_losses": losses["jax"],
         "train_seconds": seconds,
         "checkpoint_max_difference": crossing,
+        **fuel,
     }
 
 

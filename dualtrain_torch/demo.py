@@ -10,7 +10,7 @@ import torch
 from dualtrain import Craft, convert
 from dualtrain_torch.craft import Rudder, realize
 
-__all__ = ["train"]
+__all__ = ["train", "train_from_tank"]
 
 
 def train(
@@ -29,3 +29,20 @@ def train(
             optimizer.step()
             losses.append(loss.item())
     return losses, module
+
+
+def train_from_tank(craft: Craft, tank: Any, *, lr: float, steps: int, seed: int) -> list[float]:
+    """`steps` SGD steps on Tank batches (``to="torch"``): images scaled to [0, 1]."""
+    module = realize(craft, seed=seed)
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+    losses = []
+    with Rudder(module):
+        for _ in range(steps):
+            batch = tank.next()
+            images = batch["image"].reshape(len(batch["image"]), -1).float() / 255
+            loss = torch.nn.functional.cross_entropy(module(images), batch["label"].long())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses

@@ -44,6 +44,11 @@ def test_demo_shares_memory_trains_one_craft_in_both_and_crosses_its_checkpoint(
     text = out.getvalue()
     assert "NumPy -> torch -> JAX -> NumPy" in text and "round trip bit-exact: True" in text
     assert "loaded into a fresh JAX module (0 skipped)" in " ".join(text.split())
+    # Fuel: the same Tank batches under both frameworks give the same curve, which learns.
+    fuel_torch, fuel_jax = result["fuel_torch_losses"], result["fuel_jax_losses"]
+    assert result["packed_rows"] == 256 and fuel_torch[-1] < fuel_torch[0] * 0.5
+    for a, b in zip(fuel_torch, fuel_jax, strict=True):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(a))
 
 
 def test_python_dash_m_runs_the_cli():

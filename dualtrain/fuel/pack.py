@@ -2,7 +2,9 @@
 
 Files are opened lazily, on the first read in each process, and the open handles are not
 pickled, so a Pack can be handed to worker processes (each opens its own handles, which h5py
-needs). Offsets are read once per file and kept; rows are then one slice read each. npz
+needs). Contiguous HDF5 datasets (FuelGenerator writes no other kind) are mapped into memory,
+so a row is a slice of the page cache: no h5py call, no lock, no GIL held. Offsets are read
+once per file and kept. npz
 files are read whole on first use (npz members cannot be sliced on disk): npz suits packs
 that fit in memory, HDF5 any size.
 """
@@ -10,6 +12,7 @@ that fit in memory, HDF5 any size.
 from __future__ import annotations
 
 import bisect
+import mmap
 import os
 import threading
 from collections.abc import Sequence
@@ -33,6 +36,7 @@ class _File:
         self._lock = threading.RLock()
         self._handle: Any = None
         self._cache: dict[str, np.ndarray] = {}
+        self._sources: dict[str, Any] = {}
         self.meta = self._read_meta()
 
     def _read_meta(self) -> dict[str, Any]:
@@ -59,6 +63,7 @@ class _File:
         self._lock = threading.RLock()
         self._handle = None
         self._cache = {}
+        self._sources = {}
 
     def whole(self, name: str) -> np.ndarray:
         """A dataset read whole and cached (offsets; any npz member)."""
@@ -72,10 +77,25 @@ class _File:
         return arr
 
     def part(self, name: str, start: int, stop: int) -> np.ndarray:
-        """``dataset[start:stop]``, read from disk for HDF5."""
+        """``dataset[start:stop]``, without a copy where the dataset is mapped."""
         if self.format == "npz":
             return self.whole(name)[start:stop]
-        return self._open()[name][start:stop]
+        source = self._sources.get(name)
+        if source is None:
+            source = self._sources[name] = self._source(name)
+        return source[start:stop]
+
+    def _source(self, name: str) -> Any:
+        """A read-only array mapped over a contiguous dataset, else the h5py dataset."""
+        dataset = self._open()[name]
+        offset = dataset.id.get_offset()
+        if dataset.chunks is not None or dataset.compression is not None or offset is None:
+            return dataset
+        with open(self.path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        count = int(np.prod(dataset.shape))
+        flat = np.frombuffer(mapped, dataset.dtype, count=count, offset=offset)
+        return flat.reshape(dataset.shape)
 
     def _open(self) -> Any:
         if self._handle is None:
@@ -97,6 +117,7 @@ class _File:
                 self._handle.close()
             self._handle = None
             self._cache = {}
+            self._sources = {}
 
 
 class Pack:

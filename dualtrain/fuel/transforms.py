@@ -72,11 +72,17 @@ class Flip(Transform):
 
     def apply(self, x: np.ndarray, params: tuple[bool, bool], mask: bool = False) -> np.ndarray:
         left_right, up_down = params
+        if not (left_right or up_down):
+            return x
+        # Copy whole pixels, not bytes: a reversed copy of 3-byte pixels as one void item
+        # each runs ~3x faster than NumPy's byte-strided copy of (H, W, 3) uint8.
+        pixels = x.view(f"V{x.shape[2]}")[..., 0] if x.ndim == 3 and x.flags.c_contiguous else x
         if left_right:
-            x = x[:, ::-1]
+            pixels = pixels[:, ::-1]
         if up_down:
-            x = x[::-1]
-        return x
+            pixels = pixels[::-1]
+        out = np.ascontiguousarray(pixels)
+        return out.view(np.uint8).reshape(x.shape) if out.dtype != np.uint8 else out
 
 
 class Crop(Transform):
@@ -146,8 +152,19 @@ class Brighten(Transform):
     def apply(self, x: np.ndarray, params: int, mask: bool = False) -> np.ndarray:
         if mask or params == 0:
             return x
-        lut = np.clip(np.arange(256) + params, 0, 255).astype(np.uint8)
-        return _colour(x, lambda c: lut[c])
+        shift = np.uint8(abs(params))
+
+        def saturating(c: np.ndarray) -> np.ndarray:
+            # Clamp first, then shift: two vector passes, no wrap-around, no int16 copy.
+            if params > 0:
+                out = np.minimum(c, np.uint8(255) - shift)
+                out += shift
+            else:
+                out = np.maximum(c, shift)
+                out -= shift
+            return out
+
+        return _colour(x, saturating)
 
 
 class _Scaling(Transform):
@@ -168,7 +185,7 @@ class Contrast(_Scaling):
             return x
         mean = float(_grey(x).mean())
         lut = np.clip(np.rint(mean + params * (np.arange(256) - mean)), 0, 255).astype(np.uint8)
-        return _colour(x, lambda c: lut[c])
+        return _colour(x, lambda c: np.take(lut, c, out=np.empty_like(c)))
 
 
 class Saturate(_Scaling):

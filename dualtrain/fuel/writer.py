@@ -1,8 +1,11 @@
 """PackWriter: writes one pack file row by row, under a temporary name until committed.
 
-HDF5 packs are written as they grow (resizable datasets, flushed every `flush_rows` rows),
-so memory stays bounded; npz packs are gathered and written at the end. Either way the file
-only gets its final name in `commit`, by an atomic rename.
+Rows are gathered in memory and written at `commit` as contiguous, uncompressed datasets,
+which readers map into memory instead of going through h5py per row (measured: 160 µs per
+h5py slice against ~1 µs per mapped slice). A shard's encoded bytes must therefore fit in
+memory: use more shards for bigger packs. The file gets its final name only in `commit`,
+by an atomic rename; the temporary file exists from the start, so an unwritable
+destination fails before any work.
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ class PackWriter:
         is_seq: bool,
         keep_exif: bool,
         meta: dict[str, Any],
-        flush_rows: int = 256,
     ) -> None:
         self.path = path
         self.format = format_of(path)
@@ -55,10 +57,9 @@ class PackWriter:
         self._is_seq = is_seq
         self._keep_exif = keep_exif
         self._meta = meta
-        self._flush_rows = flush_rows
         self._pending: dict[str, list[Any]] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
-        self._ends: dict[str, int] = {}  # flat length written so far, per variable dataset
+        self._ends: dict[str, int] = {}  # flat length so far, per variable dataset
         self._rows = 0
         self._h5: Any = None
         self._npz: dict[str, list[np.ndarray]] = {}
@@ -94,8 +95,6 @@ class PackWriter:
             else:
                 self._add_fixed(key, np.asarray(value, dtype=ctype.dtype))
         self._rows += 1
-        if self._h5 is not None and self._rows % self._flush_rows == 0:
-            self._flush()
 
     def _add_fixed(self, key: str, value: np.ndarray) -> None:
         # read_file_list has checked that a fixed column's cells all have one shape.
@@ -154,34 +153,20 @@ class PackWriter:
             out[f"{self._image_key}.exif.offsets"] = zero
         return out
 
-    def _flush(self) -> None:
-        for name, arr in self._take_pending().items():
-            if name not in self._h5:
-                init = self._empty()[name]
-                self._h5.create_dataset(
-                    name, data=init, maxshape=(None, *arr.shape[1:]), chunks=True
-                )
-            ds = self._h5[name]
-            old = ds.shape[0]
-            ds.resize(old + arr.shape[0], axis=0)
-            ds[old:] = arr
-
     def commit(self) -> str:
         """Writes what is left and the metadata, then renames the file to its final name."""
         meta = {**self._meta, "count": self._rows, "keys": list(self._columns)}
         meta["columns"] = self._column_meta()
+        arrays = self._empty()
+        for name, arr in self._take_pending().items():
+            arrays[name] = np.concatenate([arrays[name], arr])
         if self._h5 is not None:
-            self._flush()
-            for name, init in self._empty().items():
-                if name not in self._h5:  # no row reached this dataset
-                    self._h5.create_dataset(name, data=init)
+            for name, arr in arrays.items():
+                self._h5.create_dataset(name, data=arr)  # contiguous: readers can map it
             self._h5.attrs[META_KEY] = meta_to_json(meta)
             self._h5.close()
             self._h5 = None
         else:
-            arrays = self._empty()
-            for name, arr in self._take_pending().items():
-                arrays[name] = np.concatenate([arrays[name], arr])
             arrays[META_KEY] = np.frombuffer(meta_to_json(meta).encode(), np.uint8)
             with open(self.tmp, "wb") as f:
                 np.savez(f, allow_pickle=False, **arrays)
