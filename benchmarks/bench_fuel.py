@@ -13,8 +13,8 @@ row). Contenders, each built fresh per round (cold start) and run for one epoch:
 Reported: samples/s, time to first batch, peak memory (PSS of the process and its worker
 processes, above what it held before), and the decode roof: one core's decode + augment
 rate (bytes already in memory) times the worker count. Also FuelGenerator.generate against
-a plain serial Pillow + h5py loop, in images/s. Targets: >= 1.3x DataLoader at equal workers, >= 85% of the
-roof, first batch no later than DataLoader's.
+a plain serial Pillow + h5py loop, in images/s. Targets: >= 1.3x DataLoader at equal
+workers, >= 85% of the roof, first batch no later than DataLoader's.
 
     ./dev bench fuel [--threads 1] [--quick]
 """
