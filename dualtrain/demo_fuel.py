@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 from rich.console import Console
-from rich.table import Table
 
 from dualtrain import backends
 from dualtrain.craft import Craft, dock
+from dualtrain.demo import loss_table
 from dualtrain.fuel import Brighten, Comburant, Flip, FuelGenerator, Tank
 
 __all__ = ["ImageNet16", "make_images", "run_fuel"]
@@ -79,12 +79,7 @@ def run_fuel(console: Console, seed: int = 0, n: int = 256, steps: int = 60) -> 
                 losses[name] = part.train_from_tank(
                     ImageNet16(), tank, lr=0.2, steps=steps, seed=seed
                 )
-    table = Table(title=f"one Craft trained from a Tank ({steps} batches of 32, same seed)")
-    for column in ("batch", "torch loss", "JAX loss", "|difference|"):
-        table.add_column(column, justify="right")
-    for i in sorted({*range(0, steps, max(1, steps // 5)), steps - 1}):
-        a, b = losses["torch"][i], losses["jax"][i]
-        table.add_row(str(i), f"{a:.5f}", f"{b:.5f}", f"{abs(a - b):.1e}")
-    console.print(table)
+    title = f"one Craft trained from a Tank ({steps} batches of 32, same seed)"
+    console.print(loss_table(title, "batch", losses, rows=5))
     return {"fuel_torch_losses": losses["torch"], "fuel_jax_losses": losses["jax"],
             "packed_rows": report.rows}  # fmt: skip
