@@ -127,7 +127,8 @@ class Pipeline:
         self.recipe, self.collate_fn = recipe, collate_fn
         self.workers, self.mode, self.prefetch = workers, mode, prefetch
         self._pool: Executor | None = None
-        self._ahead: collections.deque[tuple[tuple[int, int], Any]] = collections.deque()
+        # (key, the key after it, the started batch), in serving order
+        self._ahead: collections.deque[tuple[Any, Any, Any]] = collections.deque()
 
     def _executor(self) -> Executor:
         if self._pool is None:
@@ -170,21 +171,20 @@ class Pipeline:
         if self._ahead and self._ahead[0][0] != key:
             self.cancel()
         if not self._ahead:
-            rows, _ = plan(key)
-            self._ahead.append((key, self._start(key[0], rows)))
-        if self.workers:
-            last = self._ahead[-1][0]
-            while len(self._ahead) <= self.prefetch:
-                _, last = plan(last)
-                rows, _ = plan(last)
-                self._ahead.append((last, self._start(last[0], rows)))
-        _, started = self._ahead.popleft()
+            self._ahead.append(self._plan_and_start(key, plan))
+        while self.workers and len(self._ahead) <= self.prefetch:
+            self._ahead.append(self._plan_and_start(self._ahead[-1][1], plan))
+        _, _, started = self._ahead.popleft()
         return self._finish(started)
+
+    def _plan_and_start(self, key: tuple[int, int], plan: Callable[..., Any]) -> Any:
+        rows, after = plan(key)
+        return key, after, self._start(key[0], rows)
 
     def cancel(self) -> None:
         """Drops the batches prepared ahead (their work is waited for, then discarded)."""
         while self._ahead:
-            _, (_, parts) = self._ahead.popleft()
+            _, _, (_, parts) = self._ahead.popleft()
             for part in parts:
                 if isinstance(part, Future):
                     part.cancel()
