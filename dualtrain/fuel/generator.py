@@ -161,6 +161,8 @@ class FuelGenerator:
         """
         started = time.perf_counter()
         _check_generate(dst_path, height, width, channel, encode, shards, quality, on_error)
+        if workers is not None and (not isinstance(workers, int) or workers < 0):
+            raise bad_argument("workers", workers, "a non-negative int or None")
         encode = encode.upper()
         p = self._props
         listing = read_file_list(
@@ -248,8 +250,6 @@ def _encoded(
     """(row, (frames, exif) or an error string) for every row, in order."""
     if workers is None:
         workers = (os.cpu_count() or 1) if n > 64 else 0
-    if not isinstance(workers, int) or workers < 0:
-        raise bad_argument("workers", workers, "a non-negative int or None")
     chunks = [rows[i : i + _CHUNK] for i in range(0, len(rows), _CHUNK)]
     if workers == 0:
         for chunk in chunks:

@@ -172,6 +172,8 @@ def test_bad_arguments(folder, tmp_path):
         gen.generate(str(tmp_path / "p.h5"), 0, 8)
     with pytest.raises(ArgumentError, match="channel"):
         gen.generate(str(tmp_path / "p.h5"), 8, 8, channel=2)
+    with pytest.raises(ArgumentError, match="workers must be"):
+        gen.generate(str(tmp_path / "p.h5"), 8, 8, workers=-1)
     with pytest.raises(ArgumentError, match="encode"):
         gen.generate(str(tmp_path / "p.h5"), 8, 8, encode="GIF")
     with pytest.raises(ArgumentError, match="shards"):
