@@ -1,8 +1,8 @@
 """PackWriter: writes one pack file row by row, under a temporary name until committed.
 
 Rows are gathered in memory and written at `commit` as contiguous, uncompressed datasets,
-which readers map into memory instead of going through h5py per row (measured: 160 µs per
-h5py slice against ~1 µs per mapped slice). A shard's encoded bytes must therefore fit in
+which readers map into memory instead of going through h5py per row (measured: 1.6 µs per
+row against 12 µs per h5py slice). A shard's encoded bytes must therefore fit in
 memory: use more shards for bigger packs. The file gets its final name only in `commit`,
 by an atomic rename; the temporary file exists from the start, so an unwritable
 destination fails before any work.
