@@ -10,6 +10,7 @@ from __future__ import annotations
 from dualtrain.aerolog import CheckpointError, TimeMachine
 from dualtrain.backends import Backend, available, backend_of, load
 from dualtrain.craft import Craft, autopad, dock
+from dualtrain.embeddings import EmbeddingStore
 from dualtrain.errors import (
     ArgumentError,
     BackendError,
@@ -35,6 +36,7 @@ __all__ = [
     "Craft",
     "DtypeError",
     "DualtrainError",
+    "EmbeddingStore",
     "FuelGenerator",
     "PackError",
     "PrecisionWarning",

@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from dualtrain_jax.backend import JaxBackend
+from dualtrain_jax.embeddings import JaxRows, attach
 
-__all__ = ["JaxBackend"]
+__all__ = ["JaxBackend", "JaxRows", "attach"]

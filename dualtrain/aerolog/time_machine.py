@@ -137,10 +137,7 @@ class TimeMachine:
 
     def _target(self, craft: Any, file: str | os.PathLike) -> Path:
         if file:
-            path = Path(file)
-            if not path.is_absolute() and self.save_path is not None:
-                path = self.save_path / path
-            return path if path.suffix else path.with_suffix(_SUFFIX)
+            return self._target_file(file)
         if self.save_path is None:
             raise bad_argument("file", file, "a path, since the TimeMachine has no save_path")
         stem = craft.craft.scope or type(craft.craft).__name__
@@ -211,6 +208,36 @@ class TimeMachine:
         if restore_rng and "__rng__" in tensors:
             part.import_rng(tensors["__rng__"])
         return restored
+
+    def drop_embeddings(
+        self, rows: Any, file: str | os.PathLike, extra: dict[str, Any] | None = None
+    ) -> Path:
+        """Writes an embedding store with its optimizer state (see ``aerolog.embeddings``).
+
+        Args:
+            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
+            file: the anchor's path (relative to `save_path`).
+            extra: JSON-serializable data to record.
+        """
+        from dualtrain.aerolog.embeddings import save_rows
+
+        return save_rows(rows, self._target_file(file), extra)
+
+    def to_embeddings(self, rows: Any, file: str | os.PathLike = "") -> dict[str, Any]:
+        """Loads an embedding anchor, written under either framework, into `rows`' store.
+
+        Returns:
+            The anchor's manifest (step, mode, hyper-parameters, extra).
+        """
+        from dualtrain.aerolog.embeddings import load_rows
+
+        return load_rows(rows, self._source(file))
+
+    def _target_file(self, file: str | os.PathLike) -> Path:
+        path = Path(file)
+        if not path.is_absolute() and self.save_path is not None:
+            path = self.save_path / path
+        return path if path.suffix else path.with_suffix(_SUFFIX)
 
     def _source(self, file: str | os.PathLike) -> Path:
         if file:

@@ -19,7 +19,7 @@ from dualtrain.errors import bad_argument
 __all__ = ["SampleKey", "current_sample", "sample_scope", "stream"]
 
 _MASK = (1 << 64) - 1
-ORDER, AUGMENT, FILL = 1, 2, 3  # what a stream is for: the key's upper word
+ORDER, AUGMENT, FILL, EMBED = 1, 2, 3, 4  # what a stream is for: the key's upper word
 
 
 def stream(seed: int, purpose: int, *counter: int) -> np.random.Generator:
@@ -27,7 +27,7 @@ def stream(seed: int, purpose: int, *counter: int) -> np.random.Generator:
 
     Args:
         seed: any int (taken modulo 2**64).
-        purpose: ORDER, AUGMENT or FILL.
+        purpose: ORDER, AUGMENT, FILL or EMBED (embedding-table initialization).
         counter: up to three non-negative ints (epoch, sample index, transform position).
     """
     words = [0, *counter, 0, 0, 0][:4]  # the first word is Philox's own draw counter

@@ -1,0 +1,25 @@
+"""Embedding store: huge tables and their optimizer state in host memory.
+
+`EmbeddingStore` holds the rows; ``dualtrain_torch.attach`` / ``dualtrain_jax.attach``
+train the rows each batch touches with the framework's own optimizer.
+"""
+
+from __future__ import annotations
+
+from dualtrain.embeddings.ids import Lookup, as_ids, lookup
+from dualtrain.embeddings.init import BLOCK, fill
+from dualtrain.embeddings.session import MODES, Batch, RowSession
+from dualtrain.embeddings.store import EmbeddingStore, MemoryReport
+
+__all__ = [
+    "BLOCK",
+    "MODES",
+    "Batch",
+    "EmbeddingStore",
+    "Lookup",
+    "MemoryReport",
+    "RowSession",
+    "as_ids",
+    "fill",
+    "lookup",
+]

@@ -1,0 +1,71 @@
+"""Filling a table block by block, each row a function of (seed, row) only.
+
+Rows are drawn in fixed blocks of `BLOCK` rows, each block from its own Philox stream keyed
+by (seed, block index). A row's values therefore do not depend on the table's size, on how
+the work is split, or on anything drawn before it, and no temporary of the whole table is
+ever made: peak extra memory is one block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dualtrain.errors import ShapeError, bad_argument
+from dualtrain.fuel.streams import EMBED, stream
+
+__all__ = ["BLOCK", "INITS", "fill"]
+
+BLOCK = 4096  # rows per stream; part of the format of "rows reproducible per (seed, row)"
+INITS = ("zeros", "uniform", "normal")
+
+Init = str | Callable[[np.ndarray, np.random.Generator], Any]
+
+
+def _draw(init: Init, rows: np.ndarray, dim: int, std: float, rng: np.random.Generator) -> Any:
+    if init == "normal":
+        return rng.standard_normal((rows.size, dim), dtype=np.float64) * std
+    if init == "uniform":  # the same standard deviation as "normal": bound = sqrt(3) * std
+        bound = math.sqrt(3.0) * std
+        return rng.uniform(-bound, bound, (rows.size, dim))
+    assert callable(init)
+    return init(rows, rng)
+
+
+def fill(
+    table: np.ndarray, init: Init, std: float, seed: int, start: int = 0, stop: int | None = None
+) -> None:
+    """Writes rows [start, stop) of `table` ([num_rows, dim]) from `init`, block by block.
+
+    Args:
+        table: the host table, written in place.
+        init: "zeros", "uniform" (U(-a, a), a = sqrt(3) * std), "normal" (N(0, std^2)), or a
+            callable ``init(rows, rng) -> array [len(rows), dim]`` given int64 row ids and a
+            generator keyed by (seed, block).
+        std: standard deviation of "normal" and "uniform".
+        seed: the table's seed.
+        start: the first row to write.
+        stop: one past the last row to write (default: all); whole blocks are drawn, rows
+            outside [start, stop) are not written.
+    """
+    num_rows, dim = table.shape
+    stop = num_rows if stop is None else stop
+    if init == "zeros":
+        table[start:stop] = 0
+        return
+    if not (init in INITS or callable(init)):
+        raise bad_argument("init", init, f"one of {INITS} or a callable init(rows, rng)")
+    for block in range(start // BLOCK, -(-stop // BLOCK)):
+        lo, hi = max(block * BLOCK, start), min((block + 1) * BLOCK, stop)
+        rows = np.arange(block * BLOCK, min((block + 1) * BLOCK, num_rows), dtype=np.int64)
+        values = np.asarray(_draw(init, rows, dim, std, stream(seed, EMBED, block)))
+        if values.shape != (rows.size, dim):
+            raise ShapeError(
+                f"init returned shape {values.shape} for {rows.size} rows; expected "
+                f"({rows.size}, {dim})"
+            )
+        offset = block * BLOCK
+        table[lo:hi] = values[lo - offset : hi - offset]

@@ -1,0 +1,308 @@
+"""Training an EmbeddingStore's rows with any row-wise optax transformation.
+
+Per step the batch's unique rows and their state rows are staged (padded to a power of two,
+so jit sees few shapes), one jitted function sums the gradients of repeated ids
+(`segment_sum`), applies ``tx.update`` and returns the new rows and state, its inputs
+donated, and the rows go back to the host table.
+
+A transformation qualifies when its state is made of leaves shaped like the parameter (row
+slots, one host table each) and scalar counters or constants (global), and its update of a
+block of rows equals its update of each row alone; `attach` checks both on a probe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dualtrain.embeddings import EmbeddingStore, RowSession
+from dualtrain.errors import ArgumentError, ShapeError, bad_argument
+
+__all__ = ["JaxRows", "attach"]
+
+# optax state fields under the names torch gives the same quantities, so a checkpoint
+# written under one framework resumes under the other.
+_NEUTRAL = {
+    "mu": "exp_avg",
+    "nu": "exp_avg_sq",
+    "trace": "momentum_buffer",
+    "sum_of_squares": "sum",
+}
+
+
+def attach(
+    store: EmbeddingStore,
+    transformation: optax.GradientTransformation,
+    mode: str = "lazy",
+    device: Any = None,
+) -> JaxRows:
+    """Trains `store` with an optax transformation, one batch of rows at a time.
+
+    Args:
+        store: the rows and (after this call) their optimizer-state tables.
+        transformation: e.g. ``optax.adam(1e-3)``; must be row-wise (see the module doc).
+        mode: "lazy" or "exact", as for ``dualtrain_torch.attach``.
+        device: a JAX device for the update; default the first.
+
+    Returns:
+        A `JaxRows`: ``emb = rows.fetch(ids)``; ``g = jax.grad(loss)(emb)``; ``rows.step(g)``.
+    """
+    return JaxRows(store, transformation, mode, device)
+
+
+def _pad(n: int) -> int:
+    return max(16, 1 << max(n - 1, 0).bit_length())
+
+
+def _slot_name(path: tuple[Any, ...], taken: set[str]) -> str:
+    last = path[-1]
+    name = _NEUTRAL.get(getattr(last, "name", ""), "")
+    if not name or name in taken:
+        name = jax.tree_util.keystr(path).strip("[].").replace("][", ".").replace("].", ".")
+    return name
+
+
+class JaxRows:
+    """A store attached to an optax transformation (see `attach`).
+
+    Attributes:
+        store: the EmbeddingStore.
+        transformation: the optax transformation.
+        mode: "lazy" or "exact".
+        slots: the state tables' names (optax's mu, nu, trace, sum_of_squares under torch's
+            names exp_avg, exp_avg_sq, momentum_buffer, sum).
+    """
+
+    def __init__(self, store: EmbeddingStore, transformation: Any, mode: str, device: Any) -> None:
+        if not isinstance(store, EmbeddingStore):
+            raise bad_argument("store", type(store).__name__, "a dualtrain.EmbeddingStore")
+        if not (hasattr(transformation, "init") and hasattr(transformation, "update")):
+            raise bad_argument(
+                "transformation", type(transformation).__name__, "an optax GradientTransformation"
+            )
+        self.tx, self.transformation = transformation, transformation
+        self.device = device if device is not None else jax.devices()[0]
+        self.dtype = jnp.dtype(store.dtype)
+        self.dim = store.dim
+        init = self._classify()
+        self._check_row_wise()
+        self._idle_identity = self._is_identity(fresh=False)
+        self._fresh_identity = self._is_identity(fresh=True)
+        self.session = RowSession(store, init, mode, pad=_pad)
+        self.store, self.mode = store, mode
+        self._update = jax.jit(self._update_rows, donate_argnums=(0, 1))
+        self._replay = jax.jit(self._replay_rows, donate_argnums=(0, 1))
+        self._take = jax.jit(lambda w, i: jnp.take(w, i, axis=0))
+        self._dev: dict[str, jax.Array] = {}
+
+    # ---- what the transformation keeps -------------------------------------------------
+
+    def _classify(self) -> dict[str, np.ndarray]:
+        """Sorts state leaves into row slots and globals; returns each slot's initial row."""
+        one = self.tx.init(jnp.zeros((1, self.dim), self.dtype))
+        two = self.tx.init(jnp.zeros((2, self.dim), self.dtype))
+        leaves, self._treedef = jax.tree_util.tree_flatten_with_path(one)
+        if jax.tree_util.tree_structure(two) != self._treedef:
+            raise self._not_row_wise("its state's structure depends on the parameter's size")
+        self._kinds: list[str] = []
+        self._constants: list[Any] = []
+        init, taken = {}, set()
+        for (path, a), b in zip(leaves, jax.tree_util.tree_leaves(two), strict=False):
+            a, b = jnp.asarray(a), jnp.asarray(b)
+            if a.shape == (1, self.dim) and b.shape == (2, self.dim):
+                name = _slot_name(path, taken)
+                taken.add(name)
+                init[name] = np.asarray(a[0])
+                self._kinds.append(name)
+            elif a.shape == b.shape and a.shape == ():
+                self._kinds.append("count" if jnp.issubdtype(a.dtype, jnp.integer) else "const")
+            else:
+                raise self._not_row_wise(f"state leaf {jax.tree_util.keystr(path)} is {a.shape}")
+            self._constants.append(a)
+        self.slots = list(init)
+        return init
+
+    def _not_row_wise(self, why: str) -> ArgumentError:
+        return bad_argument(
+            "transformation", type(self.tx).__name__, f"a row-wise optax transformation ({why})"
+        )
+
+    def _state(self, slots: tuple[jax.Array, ...], count: Any) -> Any:
+        """The optax state of a block of rows after `count` global steps."""
+        leaves, it = [], iter(slots)
+        for kind, const in zip(self._kinds, self._constants, strict=False):
+            if kind == "count":
+                leaves.append(jnp.asarray(count, const.dtype))
+            elif kind == "const":
+                leaves.append(const)
+            else:
+                leaves.append(next(it))
+        return jax.tree_util.tree_unflatten(self._treedef, leaves)
+
+    def _slots_of(self, state: Any) -> tuple[jax.Array, ...]:
+        leaves = jax.tree_util.tree_leaves(state)
+        return tuple(
+            x for x, k in zip(leaves, self._kinds, strict=False) if k not in ("count", "const")
+        )
+
+    def _check_row_wise(self) -> None:
+        """Refuses a transformation that is not row-wise.
+
+        A block's update must equal its rows' updates alone, and globals must be counters
+        or constants (clip_by_global_norm, for one, fails the first).
+        """
+        key = jax.random.PRNGKey(0)
+        w, g1, g2 = jax.random.normal(key, (3, 3, self.dim), self.dtype)
+        init = self.tx.init(w)
+
+        def two_steps(w: Any, g1: Any, g2: Any, state: Any) -> Any:
+            for g in (g1, g2):
+                updates, state = self.tx.update(g, state, w)
+                w = optax.apply_updates(w, updates)
+            return w, state
+
+        block, state = two_steps(w, g1, g2, init)
+        alone = [
+            two_steps(w[i : i + 1], g1[i : i + 1], g2[i : i + 1], self.tx.init(w[i : i + 1]))
+            for i in range(3)
+        ]
+        if not np.allclose(block, jnp.concatenate([a[0] for a in alone]), rtol=1e-5, atol=1e-6):
+            raise self._not_row_wise("updating rows together differs from updating each alone")
+        for leaf, kind, const in zip(
+            jax.tree_util.tree_leaves(state), self._kinds, self._constants, strict=False
+        ):
+            if kind == "count" and int(leaf) != int(const) + 2:
+                raise self._not_row_wise("an integer state leaf that does not count steps")
+            if kind == "const" and not np.array_equal(leaf, const):
+                raise self._not_row_wise("a scalar state leaf that changes from step to step")
+
+    def _is_identity(self, fresh: bool) -> bool:
+        """Whether a zero-gradient step leaves rows and state unchanged.
+
+        From the initial state when `fresh`, else from any state; exact mode then skips
+        replaying it.
+        """
+        key = jax.random.PRNGKey(1)
+        w = jax.random.normal(key, (3, self.dim), self.dtype)
+        init = self._slots_of(self.tx.init(w))
+        slots = (
+            init
+            if fresh
+            else tuple(jnp.abs(jax.random.normal(key, s.shape, s.dtype)) + 0.5 for s in init)
+        )
+        updates, state = self.tx.update(jnp.zeros_like(w), self._state(slots, 1), w)
+        after = (optax.apply_updates(w, updates), *self._slots_of(state))
+        return all(np.array_equal(a, b) for a, b in zip((w, *slots), after, strict=False))
+
+    # ---- jitted bodies -----------------------------------------------------------------
+
+    def _update_rows(
+        self, w: Any, slots: Any, count: Any, grads: Any, inverse: Any
+    ) -> tuple[Any, Any]:
+        flat = jnp.concatenate([g.reshape(-1, self.dim) for g in grads]).astype(w.dtype)
+        summed = jax.ops.segment_sum(flat, inverse, num_segments=w.shape[0])
+        updates, state = self.tx.update(summed, self._state(slots, count), w)
+        return optax.apply_updates(w, updates), self._slots_of(state)
+
+    def _replay_rows(self, w: Any, slots: Any, count: Any, active: Any) -> tuple[Any, Any]:
+        updates, state = self.tx.update(jnp.zeros_like(w), self._state(slots, count), w)
+        keep = active[:, None]
+        new_w = jnp.where(keep, optax.apply_updates(w, updates), w)
+        new_slots = tuple(
+            jnp.where(keep, n, o) for n, o in zip(self._slots_of(state), slots, strict=False)
+        )
+        return new_w, new_slots
+
+    # ---- the step ----------------------------------------------------------------------
+
+    def fetch(self, *ids: Any) -> jax.Array | tuple[jax.Array, ...]:
+        """The rows of `ids` as device arrays [*ids.shape, dim] (one per id array given)."""
+        batch = self.session.begin(ids)
+        # Staging is 64-byte aligned, so on the CPU this hand-over is zero-copy.
+        self._dev = {k: jax.device_put(v, self.device) for k, v in batch.rows.items()}
+        # Exact mode: rows take the steps they missed before the forward pass sees them.
+        w, slots = self._catch_up(batch, self._dev["weight"], [self._dev[k] for k in self.slots])
+        self._dev = {"weight": w, **dict(zip(self.slots, slots, strict=False))}
+        inverse = jax.device_put(batch.lookup.inverse.astype(np.int32), self.device)
+        self._inverse = inverse
+        out = [
+            self._take(self._dev["weight"], jax.device_put(p.astype(np.int32), self.device))
+            for p in batch.lookup.parts
+        ]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def prefetch(self, *ids: Any) -> None:
+        """Gathers the rows of the next batch's `ids` in the background."""
+        self.session.prefetch(ids)
+
+    def step(self, *grads: Any) -> None:
+        """Updates the fetched rows and their state, and writes both back.
+
+        `grads` are the gradients of what `fetch` returned, in the same shapes (repeated
+        ids add up). Nothing is written back when this raises; fetch again to retry.
+        """
+        batch = self.session.require_current()
+        try:
+            shapes = [(*s, self.dim) for s in batch.lookup.shapes]
+            if len(grads) != len(shapes):
+                raise ArgumentError(
+                    f"step got {len(grads)} gradient arrays; fetch returned {len(shapes)}"
+                )
+            for i, (g, shape) in enumerate(zip(grads, shapes, strict=False)):
+                if tuple(np.shape(g)) != shape:
+                    raise ShapeError(f"grads[{i}] has shape {tuple(np.shape(g))}; expected {shape}")
+            w = self._dev["weight"]
+            slots = tuple(self._dev[k] for k in self.slots)
+            w, slots = self._update(w, slots, self.session.t, tuple(grads), self._inverse)
+        except BaseException:
+            self.session.abandon()
+            raise
+        self._dev = {}
+        self.session.finish(batch, {"weight": w, **dict(zip(self.slots, slots, strict=False))})
+
+    def settle(self) -> None:
+        """Exact mode: brings every row up to the current step.
+
+        Each row replays the steps it missed, so the table equals dense training's now; a
+        no-op in lazy mode.
+        """
+        if self._idle_identity:
+            return
+        for ids in self.session.stale(self._fresh_identity):
+            self.fetch(ids)  # catches the rows up
+            batch = self.session.require_current()
+            self.session.finish(batch, self._dev, advance=False)
+            self._dev = {}
+
+    def _catch_up(self, batch: Any, w: Any, slots: Any) -> tuple[Any, Any]:
+        slots = tuple(slots)
+        if self._idle_identity:
+            return w, slots
+        taus, last = self.session.missed(batch, self._fresh_identity)
+        padded = np.full(w.shape[0], np.iinfo(np.int64).max, np.int64)
+        padded[: last.size] = last
+        for tau in taus:
+            w, slots = self._replay(w, slots, tau - 1, jnp.asarray(padded < tau))
+        return w, slots
+
+    def flush(self) -> None:
+        """Waits until every write-back has landed in the store."""
+        self.session.flush()
+
+    def detach(self) -> None:
+        """Flushes and frees the store for another attachment (its tables stay)."""
+        self.session.detach()
+
+    @property
+    def steps(self) -> int:
+        """Steps taken."""
+        return self.session.t
+
+    @property
+    def hyper(self) -> dict[str, Any]:
+        """What is known of the transformation's settings (optax keeps them in closures)."""
+        return {"transformation": repr(self.tx)}

@@ -1,0 +1,1 @@
+"""Drop-in replacements for other tools' APIs, built on dualtrain (torch side)."""

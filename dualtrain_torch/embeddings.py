@@ -1,0 +1,349 @@
+"""Training an EmbeddingStore's rows with a real ``torch.optim`` optimizer.
+
+Per step only the batch's unique rows, and their rows of every optimizer-state table, are
+staged; they are handed to the user's optimizer as one parameter of [U, dim] with its
+state filled in, ``optimizer.step()`` runs torch's own code on them, and they go back.
+Every supported optimizer is element-wise, so stepping the rows a batch touches is the
+same arithmetic as stepping those rows of the full table.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import torch
+
+from dualtrain import convert
+from dualtrain.embeddings import EmbeddingStore, RowSession
+from dualtrain.errors import ArgumentError, ShapeError, bad_argument
+
+__all__ = ["SUPPORTED", "TorchRows", "attach", "pinned_empty", "probe_state"]
+
+SUPPORTED = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    torch.optim.Adamax,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.Adagrad,
+    torch.optim.RMSprop,
+    torch.optim.Adadelta,
+)
+# State torch creates from the first gradient itself (SGD clones it into the buffer);
+# on the table's first step it is left out so torch does exactly that.
+_FROM_FIRST_GRAD = {"momentum_buffer": torch.optim.SGD}
+_INITIAL_GLOBALS = {"mu_product": 1.0}  # NAdam's product of momentum factors, before step 1
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A host ndarray in page-locked memory allocated by torch (needs CUDA)."""
+    tensor = torch.empty(shape, dtype=getattr(torch, dtype), pin_memory=True)
+    return convert(tensor, to="numpy")
+
+
+def attach(
+    store: EmbeddingStore,
+    optimizer: type[torch.optim.Optimizer],
+    mode: str = "lazy",
+    device: Any = None,
+    **hyper: Any,
+) -> TorchRows:
+    """Trains `store` with ``optimizer(params, **hyper)``, one batch of rows at a time.
+
+    Args:
+        store: the rows and (after this call) their optimizer-state tables.
+        optimizer: a ``torch.optim`` class among `SUPPORTED` (or a subclass of one).
+        mode: "lazy" (rows and state change only when touched) or "exact" (touched rows
+            first take the zero-gradient steps they missed: equal to dense training).
+        device: where rows are updated; default "cuda" for a pinned store, else "cpu".
+        hyper: the optimizer's keyword arguments (lr, betas, momentum, ...). Where torch
+            offers a fused kernel for the device and neither `fused` nor `foreach` is given,
+            the fused one is used.
+
+    Returns:
+        A `TorchRows`: ``emb = rows.fetch(ids)``; ``loss.backward()``; ``rows.step()``.
+    """
+    return TorchRows(store, optimizer, mode, device, hyper)
+
+
+def _plain(hyper: dict[str, Any]) -> dict[str, Any]:
+    """`hyper` for a small CPU twin of the optimizer (no fused or foreach kernels)."""
+    return {k: v for k, v in hyper.items() if k not in ("fused", "foreach")}
+
+
+def probe_state(
+    optimizer: type[torch.optim.Optimizer], hyper: dict[str, Any], dim: int, dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """What `optimizer` keeps per parameter, found by stepping a small twin once.
+
+    Returns:
+        The row slots with each one's initial row ([dim], `dtype`; zeros unless the
+        constructor sets it, as Adagrad's ``initial_accumulator_value``), and the names of
+        the global (scalar) entries such as ``step``.
+    """
+    param = torch.nn.Parameter(torch.zeros(2, dim, dtype=torch.float64))
+    opt = optimizer([param], **_plain(hyper))
+    initial = {k: v.clone() for k, v in opt.state[param].items() if torch.is_tensor(v)}
+    param.grad = torch.ones_like(param)
+    opt.step()
+    slots, globals_ = {}, set()
+    for name, value in opt.state[param].items():
+        if torch.is_tensor(value) and value.shape == param.shape:
+            row = initial[name][0] if name in initial else torch.zeros(dim)
+            slots[name] = row.to(dtype)
+        else:
+            globals_.add(name)
+    return slots, globals_
+
+
+def _supported(optimizer: Any) -> bool:
+    return isinstance(optimizer, type) and any(c in SUPPORTED for c in optimizer.__mro__)
+
+
+class TorchRows:
+    """A store attached to a torch optimizer (see `attach`).
+
+    Attributes:
+        store: the EmbeddingStore.
+        optimizer: the real ``torch.optim`` instance; it sees one parameter, the staged
+            rows, so LR schedulers work on it as usual.
+        param: that parameter ([U, dim] during a step).
+        mode: "lazy" or "exact".
+    """
+
+    def __init__(
+        self,
+        store: EmbeddingStore,
+        optimizer: Any,
+        mode: str,
+        device: Any,
+        hyper: dict[str, Any],
+    ) -> None:
+        if not _supported(optimizer):
+            names = ", ".join(c.__name__ for c in SUPPORTED)
+            raise bad_argument(
+                "optimizer",
+                getattr(optimizer, "__name__", optimizer),
+                f"a torch.optim class with a row-wise form: {names}",
+            )
+        if not isinstance(store, EmbeddingStore):
+            raise bad_argument("store", type(store).__name__, "a dualtrain.EmbeddingStore")
+        self.device = torch.device(
+            device if device is not None else ("cuda" if store.pinned else "cpu")
+        )
+        self.dtype = getattr(torch, store.dtype)
+        hyper = dict(hyper)
+        params = inspect.signature(optimizer.__init__).parameters
+        if "fused" in params and "fused" not in hyper and "foreach" not in hyper:
+            hyper["fused"] = self.dtype in (
+                torch.float32,
+                torch.float64,
+                torch.float16,
+                torch.bfloat16,
+            )
+        self.param = torch.nn.Parameter(
+            torch.zeros(0, store.dim, dtype=self.dtype, device=self.device)
+        )
+        self.optimizer = optimizer([self.param], **hyper)
+        self._cls, self._hyper = optimizer, hyper
+        init, self._globals = probe_state(optimizer, hyper, store.dim, self.dtype)
+        self._history: dict[str, list[float]] = {
+            k: [v] for k, v in _INITIAL_GLOBALS.items() if k in self._globals
+        }
+        self._clock: tuple[torch.nn.Parameter, torch.optim.Optimizer] | None = None
+        self.slots = list(init)
+        self._idle_identity = self._is_identity(store.dim, init, fresh=False)
+        self._fresh_identity = self._is_identity(store.dim, init, fresh=True)
+        self.session = RowSession(store, {k: v.numpy() for k, v in init.items()}, mode)
+        self.store, self.mode = store, mode
+        self._rows: dict[str, torch.Tensor] = {}
+        self._staged: dict[str, torch.Tensor] = {}
+
+    # ---- what the optimizer keeps ----------------------------------------------------
+
+    def _is_identity(self, dim: int, init: dict[str, torch.Tensor], fresh: bool) -> bool:
+        """Whether a zero-gradient step leaves rows and state unchanged.
+
+        From the initial state when `fresh`, else from any state; then exact mode need not
+        replay it.
+        """
+        gen = torch.Generator().manual_seed(0)
+        rows = torch.randn(3, dim, generator=gen, dtype=self.dtype)
+        state = {
+            k: (v.expand(3, dim) if fresh else torch.rand(3, dim, generator=gen) + 0.5)
+            .to(self.dtype)
+            .clone()
+            for k, v in init.items()
+        }
+        before = {"weight": rows.clone(), **{k: v.clone() for k, v in state.items()}}
+        after = self._apply(
+            rows.to(self.device),
+            torch.zeros_like(rows, device=self.device),
+            {k: v.to(self.device) for k, v in state.items()},
+            tau=2,
+        )
+        return all(torch.equal(before[k], after[k].cpu()) for k in before)
+
+    def _global_state(self, steps: int) -> dict[str, torch.Tensor]:
+        """Global state as it stands after `steps` steps of the whole table."""
+        on_device = self._hyper.get("fused") or self._hyper.get("capturable")
+        where = self.device if on_device else torch.device("cpu")
+        state = {"step": torch.tensor(float(steps), dtype=torch.float32, device=where)}
+        for name, values in self._history.items():
+            while len(values) <= steps:
+                values.append(self._tick(name))
+            state[name] = torch.tensor(values[steps], dtype=torch.float32, device=where)
+        return state
+
+    def _tick(self, name: str) -> float:
+        """One zero-gradient step of a one-value twin: the next value of global `name`."""
+        if self._clock is None:
+            param = torch.nn.Parameter(torch.zeros(1, 1))
+            self._clock = (param, self._cls([param], **_plain(self._hyper)))
+        param, opt = self._clock
+        param.grad = torch.zeros_like(param)
+        opt.step()
+        return float(opt.state[param][name])
+
+    def _apply(
+        self, rows: torch.Tensor, grad: torch.Tensor, slots: dict[str, torch.Tensor], tau: int
+    ) -> dict[str, torch.Tensor]:
+        """Global step `tau` (1-based) of the real optimizer on `rows` and their state."""
+        param = self._bind(rows)
+        param.grad = grad
+        state = self.optimizer.state[param]
+        state.update(self._global_state(tau - 1))
+        for name, value in slots.items():
+            if not (tau == 1 and isinstance(self.optimizer, _FROM_FIRST_GRAD.get(name, ()))):
+                state[name] = value
+        self.optimizer.step()
+        return {"weight": param.data, **{name: state[name] for name in slots}}
+
+    def _bind(self, rows: torch.Tensor) -> torch.nn.Parameter:
+        """A fresh parameter sharing `rows`, made the optimizer's only one.
+
+        Autograd caches a leaf's shape, so a parameter is never reused for a batch of another size).
+        """
+        self.param = torch.nn.Parameter(rows)
+        self.optimizer.param_groups[0]["params"] = [self.param]
+        self.optimizer.state.clear()
+        return self.param
+
+    # ---- the step ----------------------------------------------------------------------
+
+    def fetch(self, *ids: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The rows of `ids` as a differentiable tensor [*ids.shape, dim] on the device.
+
+        Several id arrays share one gather (and one update): ``a, b = rows.fetch(x, y)``.
+        Each unique row is gathered once; the gradients of repeated ids add up.
+        """
+        batch = self.session.begin(ids)
+        n = batch.size
+        self._staged = {k: convert(v[:n], to="torch") for k, v in batch.rows.items()}
+        self._rows = {k: v.to(self.device, non_blocking=True) for k, v in self._staged.items()}
+        # Exact mode: rows take the steps they missed before the forward pass sees them.
+        self._catch_up(batch, self._rows["weight"], {k: self._rows[k] for k in self.slots})
+        self._bind(self._rows["weight"])
+        inverse = torch.from_numpy(batch.lookup.inverse).to(self.device, non_blocking=True)
+        gathered = torch.index_select(self.param, 0, inverse)
+        out, start = [], 0
+        for shape in batch.lookup.shapes:
+            count = int(np.prod(shape, dtype=np.int64))
+            out.append(gathered[start : start + count].view(*shape, self.store.dim))
+            start += count
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def prefetch(self, *ids: Any) -> None:
+        """Gathers the rows of the next batch's `ids` in the background."""
+        self.session.prefetch(ids)
+
+    def step(self) -> None:
+        """Updates the fetched rows and their state with the optimizer; writes both back.
+
+        Nothing is written back when this raises; fetch the batch again to retry.
+        """
+        batch = self.session.require_current()
+        grad = self.param.grad
+        try:
+            if grad is None:
+                raise ArgumentError("step() found no gradient: call loss.backward() after fetch")
+            if tuple(grad.shape) != (batch.size, self.store.dim):
+                raise ShapeError(
+                    f"the rows' gradient is {tuple(grad.shape)}; expected "
+                    f"({batch.size}, {self.store.dim})"
+                )
+            slots = {k: self._rows[k] for k in self.slots}
+            out = self._apply(self._rows["weight"], grad, slots, self.session.t + 1)
+        except BaseException:
+            self.session.abandon()
+            raise
+        self._write_back(batch, out, advance=True)
+
+    def _write_back(self, batch: Any, out: dict[str, torch.Tensor], advance: bool) -> None:
+        for name, value in out.items():
+            staged = self._staged[name]
+            if value.data_ptr() != staged.data_ptr():
+                staged.copy_(value, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        before = None if event is None else event.synchronize
+        self.session.finish(batch, batch.rows, before, advance)
+
+    def settle(self) -> None:
+        """Exact mode: brings every row up to the current step.
+
+        Each row replays the steps it missed, so the table equals dense training's now; a
+        no-op in lazy mode.
+        """
+        for ids in self.session.stale(self._fresh_identity and not self._idle_identity):
+            if self._idle_identity:
+                break
+            self.fetch(ids)  # catches the rows up
+            batch = self.session.require_current()
+            slots = {k: self._rows[k] for k in self.slots}
+            self._write_back(batch, {"weight": self._rows["weight"], **slots}, advance=False)
+
+    def _catch_up(self, batch: Any, rows: torch.Tensor, slots: dict[str, torch.Tensor]) -> None:
+        """Exact mode: replays each row's missed zero-gradient steps through the optimizer."""
+        if self._idle_identity:
+            return
+        taus, last = self.session.missed(batch, self._fresh_identity)
+        if not taus:
+            return
+        last_t = torch.from_numpy(last).to(self.device)
+        zeros = torch.zeros_like(rows)
+        for tau in taus:
+            active = (last_t < tau)[:, None]
+            saved = {"weight": rows.clone(), **{k: v.clone() for k, v in slots.items()}}
+            out = self._apply(rows, zeros, slots, tau)
+            rows.copy_(torch.where(active, out["weight"], saved["weight"]))
+            for name in slots:
+                slots[name].copy_(torch.where(active, out[name], saved[name]))
+
+    def zero_grad(self) -> None:
+        """Clears the rows' gradient (fetch clears it too)."""
+        self.param.grad = None
+
+    def flush(self) -> None:
+        """Waits until every write-back has landed in the store."""
+        self.session.flush()
+
+    def detach(self) -> None:
+        """Flushes and frees the store for another attachment (its tables stay)."""
+        self.session.detach()
+
+    @property
+    def steps(self) -> int:
+        """Steps taken."""
+        return self.session.t
+
+    @property
+    def hyper(self) -> dict[str, Any]:
+        """The optimizer's hyper-parameters (its param group without the params)."""
+        group = self.optimizer.param_groups[0]
+        return {k: v for k, v in group.items() if k != "params"}
