@@ -12,6 +12,7 @@ block of rows equals its update of each row alone; `attach` checks both on a pro
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -66,40 +67,26 @@ def _slot_name(path: tuple[Any, ...], taken: set[str]) -> str:
     return name
 
 
-class JaxRows:
-    """A store attached to an optax transformation (see `attach`).
+def _plan(tx: Any, dim: int, dtype: str) -> _Plan:
+    """The analysis and compiled step of `tx` for rows of `dim`, shared by attachments."""
+    try:
+        return _cached_plan(tx, dim, dtype)
+    except TypeError:  # an unhashable transformation: analyse it afresh
+        return _Plan(tx, dim, dtype)
 
-    Attributes:
-        store: the EmbeddingStore.
-        transformation: the optax transformation.
-        mode: "lazy" or "exact".
-        slots: the state tables' names (optax's mu, nu, trace, sum_of_squares under torch's
-            names exp_avg, exp_avg_sq, momentum_buffer, sum).
-    """
 
-    def __init__(self, store: EmbeddingStore, transformation: Any, mode: str, device: Any) -> None:
-        if not isinstance(store, EmbeddingStore):
-            raise bad_argument("store", type(store).__name__, "a dualtrain.EmbeddingStore")
-        if not (hasattr(transformation, "init") and hasattr(transformation, "update")):
-            raise bad_argument(
-                "transformation", type(transformation).__name__, "an optax GradientTransformation"
-            )
-        self.tx, self.transformation = transformation, transformation
-        self.device = device if device is not None else jax.devices()[0]
-        self.dtype = jnp.dtype(store.dtype)
-        self.dim = store.dim
-        init = self._classify()
+class _Plan:
+    """What a transformation keeps per row and globally, checked, with its jitted step."""
+
+    def __init__(self, tx: Any, dim: int, dtype: str) -> None:
+        self.tx, self.dim, self.dtype = tx, dim, jnp.dtype(dtype)
+        self.init = self._classify()
         self._check_row_wise()
-        self._idle_identity = self._is_identity(fresh=False)
-        self._fresh_identity = self._is_identity(fresh=True)
-        self.session = RowSession(store, init, mode, pad=_pad)
-        self.store, self.mode = store, mode
-        self._update = jax.jit(self._update_rows, donate_argnums=(0, 1))
-        self._replay = jax.jit(self._replay_rows, donate_argnums=(0, 1))
-        self._take = jax.jit(lambda w, i: jnp.take(w, i, axis=0))
-        self._dev: dict[str, jax.Array] = {}
-
-    # ---- what the transformation keeps -------------------------------------------------
+        self.idle_identity = self._is_identity(fresh=False)
+        self.fresh_identity = self._is_identity(fresh=True)
+        self.update = jax.jit(self._update_rows, donate_argnums=(0, 1))
+        self.replay = jax.jit(self._replay_rows, donate_argnums=(0, 1))
+        self.take = jax.jit(lambda w, i: jnp.take(w, i, axis=0))
 
     def _classify(self) -> dict[str, np.ndarray]:
         """Sorts state leaves into row slots and globals; returns each slot's initial row."""
@@ -217,6 +204,37 @@ class JaxRows:
         )
         return new_w, new_slots
 
+
+_cached_plan = functools.lru_cache(maxsize=64)(_Plan)
+
+
+class JaxRows:
+    """A store attached to an optax transformation (see `attach`).
+
+    Attributes:
+        store: the EmbeddingStore.
+        transformation: the optax transformation.
+        mode: "lazy" or "exact".
+        slots: the state tables' names (optax's mu, nu, trace, sum_of_squares under torch's
+            names exp_avg, exp_avg_sq, momentum_buffer, sum).
+    """
+
+    def __init__(self, store: EmbeddingStore, transformation: Any, mode: str, device: Any) -> None:
+        if not isinstance(store, EmbeddingStore):
+            raise bad_argument("store", type(store).__name__, "a dualtrain.EmbeddingStore")
+        if not (hasattr(transformation, "init") and hasattr(transformation, "update")):
+            raise bad_argument(
+                "transformation", type(transformation).__name__, "an optax GradientTransformation"
+            )
+        self.tx, self.transformation = transformation, transformation
+        self.device = device if device is not None else jax.devices()[0]
+        self.dim = store.dim
+        self.plan = _plan(transformation, store.dim, store.dtype)
+        self.slots = self.plan.slots
+        self.session = RowSession(store, self.plan.init, mode, pad=_pad)
+        self.store, self.mode = store, mode
+        self._dev: dict[str, jax.Array] = {}
+
     # ---- the step ----------------------------------------------------------------------
 
     def fetch(self, *ids: Any) -> jax.Array | tuple[jax.Array, ...]:
@@ -230,7 +248,7 @@ class JaxRows:
         inverse = jax.device_put(batch.lookup.inverse.astype(np.int32), self.device)
         self._inverse = inverse
         out = [
-            self._take(self._dev["weight"], jax.device_put(p.astype(np.int32), self.device))
+            self.plan.take(self._dev["weight"], jax.device_put(p.astype(np.int32), self.device))
             for p in batch.lookup.parts
         ]
         return out[0] if len(out) == 1 else tuple(out)
@@ -257,7 +275,7 @@ class JaxRows:
                     raise ShapeError(f"grads[{i}] has shape {tuple(np.shape(g))}; expected {shape}")
             w = self._dev["weight"]
             slots = tuple(self._dev[k] for k in self.slots)
-            w, slots = self._update(w, slots, self.session.t, tuple(grads), self._inverse)
+            w, slots = self.plan.update(w, slots, self.session.t, tuple(grads), self._inverse)
         except BaseException:
             self.session.abandon()
             raise
@@ -270,9 +288,9 @@ class JaxRows:
         Each row replays the steps it missed, so the table equals dense training's now; a
         no-op in lazy mode.
         """
-        if self._idle_identity:
+        if self.plan.idle_identity:
             return
-        for ids in self.session.stale(self._fresh_identity):
+        for ids in self.session.stale(self.plan.fresh_identity):
             self.fetch(ids)  # catches the rows up
             batch = self.session.require_current()
             self.session.finish(batch, self._dev, advance=False)
@@ -280,13 +298,13 @@ class JaxRows:
 
     def _catch_up(self, batch: Any, w: Any, slots: Any) -> tuple[Any, Any]:
         slots = tuple(slots)
-        if self._idle_identity:
+        if self.plan.idle_identity:
             return w, slots
-        taus, last = self.session.missed(batch, self._fresh_identity)
+        taus, last = self.session.missed(batch, self.plan.fresh_identity)
         padded = np.full(w.shape[0], np.iinfo(np.int64).max, np.int64)
         padded[: last.size] = last
         for tau in taus:
-            w, slots = self._replay(w, slots, tau - 1, jnp.asarray(padded < tau))
+            w, slots = self.plan.replay(w, slots, tau - 1, jnp.asarray(padded < tau))
         return w, slots
 
     def flush(self) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from dualtrain import convert
 from dualtrain.embeddings import EmbeddingStore, RowSession
-from dualtrain.errors import ArgumentError, ShapeError, bad_argument
+from dualtrain.errors import ArgumentError, bad_argument
 
 __all__ = ["SUPPORTED", "TorchRows", "attach", "pinned_empty", "probe_state"]
 
@@ -270,11 +270,6 @@ class TorchRows:
         try:
             if grad is None:
                 raise ArgumentError("step() found no gradient: call loss.backward() after fetch")
-            if tuple(grad.shape) != (batch.size, self.store.dim):
-                raise ShapeError(
-                    f"the rows' gradient is {tuple(grad.shape)}; expected "
-                    f"({batch.size}, {self.store.dim})"
-                )
             slots = {k: self._rows[k] for k in self.slots}
             out = self._apply(self._rows["weight"], grad, slots, self.session.t + 1)
         except BaseException:

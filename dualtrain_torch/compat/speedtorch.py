@@ -247,6 +247,7 @@ class OptimizerFactory:
         self.store = EmbeddingStore(total_classes, embed_dimension, _dtype_name(dtype), "zeros")
         self._batch = _Swapped()
         self.tables: dict[str, np.ndarray] = {}
+        self._stepped = False  # torch builds SGD's buffer from the first gradient itself
         self.optInit()
 
     def optInit(self) -> None:
@@ -262,7 +263,7 @@ class OptimizerFactory:
             _ids(retrievedPosIndexes, retrievedNegIndexes), self.store.num_rows
         )
         state = self.optimizer.state[self.param]
-        first = "step" not in state and not state.get("_dualtrain_stepped", False)
+        first = not self._stepped
         for name in self._globals:
             state.setdefault(name, torch.tensor(_INITIAL_GLOBALS.get(name, 0.0)))
         capacity = found.inverse.size
@@ -278,6 +279,7 @@ class OptimizerFactory:
             _ids(retrievedPosIndexes, retrievedNegIndexes), self.store.num_rows
         )
         state = self.optimizer.state[self.param]
+        self._stepped = True
         for slot, table in self.tables.items():
             if slot in state:
                 table[found.unique] = state[slot][: found.unique.size].detach().cpu().numpy()
