@@ -4,7 +4,8 @@ It lists the backends found, moves a pytree NumPy -> torch -> JAX -> NumPy count
 copies, trains one Craft (a small MLP with BatchNorm) in torch and in JAX from the same data
 and the same seed, printing the two loss curves side by side, then drops the torch model's
 checkpoint and loads it into a fresh JAX module, which then predicts what torch does.
-Last, it packs synthetic images into a Fuel pack and trains from a Tank under both.
+Then it packs synthetic images into a Fuel pack and trains from a Tank under both, and last
+it trains a user x item factorization from two host-memory EmbeddingStores under both.
 Adapters are reached only through `dualtrain.backends`; nothing is downloaded.
 """
 
@@ -82,9 +83,11 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
     craft = DemoNet(x.shape[1], classes=int(y.max()) + 1)
     losses, modules, seconds = _show_training(console, craft, x, y, lr, steps, seed)
     crossing = _show_checkpoint(console, modules, x)
-    from dualtrain.demo_fuel import run_fuel  # it draws loss_table from here
+    from dualtrain.demo_embeddings import run_embeddings  # both draw loss_table from here
+    from dualtrain.demo_fuel import run_fuel
 
     fuel = run_fuel(console, seed)
+    embeddings = run_embeddings(console, seed)
     total = time.perf_counter() - started
     console.print(f"demo finished in {total:.1f} s")
     return {
@@ -94,6 +97,7 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
         "train_seconds": seconds,
         "checkpoint_max_difference": crossing,
         **fuel,
+        **embeddings,
     }
 
 

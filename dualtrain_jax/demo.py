@@ -8,8 +8,9 @@ import jax
 import numpy as np
 import optax
 
-from dualtrain import Craft, convert
+from dualtrain import Craft, EmbeddingStore, convert
 from dualtrain_jax.craft import realize
+from dualtrain_jax.embeddings import attach
 
 __all__ = ["train", "train_from_tank"]
 
@@ -65,5 +66,38 @@ def train_from_tank(craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
         params, state, opt_state, loss = step(
             params, state, opt_state, batch["image"], batch["label"]
         )
+        losses.append(float(loss))
+    return losses
+
+
+def train_embeddings(
+    users: np.ndarray,
+    items: np.ndarray,
+    ratings: np.ndarray,
+    *,
+    sizes: tuple[int, int],
+    dim: int,
+    lr: float,
+    batch: int,
+    steps: int,
+    seed: int,
+) -> list[float]:
+    """The demo's factorization model; the contract is `demo_embeddings.EMBED_CONTRACT`."""
+    user_rows = attach(EmbeddingStore(sizes[0], dim, std=0.1, seed=seed), optax.adam(lr))
+    item_rows = attach(EmbeddingStore(sizes[1], dim, std=0.1, seed=seed + 1), optax.adam(lr))
+
+    @jax.jit
+    @jax.value_and_grad
+    def loss_and_grads(rows: Any, target: Any) -> jax.Array:
+        u, v = rows
+        return (((u * v).sum(1) - target) ** 2).mean()
+
+    losses = []
+    for k in range(steps):
+        at = np.arange(k * batch, (k + 1) * batch) % len(ratings)
+        rows = (user_rows.fetch(users[at]), item_rows.fetch(items[at]))
+        loss, (gu, gv) = loss_and_grads(rows, ratings[at])
+        user_rows.step(gu)
+        item_rows.step(gv)
         losses.append(float(loss))
     return losses

@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from dualtrain import Craft, convert
+from dualtrain import Craft, EmbeddingStore, convert
 from dualtrain_torch.craft import Rudder, realize
+from dualtrain_torch.embeddings import attach
 
 __all__ = ["train", "train_from_tank"]
 
@@ -45,4 +46,33 @@ def train_from_tank(craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
+    return losses
+
+
+def train_embeddings(
+    users: np.ndarray,
+    items: np.ndarray,
+    ratings: np.ndarray,
+    *,
+    sizes: tuple[int, int],
+    dim: int,
+    lr: float,
+    batch: int,
+    steps: int,
+    seed: int,
+) -> list[float]:
+    """The demo's factorization model; the contract is `demo_embeddings.EMBED_CONTRACT`."""
+    user_rows = attach(EmbeddingStore(sizes[0], dim, std=0.1, seed=seed), torch.optim.Adam, lr=lr)
+    item_rows = attach(EmbeddingStore(sizes[1], dim, std=0.1, seed=seed + 1), torch.optim.Adam,
+                       lr=lr)  # fmt: skip
+    target = torch.from_numpy(ratings)
+    losses = []
+    for k in range(steps):
+        at = np.arange(k * batch, (k + 1) * batch) % len(ratings)
+        u, v = user_rows.fetch(users[at]), item_rows.fetch(items[at])
+        loss = (((u * v).sum(1) - target[at]) ** 2).mean()
+        loss.backward()
+        user_rows.step()
+        item_rows.step()
+        losses.append(loss.item())
     return losses

@@ -104,8 +104,8 @@ def dense_jax(tx, steps, touched_only):
             hit = np.zeros((ROWS, 1), bool)
             hit[ids] = True
 
-            def pick(new, old, hit=hit):
-                return jnp.where(hit, new, old) if jnp.shape(new) == w.shape else new
+            def pick(new, old, hit=hit, shape=w.shape):
+                return jnp.where(hit, new, old) if jnp.shape(new) == shape else new
 
             new_w = pick(new_w, w)
             new_state = jax.tree_util.tree_map(pick, new_state, state)

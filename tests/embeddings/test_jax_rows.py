@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from dualtrain.errors import ArgumentError, ShapeError
 from dualtrain_jax import attach

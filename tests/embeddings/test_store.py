@@ -7,8 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import dualtrain
 from dualtrain.embeddings import BLOCK, lookup
@@ -42,7 +41,7 @@ def test_lookup_is_unique_plus_inverse(parts):
     arrays = tuple(np.array(p, np.int64) for p in parts)
     found = lookup(arrays, 50)
     assert np.all(np.diff(found.unique) > 0)
-    for given_ids, inverse in zip(arrays, found.parts):
+    for given_ids, inverse in zip(arrays, found.parts, strict=False):
         np.testing.assert_array_equal(found.unique[inverse], given_ids)
 
 
@@ -91,6 +90,9 @@ def test_pinned_needs_cuda_here():
 
 
 def test_store_imports_no_framework():
-    code = "import dualtrain, sys; dualtrain.EmbeddingStore(10, 4); print('torch' in sys.modules, 'jax' in sys.modules)"
+    code = (
+        "import dualtrain, sys; dualtrain.EmbeddingStore(10, 4); "
+        "print('torch' in sys.modules, 'jax' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import dualtrain
 from dualtrain.errors import ArgumentError, DtypeError
@@ -168,5 +167,5 @@ def test_pinned_store_trains_on_cuda():
     e.sum().backward()
     rows.step()
     rows.flush()
-    cpu, _ = run_torch(torch.optim.Adam, {"lr": 0.1}, "lazy", [np.array([1, 1, 5])])
+    _cpu, _ = run_torch(torch.optim.Adam, {"lr": 0.1}, "lazy", [np.array([1, 1, 5])])
     assert s.memory().pinned
