@@ -225,7 +225,8 @@ class TorchRows:
     def _bind(self, rows: torch.Tensor) -> torch.nn.Parameter:
         """A fresh parameter sharing `rows`, made the optimizer's only one.
 
-        Autograd caches a leaf's shape, so a parameter is never reused for a batch of another size).
+        Autograd caches a leaf's shape, so a parameter is never reused for a batch of another
+        size.
         """
         self.param = torch.nn.Parameter(rows)
         self.optimizer.param_groups[0]["params"] = [self.param]
@@ -295,9 +296,9 @@ class TorchRows:
         Each row replays the steps it missed, so the table equals dense training's now; a
         no-op in lazy mode.
         """
-        for ids in self.session.stale(self._fresh_identity and not self._idle_identity):
-            if self._idle_identity:
-                break
+        if self._idle_identity:
+            return
+        for ids in self.session.stale(self._fresh_identity):
             self.fetch(ids)  # catches the rows up
             batch = self.session.require_current()
             slots = {k: self._rows[k] for k in self.slots}

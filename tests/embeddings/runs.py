@@ -22,16 +22,17 @@ def coef(step: int, n: int) -> np.ndarray:
     return np.random.default_rng(step).standard_normal((n, DIM)).astype(np.float32)
 
 
-def store() -> dualtrain.EmbeddingStore:
-    return dualtrain.EmbeddingStore(ROWS, DIM, std=0.5, seed=SEED)
+def store(pinned: bool | None = False) -> dualtrain.EmbeddingStore:
+    """The table every law starts from (plain memory unless asked: CPU runs stay on the CPU)."""
+    return dualtrain.EmbeddingStore(ROWS, DIM, std=0.5, seed=SEED, pinned=pinned)
 
 
-def run_torch(cls, kw, mode, steps, prefetch=False):
+def run_torch(cls, kw, mode, steps, prefetch=False, pinned=False):
     import torch
 
     from dualtrain_torch import attach
 
-    s = store()
+    s = store(pinned)
     rows = attach(s, cls, mode=mode, **kw)
     for k, ids in enumerate(steps):
         e = rows.fetch(ids)

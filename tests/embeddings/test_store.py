@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -84,6 +85,10 @@ def test_bad_arguments_are_named(kwargs, name):
         dualtrain.EmbeddingStore(**args)
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available(),
+    reason="CUDA present: pinning is allowed",
+)
 def test_pinned_needs_cuda_here():
     with pytest.raises(ArgumentError, match="pinned"):
         dualtrain.EmbeddingStore(10, 4, pinned=True)

@@ -159,13 +159,9 @@ def test_an_lr_scheduler_drives_the_real_optimizer():
 
 
 @pytest.mark.gpu
-def test_pinned_store_trains_on_cuda():
-    s = dualtrain.EmbeddingStore(1000, 8, pinned=True)
-    rows = attach(s, torch.optim.Adam, lr=0.1)
-    e = rows.fetch(np.array([1, 1, 5]))
-    assert e.is_cuda
-    e.sum().backward()
-    rows.step()
-    rows.flush()
-    _cpu, _ = run_torch(torch.optim.Adam, {"lr": 0.1}, "lazy", [np.array([1, 1, 5])])
-    assert s.memory().pinned
+def test_pinned_store_trains_on_cuda_like_on_the_cpu():
+    steps = [np.array([1, 1, 5]), np.array([5, 2])]
+    on_cpu, _ = run_torch(torch.optim.Adam, {"lr": 0.1}, "exact", steps)
+    on_gpu, rows = run_torch(torch.optim.Adam, {"lr": 0.1}, "exact", steps, pinned=True)
+    assert on_gpu.pinned and rows.device.type == "cuda" and on_gpu.memory().pinned
+    np.testing.assert_allclose(on_gpu.table, on_cpu.table, rtol=1e-5, atol=1e-6)
