@@ -226,7 +226,7 @@ class JaxRows:
             raise bad_argument(
                 "transformation", type(transformation).__name__, "an optax GradientTransformation"
             )
-        self.tx, self.transformation = transformation, transformation
+        self.transformation = transformation
         self.device = device if device is not None else jax.devices()[0]
         self.dim = store.dim
         self.plan = _plan(transformation, store.dim, store.dtype)
@@ -245,12 +245,13 @@ class JaxRows:
         # Exact mode: rows take the steps they missed before the forward pass sees them.
         w, slots = self._catch_up(batch, self._dev["weight"], [self._dev[k] for k in self.slots])
         self._dev = {"weight": w, **dict(zip(self.slots, slots, strict=False))}
-        inverse = jax.device_put(batch.lookup.inverse.astype(np.int32), self.device)
-        self._inverse = inverse
-        out = [
-            self.plan.take(self._dev["weight"], jax.device_put(p.astype(np.int32), self.device))
-            for p in batch.lookup.parts
-        ]
+        self._inverse = jax.device_put(batch.lookup.inverse.astype(np.int32), self.device)
+        out, start = [], 0
+        for shape in batch.lookup.shapes:
+            count = int(np.prod(shape, dtype=np.int64))
+            part = self._inverse[start : start + count].reshape(shape)
+            out.append(self.plan.take(self._dev["weight"], part))
+            start += count
         return out[0] if len(out) == 1 else tuple(out)
 
     def prefetch(self, *ids: Any) -> None:
@@ -301,6 +302,8 @@ class JaxRows:
         if self.plan.idle_identity:
             return w, slots
         taus, last = self.session.missed(batch, self.plan.fresh_identity)
+        if not taus:
+            return w, slots
         padded = np.full(w.shape[0], np.iinfo(np.int64).max, np.int64)
         padded[: last.size] = last
         for tau in taus:
@@ -323,4 +326,4 @@ class JaxRows:
     @property
     def hyper(self) -> dict[str, Any]:
         """What is known of the transformation's settings (optax keeps them in closures)."""
-        return {"transformation": repr(self.tx)}
+        return {"transformation": repr(self.transformation)}
