@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from dualtrain.embeddings import EmbeddingStore, RowSession
-from dualtrain.errors import ArgumentError, ShapeError, bad_argument
+from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
 
 __all__ = ["JaxRows", "attach"]
 
@@ -225,6 +225,11 @@ class JaxRows:
         if not (hasattr(transformation, "init") and hasattr(transformation, "update")):
             raise bad_argument(
                 "transformation", type(transformation).__name__, "an optax GradientTransformation"
+            )
+        if store.dtype == "float64" and not jax.config.jax_enable_x64:
+            raise DtypeError(
+                "a float64 EmbeddingStore needs jax_enable_x64 (JAX would compute in float32); "
+                "enable it or make the store float32"
             )
         self.transformation = transformation
         self.device = device if device is not None else jax.devices()[0]

@@ -157,7 +157,7 @@ class TorchRows:
         self.slots = list(init)
         self._idle_identity = self._is_identity(store.dim, init, fresh=False)
         self._fresh_identity = self._is_identity(store.dim, init, fresh=True)
-        self.session = RowSession(store, {k: v.numpy() for k, v in init.items()}, mode)
+        self.session = RowSession(store, {k: convert(v, to="numpy") for k, v in init.items()}, mode)
         self.store, self.mode = store, mode
         self._rows: dict[str, torch.Tensor] = {}
         self._staged: dict[str, torch.Tensor] = {}

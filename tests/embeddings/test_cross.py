@@ -97,3 +97,28 @@ def test_loading_refuses_a_table_of_another_shape_or_missing_state(tmp_path):
         tm.to_embeddings(
             torch_attach(dualtrain.EmbeddingStore(5, 3), torch.optim.SGD, lr=0.1), path
         )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_tables_train_alike_under_both(dtype):
+    ids = np.array([1, 1, 2])
+    a = dualtrain.EmbeddingStore(10, 4, dtype=dtype)
+    rows = torch_attach(a, torch.optim.Adam, lr=0.1)
+    rows.fetch(ids).float().sum().backward()
+    rows.step()
+    rows.flush()
+    b = dualtrain.EmbeddingStore(10, 4, dtype=dtype)
+    jrows = jax_attach(b, optax.adam(0.1))
+    e = jrows.fetch(ids)
+    jrows.step(np.ones(e.shape, e.dtype))
+    jrows.flush()
+    assert a.table.dtype == b.table.dtype and a.state["exp_avg"].dtype == a.table.dtype
+    np.testing.assert_allclose(a.table.astype(np.float32), b.table.astype(np.float32), atol=1e-3)
+    assert not np.array_equal(a.table, dualtrain.EmbeddingStore(10, 4, dtype=dtype).table)
+
+
+def test_a_float64_store_needs_x64_under_jax():
+    from dualtrain.errors import DtypeError
+
+    with pytest.raises(DtypeError, match="jax_enable_x64"):
+        jax_attach(dualtrain.EmbeddingStore(10, 4, dtype="float64"), optax.adam(0.1))
