@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import safetensors
 
-from dualtrain.aerolog.time_machine import CheckpointError, _write_atomic
+from dualtrain.aerolog.time_machine import CheckpointError, _manifest, _write_atomic
 from dualtrain.errors import bad_argument
 
 __all__ = ["CHUNK", "FORMAT", "load_rows", "save_rows"]
@@ -65,24 +65,9 @@ def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Pat
         "hyper": rows.hyper,
         "extra": extra or {},
     }
-    try:
-        metadata = {"dualtrain": json.dumps(manifest, default=repr)}
-    except TypeError as err:  # pragma: no cover - default=repr handles any value
-        raise bad_argument("extra", extra, "JSON-serializable data") from err
-    _write_atomic(path, tensors, metadata)
+    # Hyper-parameters JSON cannot hold (a tensor lr, a schedule) are recorded by repr.
+    _write_atomic(path, tensors, {"dualtrain": json.dumps(manifest, default=repr)})
     return path
-
-
-def _manifest(path: Path) -> dict[str, Any]:
-    try:
-        with safetensors.safe_open(str(path), framework="numpy") as f:
-            metadata = f.metadata() or {}
-    except Exception as err:  # safetensors raises its own error types for foreign files
-        raise CheckpointError(f"{path} is not a safetensors file: {err}") from err
-    manifest = json.loads(metadata.get("dualtrain", "{}"))
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an embedding anchor (format {FORMAT!r})")
-    return dict(manifest)
 
 
 def load_rows(rows: Any, path: Path) -> dict[str, Any]:
@@ -93,7 +78,7 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
     """
     session = _session(rows)
     store = rows.store
-    manifest = _manifest(path)
+    manifest = _manifest(path, FORMAT)
     if (manifest["num_rows"], manifest["dim"]) != (store.num_rows, store.dim):
         raise CheckpointError(
             f"{path} holds a {manifest['num_rows']} x {manifest['dim']} table; this store is "

@@ -305,8 +305,11 @@ def _compare(
     return skipped
 
 
-def _manifest(path: Path) -> dict[str, Any]:
-    """The manifest in an anchor's header, read without loading any tensor."""
+def _manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:
+    """The manifest in an anchor's header, read without loading any tensor.
+
+    `expected` is the format the caller reads (Craft anchors or embedding anchors).
+    """
     try:
         with safetensors.safe_open(str(path), framework="numpy") as f:
             metadata = f.metadata() or {}
@@ -315,9 +318,9 @@ def _manifest(path: Path) -> dict[str, Any]:
     if "dualtrain" not in metadata:
         raise CheckpointError(f"{path} is a safetensors file but not a dualtrain checkpoint")
     manifest = json.loads(metadata["dualtrain"])
-    if manifest.get("format") != FORMAT:
+    if manifest.get("format") != expected:
         raise CheckpointError(
-            f"{path} has format {manifest.get('format')!r}; this reads {FORMAT!r}"
+            f"{path} has format {manifest.get('format')!r}; this reads {expected!r}"
         )
     return dict(manifest)
 

@@ -93,6 +93,8 @@ def test_loading_refuses_a_table_of_another_shape_or_missing_state(tmp_path):
     tm = dualtrain.TimeMachine(ckpt_path=tmp_path)
     with pytest.raises(CheckpointError, match="no state"):
         tm.to_embeddings(torch_attach(store(), torch.optim.Adam, lr=0.1), path)
+    with pytest.raises(CheckpointError, match="format 'dualtrain-embeddings/1'; this reads"):
+        dualtrain.TimeMachine().to(_realized(), path)
     with pytest.raises(CheckpointError, match="table"):
         tm.to_embeddings(
             torch_attach(dualtrain.EmbeddingStore(5, 3), torch.optim.SGD, lr=0.1), path
@@ -122,3 +124,17 @@ def test_a_float64_store_needs_x64_under_jax():
 
     with pytest.raises(DtypeError, match="jax_enable_x64"):
         jax_attach(dualtrain.EmbeddingStore(10, 4, dtype="float64"), optax.adam(0.1))
+
+
+def _realized():
+    from dualtrain_torch.craft import realize
+
+    class Tiny(dualtrain.Craft):
+        def __init__(self):
+            super().__init__("TINY")
+            self.fc = dualtrain.dock.Dense(2, 2)
+
+        def run(self, x):
+            return self.fc(x)
+
+    return realize(Tiny(), seed=0)
