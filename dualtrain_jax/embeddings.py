@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dualtrain.embeddings import EmbeddingStore, RowSession
+from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession
 from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
 
 __all__ = ["JaxRows", "attach"]
@@ -208,7 +208,7 @@ class _Plan:
 _cached_plan = functools.lru_cache(maxsize=64)(_Plan)
 
 
-class JaxRows:
+class JaxRows(Attachment):
     """A store attached to an optax transformation (see `attach`).
 
     Attributes:
@@ -258,10 +258,6 @@ class JaxRows:
             out.append(self.plan.take(self._dev["weight"], part))
             start += count
         return out[0] if len(out) == 1 else tuple(out)
-
-    def prefetch(self, *ids: Any) -> None:
-        """Gathers the rows of the next batch's `ids` in the background."""
-        self.session.prefetch(ids)
 
     def step(self, *grads: Any) -> None:
         """Updates the fetched rows and their state, and writes both back.
@@ -314,19 +310,6 @@ class JaxRows:
         for tau in taus:
             w, slots = self.plan.replay(w, slots, tau - 1, jnp.asarray(padded < tau))
         return w, slots
-
-    def flush(self) -> None:
-        """Waits until every write-back has landed in the store."""
-        self.session.flush()
-
-    def detach(self) -> None:
-        """Flushes and frees the store for another attachment (its tables stay)."""
-        self.session.detach()
-
-    @property
-    def steps(self) -> int:
-        """Steps taken."""
-        return self.session.t
 
     @property
     def hyper(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from dualtrain import convert
-from dualtrain.embeddings import EmbeddingStore, RowSession
+from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession
 from dualtrain.errors import ArgumentError, bad_argument
 
 __all__ = ["SUPPORTED", "TorchRows", "attach", "pinned_empty", "probe_state"]
@@ -103,7 +103,7 @@ def _supported(optimizer: Any) -> bool:
     return isinstance(optimizer, type) and any(c in SUPPORTED for c in optimizer.__mro__)
 
 
-class TorchRows:
+class TorchRows(Attachment):
     """A store attached to a torch optimizer (see `attach`).
 
     Attributes:
@@ -257,10 +257,6 @@ class TorchRows:
             start += count
         return out[0] if len(out) == 1 else tuple(out)
 
-    def prefetch(self, *ids: Any) -> None:
-        """Gathers the rows of the next batch's `ids` in the background."""
-        self.session.prefetch(ids)
-
     def step(self) -> None:
         """Updates the fetched rows and their state with the optimizer; writes both back.
 
@@ -324,19 +320,6 @@ class TorchRows:
     def zero_grad(self) -> None:
         """Clears the rows' gradient (fetch clears it too)."""
         self.param.grad = None
-
-    def flush(self) -> None:
-        """Waits until every write-back has landed in the store."""
-        self.session.flush()
-
-    def detach(self) -> None:
-        """Flushes and frees the store for another attachment (its tables stay)."""
-        self.session.detach()
-
-    @property
-    def steps(self) -> int:
-        """Steps taken."""
-        return self.session.t
 
     @property
     def hyper(self) -> dict[str, Any]:

@@ -6,12 +6,14 @@ train the rows each batch touches with the framework's own optimizer.
 
 from __future__ import annotations
 
+from dualtrain.embeddings.attachment import Attachment
 from dualtrain.embeddings.ids import Lookup, as_ids, lookup
 from dualtrain.embeddings.init import BLOCK, fill
 from dualtrain.embeddings.session import MODES, Batch, RowSession
 from dualtrain.embeddings.store import EmbeddingStore, MemoryReport
 
 __all__ = [
+    "Attachment",
     "BLOCK",
     "MODES",
     "Batch",

@@ -31,20 +31,15 @@ IDS = [f"{c.__name__}-{i}" for i, (c, _) in enumerate(OPTIMIZERS)]
 TOL = {"rtol": 2e-5, "atol": 2e-6}
 
 
+@pytest.mark.parametrize("mode", ["lazy", "exact"])
 @pytest.mark.parametrize(("cls", "kw"), OPTIMIZERS, ids=IDS)
 @settings(max_examples=8)
 @given(steps=batches())
-def test_lazy_equals_dense_stepped_on_touched_rows(cls, kw, steps):
-    s, _ = run_torch(cls, kw, "lazy", steps)
-    np.testing.assert_allclose(s.table, dense_torch(cls, kw, steps, touched_only=True), **TOL)
-
-
-@pytest.mark.parametrize(("cls", "kw"), OPTIMIZERS, ids=IDS)
-@settings(max_examples=8)
-@given(steps=batches())
-def test_exact_equals_dense_training(cls, kw, steps):
-    s, _ = run_torch(cls, kw, "exact", steps)
-    np.testing.assert_allclose(s.table, dense_torch(cls, kw, steps, touched_only=False), **TOL)
+def test_modes_equal_their_dense_reference(mode, cls, kw, steps):
+    """lazy == a dense table stepped on the touched rows only; exact == dense training."""
+    s, _ = run_torch(cls, kw, mode, steps)
+    reference = dense_torch(cls, kw, steps, touched_only=mode == "lazy")
+    np.testing.assert_allclose(s.table, reference, **TOL)
 
 
 @given(steps=batches(max_steps=8))

@@ -1,0 +1,41 @@
+"""What every attachment offers whatever its framework: prefetch, flush, detach, steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dualtrain.embeddings.session import RowSession
+from dualtrain.embeddings.store import EmbeddingStore
+
+__all__ = ["Attachment"]
+
+
+class Attachment:
+    """The framework-neutral half of ``dualtrain_torch.attach`` / ``dualtrain_jax.attach``.
+
+    Attributes:
+        store: the EmbeddingStore trained.
+        mode: "lazy" or "exact".
+        session: the RowSession doing the staging and bookkeeping.
+    """
+
+    store: EmbeddingStore
+    mode: str
+    session: RowSession
+
+    def prefetch(self, *ids: Any) -> None:
+        """Gathers the rows of the next batch's `ids` in the background."""
+        self.session.prefetch(ids)
+
+    def flush(self) -> None:
+        """Waits until every write-back has landed in the store."""
+        self.session.flush()
+
+    def detach(self) -> None:
+        """Flushes and frees the store for another attachment (its tables stay)."""
+        self.session.detach()
+
+    @property
+    def steps(self) -> int:
+        """Steps taken."""
+        return self.session.t
