@@ -12,6 +12,7 @@ classes here; pinned memory is used when CUDA is present.
 
 from __future__ import annotations
 
+import inspect
 import os
 import tempfile
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dualtrain.embeddings import EmbeddingStore, Lookup, lookup
+from dualtrain.embeddings import EmbeddingStore, Lookup, as_ids, lookup
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.embeddings import _FROM_FIRST_GRAD, _INITIAL_GLOBALS, probe_state
 
@@ -63,7 +64,7 @@ def _save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
 
 
 class _Swapped:
-    """The batch in hand: its lookup and the staged rows' capacity."""
+    """The batch in hand between beforeForwardPass and afterOptimizerStep."""
 
     def __init__(self) -> None:
         self.found: Lookup | None = None
@@ -252,7 +253,7 @@ class OptimizerFactory:
 
     def optInit(self) -> None:
         """(Re)allocates one full state table per slot, at the optimizer's initial value."""
-        self.tables = {}
+        self.tables, self._stepped = {}, False
         for slot, row in self._init.items():
             table = self.store.empty()
             table[...] = row.numpy()
@@ -269,7 +270,8 @@ class OptimizerFactory:
         capacity = found.inverse.size
         for slot, table in self.tables.items():
             if first and isinstance(self.optimizer, _FROM_FIRST_GRAD.get(slot, ())):
-                continue  # torch creates it from the first gradient
+                state.pop(slot, None)  # torch creates it from the first gradient
+                continue
             rows = np.zeros((capacity, self.store.dim), table.dtype)
             np.take(table, found.unique, axis=0, out=rows[: found.unique.size], mode="clip")
             state[slot] = torch.from_numpy(rows).to(self.param.device)
@@ -290,8 +292,6 @@ class OptimizerFactory:
 
 
 def _init_args(cls: type) -> set[str]:
-    import inspect
-
     return set(inspect.signature(cls.__init__).parameters)
 
 
@@ -321,13 +321,13 @@ class DataGadget:
 
     def getData(self, indexes: Any) -> torch.Tensor:
         table = self._table()
-        ids = lookup((indexes,), len(table)).ids[0]
+        ids = as_ids(indexes, len(table), "indexes")
         return torch.from_numpy(np.take(table, ids, axis=0)).to(self.device)
 
     def insertData(self, dataObject: torch.Tensor, indexes: Any) -> None:
         """Writes rows; of repeated ids the last occurrence wins (always, unlike SpeedTorch)."""
         table = self._table()
-        ids = lookup((indexes,), len(table)).ids[0].ravel()
+        ids = as_ids(indexes, len(table), "indexes").ravel()
         values = dataObject.detach().cpu().numpy().reshape(ids.size, -1)
         table[ids] = values  # NumPy assigns in order, so the last occurrence is what stays
 
