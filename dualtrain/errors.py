@@ -18,6 +18,7 @@ __all__ = [
     "PrecisionWarning",
     "ShapeError",
     "bad_argument",
+    "OutOfRangeError",
 ]
 
 
@@ -52,3 +53,10 @@ class PrecisionWarning(UserWarning):
 def bad_argument(name: str, value: object, expected: str) -> ArgumentError:
     """Builds the house error: ``{name} must be {expected}; got {name}={value!r}``."""
     return ArgumentError(f"{name} must be {expected}; got {name}={value!r}")
+
+
+class OutOfRangeError(ArgumentError, IndexError):
+    """An index or row id lies outside the range it indexes (an Embedding's or a store's).
+
+    It is also an IndexError, what torch and NumPy raise for the same mistake.
+    """

@@ -94,12 +94,16 @@ def realize(craft: Craft, seed: int = 0, dtype: Any = "float32", device: Any = N
 
     Args:
         craft: the model description.
-        seed: initialization seed; the same seed gives the same weights under torch.
-        dtype: floating dtype (float64 needs ``jax.enable_x64``).
+        seed: initialization seed, an int in [0, 2**64); the same seed gives the same
+            weights under torch.
+        dtype: floating dtype (float16, bfloat16, float32, float64; float64 needs
+            ``jax.enable_x64``).
         device: a JAX device or sharding for the arrays; default JAX's default device.
 
     Raises:
         TypeError: the Craft holds a torch-native layer (the message names it).
+        ArgumentError: a bad seed, or a layer name that cannot be a parameter name.
+        DtypeError: a dtype that is not floating.
     """
     if not isinstance(craft, Craft):
         raise bad_argument("craft", craft, "a dualtrain.Craft instance")
@@ -110,7 +114,7 @@ def realize(craft: Craft, seed: int = 0, dtype: Any = "float32", device: Any = N
             "realize it with dualtrain_torch"
         )
     specs = craft.param_specs()
-    values = convert(craft.init(seed, np.dtype(dtype)), to="jax", device=device)
+    values = convert(craft.init(seed, dtype), to="jax", device=device)
     params = {k: v for k, v in values.items() if specs[k].trainable}
     state = {k: v for k, v in values.items() if not specs[k].trainable}
     return JaxModule(craft, params, state)

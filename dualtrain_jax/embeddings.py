@@ -290,13 +290,14 @@ class JaxRows(Attachment):
         Each row replays the steps it missed, so the table equals dense training's now; a
         no-op in lazy mode.
         """
-        if self.plan.idle_identity:
-            return
-        for ids in self.session.stale(self.plan.fresh_identity):
-            self.fetch(ids)  # catches the rows up
-            batch = self.session.require_current()
-            self.session.finish(batch, self._dev, advance=False)
-            self._dev = {}
+        with self.session.owned():  # one unit: no thread steps in between
+            if self.plan.idle_identity:
+                return
+            for ids in self.session.stale(self.plan.fresh_identity):
+                self.fetch(ids)  # catches the rows up
+                batch = self.session.require_current()
+                self.session.finish(batch, self._dev, advance=False)
+                self._dev = {}
 
     def _catch_up(self, batch: Any, w: Any, slots: Any) -> tuple[Any, Any]:
         slots = tuple(slots)

@@ -124,6 +124,15 @@ def _dropout(spec: dock.Dropout, p: Any, x: jax.Array) -> jax.Array:
     return jnp.where(keep, x / (1 - spec.p), 0).astype(x.dtype)
 
 
+def _embedding(spec: dock.Embedding, p: Any, ids: jax.Array) -> jax.Array:
+    # Concrete ids were range-checked by `checks.check` (an OutOfRangeError, as torch).
+    # Traced ids cannot raise: an id outside [0, num), negative included, gives a row of
+    # NaN rather than another row (jnp.take would read id -1 as the last row).
+    num = spec.num_embeddings
+    ids = jnp.where(ids < 0, num, ids)
+    return jnp.take(p["weight"], ids, axis=0, mode="fill", fill_value=jnp.nan)
+
+
 def _reshape(spec: dock.Reshape, p: Any, x: jax.Array, shape: Any = None) -> jax.Array:
     return x.reshape(shape if shape is not None else spec.shape)
 
@@ -141,7 +150,7 @@ LAYERS: dict[type, Callable[..., Any]] = {
     dock.BatchNorm: _batch_norm,
     dock.LayerNorm: _layer_norm,
     dock.Dropout: _dropout,
-    dock.Embedding: lambda spec, p, ids: jnp.take(p["weight"], ids, axis=0),
+    dock.Embedding: _embedding,
 }
 
 OPS: dict[str, Callable[..., Any]] = {

@@ -12,8 +12,9 @@ from torch import nn
 from dualtrain.craft import Craft, binding, dock
 from dualtrain.craft.checks import check
 from dualtrain.craft.craft import is_torch_module
-from dualtrain.errors import bad_argument
+from dualtrain.errors import ShapeError, bad_argument
 from dualtrain.interop import convert
+from dualtrain.validate import check_float_dtype
 from dualtrain_torch.layers import build
 
 __all__ = ["CraftModule", "Nozzle", "Prober", "Rudder", "coat", "realize", "shell"]
@@ -33,7 +34,7 @@ class _TorchBinding:
                 "Craft being run; assign layers in __init__ so they are named and realized"
             )
         if inputs:
-            check(layer, inputs[0])
+            check(layer, *inputs, train=module.training, **kwargs)
         return module(*inputs, **kwargs)
 
     def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:
@@ -54,8 +55,11 @@ class CraftModule(nn.Module):
         super().__init__()
         self.craft = craft
         self._layer_modules = modules
+        craft.param_specs()  # refuses names that cannot be parameter names, as JAX does
         for name, part in craft.parts().items():
-            self.add_module(name, _module_for(part, modules))
+            # Straight into _modules: add_module refuses names that are nn.Module attributes
+            # ("train", "forward", "craft"), which JAX and the checkpoints accept.
+            self._modules[name] = _module_for(part, modules)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         with binding.active(_TorchBinding(self._layer_modules)):
@@ -75,7 +79,9 @@ def _module_for(part: Any, modules: dict[int, nn.Module]) -> nn.Module:
     elif isinstance(part, (list, tuple)):
         out = nn.ModuleList([_module_for(p, modules) for p in part])
     elif isinstance(part, dict):
-        out = nn.ModuleDict({k: _module_for(v, modules) for k, v in part.items()})
+        out = nn.ModuleDict()
+        for key, value in part.items():  # keys like "train" or "keys": see CraftModule
+            out._modules[key] = _module_for(value, modules)
     elif is_torch_module(part):
         out = part
     elif isinstance(part, dock.Native):
@@ -91,12 +97,15 @@ def realize(craft: Craft, seed: int = 0, device: Any = None, dtype: Any = "float
 
     Args:
         craft: the model description.
-        seed: initialization seed; the same seed gives the same weights under JAX.
+        seed: initialization seed, an int in [0, 2**64); the same seed gives the same
+            weights under JAX.
         device: where the module lives (``"cpu"``, ``"cuda:0"``); default CPU.
-        dtype: floating dtype of parameters and state.
+        dtype: floating dtype of parameters and state (float16, bfloat16, float32, float64).
 
     Raises:
         TypeError: the Craft holds a JAX-native layer (the message names it).
+        ArgumentError: a bad seed, or a layer name that cannot be a parameter name.
+        DtypeError: a dtype that is not floating.
     """
     if not isinstance(craft, Craft):
         raise bad_argument("craft", craft, "a dualtrain.Craft instance")
@@ -108,8 +117,9 @@ def realize(craft: Craft, seed: int = 0, device: Any = None, dtype: Any = "float
             f"{type(craft).__name__} holds JAX-native layers {foreign}; "
             "realize it with dualtrain_jax"
         )
-    module = CraftModule(craft, {}).to(dtype=getattr(torch, np.dtype(dtype).name))
-    load_canonical(module, craft.init(seed, np.dtype(dtype)))
+    values = craft.init(seed, dtype)  # checks seed, dtype and names before building
+    module = CraftModule(craft, {}).to(dtype=getattr(torch, check_float_dtype("dtype", dtype).name))
+    load_canonical(module, values)
     return module.to(device) if device is not None else module
 
 
@@ -117,12 +127,24 @@ def load_canonical(module: CraftModule, tensors: dict[str, Any]) -> None:
     """Copies canonical arrays (NumPy or torch) into the module's parameters and buffers.
 
     One ``copy_`` per tensor, which also casts the dtype and moves it to the module's device.
+    Every name and shape is checked before the first copy; a shape is never broadcast
+    (``(1,)`` does not fill ``(16,)``).
     """
     targets = dict(module.named_parameters(remove_duplicate=False))
     targets.update(module.named_buffers(remove_duplicate=False))
+    sources = {}
+    for name, value in tensors.items():
+        if name not in targets:
+            raise ShapeError(f"{name} is not a parameter or buffer of this module")
+        source = value if isinstance(value, torch.Tensor) else convert(value, to="torch")
+        if tuple(source.shape) != tuple(targets[name].shape):
+            raise ShapeError(
+                f"{name} is {tuple(source.shape)} in the values given but "
+                f"{tuple(targets[name].shape)} in the module"
+            )
+        sources[name] = source
     with torch.no_grad():
-        for name, value in tensors.items():
-            source = value if isinstance(value, torch.Tensor) else convert(value, to="torch")
+        for name, source in sources.items():
             targets[name].copy_(source)
 
 

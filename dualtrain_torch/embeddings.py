@@ -292,13 +292,14 @@ class TorchRows(Attachment):
         Each row replays the steps it missed, so the table equals dense training's now; a
         no-op in lazy mode.
         """
-        if self._idle_identity:
-            return
-        for ids in self.session.stale(self._fresh_identity):
-            self.fetch(ids)  # catches the rows up
-            batch = self.session.require_current()
-            slots = {k: self._rows[k] for k in self.slots}
-            self._write_back(batch, {"weight": self._rows["weight"], **slots}, advance=False)
+        with self.session.owned():  # one unit: no thread steps in between
+            if self._idle_identity:
+                return
+            for ids in self.session.stale(self._fresh_identity):
+                self.fetch(ids)  # catches the rows up
+                batch = self.session.require_current()
+                slots = {k: self._rows[k] for k in self.slots}
+                self._write_back(batch, {"weight": self._rows["weight"], **slots}, advance=False)
 
     def _catch_up(self, batch: Any, rows: torch.Tensor, slots: dict[str, torch.Tensor]) -> None:
         """Exact mode: replays each row's missed zero-gradient steps through the optimizer."""

@@ -129,7 +129,7 @@ class FunctionalBinding:
         if inputs:
             from dualtrain.craft.checks import check  # dock imports this module
 
-            check(layer, inputs[0])
+            check(layer, *inputs, train=self.train, **kwargs)
         return self.table[type(layer)](layer, LayerView(self, name), *inputs, **kwargs)
 
     def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:

@@ -15,6 +15,7 @@ from dualtrain.craft import binding
 from dualtrain.craft.dock import Layer, Native, Sequential
 from dualtrain.craft.params import ParamSpec, initial_value, join
 from dualtrain.errors import bad_argument
+from dualtrain.validate import check_float_dtype, check_seed
 
 __all__ = ["Craft", "is_torch_module"]
 
@@ -87,7 +88,7 @@ class Craft:
         parameters take.
         """
         for name, part in self.parts().items():
-            yield from _walk(join(prefix, name), part)
+            yield from _walk(join(prefix, _part_name(name, prefix)), part)
 
     def param_specs(self) -> dict[str, ParamSpec]:
         """Every parameter and state tensor, by neutral name (``block.0.weight``)."""
@@ -105,11 +106,16 @@ class Craft:
         """Initial parameters and state as NumPy arrays by name: the same on every backend.
 
         Args:
-            seed: the seed; each parameter draws from its own (seed, name) stream.
-            dtype: floating dtype of the arrays.
+            seed: an int in [0, 2**64) (NumPy ints too); each parameter draws from its own
+                (seed, name) stream, so distinct seeds give distinct weights.
+            dtype: floating dtype of the arrays: float16, bfloat16, float32 or float64.
+
+        Raises:
+            ArgumentError: `seed` is not an int in range (bools and floats included).
+            DtypeError: `dtype` is not a floating dtype (integer weights would all be 0).
         """
-        if not isinstance(seed, int) or seed < 0:
-            raise bad_argument("seed", seed, "a non-negative int")
+        seed = check_seed("seed", seed)
+        dtype = check_float_dtype("dtype", dtype)
         return {
             name: initial_value(spec, name, seed, dtype)
             for name, spec in self.param_specs().items()
@@ -131,6 +137,20 @@ class Craft:
         ]
 
 
+def _part_name(name: str, parent: str) -> str:
+    """`name` (an attribute or dict key) if it can be one segment of a parameter name.
+
+    A dot would make two layers' names collide (``{"a.b": x}`` beside ``a = {"b": y}``)
+    and an empty name would vanish from the path, so both are refused under every backend.
+    """
+    if not name or "." in name:
+        where = f" in {parent!r}" if parent else ""
+        raise bad_argument(
+            "layer name", name, f"a non-empty name without '.' (a part{where} of the Craft)"
+        )
+    return name
+
+
 def _walk(name: str, part: Any) -> Iterator[tuple[str, Any]]:
     if isinstance(part, Craft):
         yield from part.named_layers(name)
@@ -142,6 +162,6 @@ def _walk(name: str, part: Any) -> Iterator[tuple[str, Any]]:
             yield from _walk(join(name, i), item)
     elif isinstance(part, dict):
         for key, item in part.items():
-            yield from _walk(join(name, key), item)
+            yield from _walk(join(name, _part_name(key, name)), item)
     else:
         yield name, part

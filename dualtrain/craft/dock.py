@@ -28,6 +28,8 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
+
 from dualtrain.craft import binding, ops
 from dualtrain.craft.ops import (  # the functional ops live in dock too: dock.relu(x)
     add as add,
@@ -44,6 +46,7 @@ from dualtrain.craft.ops import (  # the functional ops live in dock too: dock.r
 from dualtrain.craft.padding import check_padding, to_tuple
 from dualtrain.craft.params import ParamSpec
 from dualtrain.errors import bad_argument
+from dualtrain.validate import check_finite, check_int
 
 __all__ = [
     "AvgPool",
@@ -66,16 +69,25 @@ __all__ = [
 ]
 
 
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise bad_argument(name, value, "a positive int")
+def _positive(spec: Any, *names: str) -> None:
+    """Each named field a positive int (NumPy ints become Python ints; bools refused)."""
+    for name in names:
+        object.__setattr__(spec, name, check_int(name, getattr(spec, name), minimum=1))
+
+
+def _flags(spec: Any, *names: str) -> None:
+    """Each named field a bool (``bias=1`` or ``affine="no"`` is a mistake, not a flag)."""
+    for name in names:
+        value = getattr(spec, name)
+        if not isinstance(value, (bool, np.bool_)):
+            raise bad_argument(name, value, "True or False")
+        object.__setattr__(spec, name, bool(value))
 
 
 def _check_channels(spec: Any) -> None:
     """Positive channel counts and groups, and groups dividing both (Conv, ConvTranspose)."""
-    _positive("in_channels", spec.in_channels)
-    _positive("out_channels", spec.out_channels)
-    _positive("groups", spec.groups)
+    _positive(spec, "in_channels", "out_channels", "groups")
+    _flags(spec, "bias")
     if spec.in_channels % spec.groups or spec.out_channels % spec.groups:
         raise bad_argument(
             "groups",
@@ -84,8 +96,31 @@ def _check_channels(spec: Any) -> None:
         )
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _items(value: object) -> tuple[Any, ...]:
+    """A tuple or list as a tuple; anything else as () (then refused by the caller)."""
+    return tuple(value) if isinstance(value, (tuple, list)) else ()
+
+
+def _plain(value: Any) -> Any:
+    """Checked padding with NumPy ints as Python ints and lists as tuples."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(v) for v in value)
+    return int(value)
+
+
+def _eps(spec: Any) -> None:
+    eps = check_finite("eps", spec.eps, 0.0, low_open=True, expected="a positive finite float")
+    object.__setattr__(spec, "eps", eps)
+
+
 def _ndim(kernel: object, ndim: int | None) -> int:
-    if ndim is not None and ndim not in (1, 2, 3):
+    if ndim is not None and (isinstance(ndim, bool) or ndim not in (1, 2, 3)):
         raise bad_argument("ndim", ndim, "1, 2 or 3")
     if isinstance(kernel, (tuple, list)):
         if ndim is not None and len(kernel) != ndim:
@@ -117,8 +152,8 @@ class Dense(Layer):
     bias: bool = True
 
     def __post_init__(self) -> None:
-        _positive("in_features", self.in_features)
-        _positive("out_features", self.out_features)
+        _positive(self, "in_features", "out_features")
+        _flags(self, "bias")
 
     def params(self) -> dict[str, ParamSpec]:
         bound = 1 / math.sqrt(self.in_features)
@@ -150,10 +185,11 @@ class Conv(Layer):
     def __post_init__(self) -> None:
         _check_channels(self)
         nd = _ndim(self.kernel, self.ndim)
-        object.__setattr__(self, "ndim", nd)
+        object.__setattr__(self, "ndim", int(nd))
         for name in ("kernel", "stride", "dilation"):
             object.__setattr__(self, name, to_tuple(getattr(self, name), nd, name))
         check_padding(self.padding, nd)
+        object.__setattr__(self, "padding", _plain(self.padding))
 
     def params(self) -> dict[str, ParamSpec]:
         fan_in = self.in_channels // self.groups * math.prod(self.kernel)
@@ -188,10 +224,10 @@ class ConvTranspose(Layer):
             object.__setattr__(self, name, to_tuple(getattr(self, name), 2, name))
         for name in ("padding", "output_padding"):
             value = getattr(self, name)
-            pair = (value, value) if isinstance(value, int) else tuple(value)
-            if len(pair) != 2 or not all(isinstance(v, int) and v >= 0 for v in pair):
+            pair = (value, value) if _is_int(value) else _items(value)
+            if len(pair) != 2 or not all(_is_int(v) and v >= 0 for v in pair):
                 raise bad_argument(name, value, "a non-negative int or 2 of them")
-            object.__setattr__(self, name, pair)
+            object.__setattr__(self, name, tuple(int(v) for v in pair))
         for op, s, d in zip(self.output_padding, self.stride, self.dilation, strict=True):
             if op >= max(s, d):
                 raise bad_argument(
@@ -220,15 +256,15 @@ class _Pool(Layer):
 
     def __post_init__(self) -> None:
         nd = _ndim(self.kernel, self.ndim)
-        object.__setattr__(self, "ndim", nd)
+        object.__setattr__(self, "ndim", int(nd))
         object.__setattr__(self, "kernel", to_tuple(self.kernel, nd, "kernel"))
         stride = self.kernel if self.stride is None else self.stride
         object.__setattr__(self, "stride", to_tuple(stride, nd, "stride"))
-        pads = (self.padding,) * nd if isinstance(self.padding, int) else tuple(self.padding)
-        ok = len(pads) == nd and all(isinstance(p, int) and p >= 0 for p in pads)
+        pads = (self.padding,) * nd if _is_int(self.padding) else _items(self.padding)
+        ok = len(pads) == nd and all(_is_int(p) and p >= 0 for p in pads)
         if not ok or any(2 * p > k for p, k in zip(pads, self.kernel, strict=True)):
             raise bad_argument("padding", self.padding, "non-negative ints of at most kernel/2")
-        object.__setattr__(self, "padding", pads)
+        object.__setattr__(self, "padding", tuple(int(p) for p in pads))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -257,12 +293,25 @@ class Reshape(Layer):
 
     shape: tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if self.shape is not None:
+            shape = _items(self.shape)
+            ok = bool(shape) and all(_is_int(n) and (n >= 0 or n == -1) for n in shape)
+            if not ok or sum(n == -1 for n in shape) > 1:
+                raise bad_argument(
+                    "shape", self.shape, "None or a tuple of ints >= 0 with at most one -1"
+                )
+            object.__setattr__(self, "shape", tuple(int(n) for n in shape))
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Flatten(Layer):
     """Flattens axes `start` onwards: ``(N, C, H, W) -> (N, C·H·W)`` with start=1."""
 
     start: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", check_int("start", self.start))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -280,11 +329,12 @@ class BatchNorm(Layer):
     affine: bool = True
 
     def __post_init__(self) -> None:
-        _positive("num_features", self.num_features)
-        if not self.eps > 0:
-            raise bad_argument("eps", self.eps, "a positive float")
-        if not 0 <= self.momentum <= 1:
-            raise bad_argument("momentum", self.momentum, "a float in [0, 1]")
+        _positive(self, "num_features")
+        _eps(self)
+        # torch's momentum=None (a cumulative average) is not offered: name it clearly.
+        momentum = check_finite("momentum", self.momentum, 0.0, 1.0, expected="a float in [0, 1]")
+        object.__setattr__(self, "momentum", momentum)
+        _flags(self, "affine")
 
     def params(self) -> dict[str, ParamSpec]:
         c = (self.num_features,)
@@ -305,12 +355,12 @@ class LayerNorm(Layer):
     affine: bool = True
 
     def __post_init__(self) -> None:
-        shape = (self.shape,) if isinstance(self.shape, int) else tuple(self.shape)
-        for n in shape:
-            _positive("shape", n)
-        object.__setattr__(self, "shape", shape)
-        if not self.eps > 0:
-            raise bad_argument("eps", self.eps, "a positive float")
+        shape = (self.shape,) if _is_int(self.shape) else _items(self.shape)
+        if not shape or not all(_is_int(n) and n > 0 for n in shape):
+            raise bad_argument("shape", self.shape, "a positive int or a tuple of them")
+        object.__setattr__(self, "shape", tuple(int(n) for n in shape))
+        _eps(self)
+        _flags(self, "affine")
 
     def params(self) -> dict[str, ParamSpec]:
         if not self.affine:
@@ -330,8 +380,8 @@ class Dropout(Layer):
     p: float = 0.5
 
     def __post_init__(self) -> None:
-        if not 0 <= self.p < 1:
-            raise bad_argument("p", self.p, "a float in [0, 1)")
+        p = check_finite("p", self.p, 0.0, 1.0, high_open=True, expected="a float in [0, 1)")
+        object.__setattr__(self, "p", p)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -342,8 +392,7 @@ class Embedding(Layer):
     dim: int
 
     def __post_init__(self) -> None:
-        _positive("num_embeddings", self.num_embeddings)
-        _positive("dim", self.dim)
+        _positive(self, "num_embeddings", "dim")
 
     def params(self) -> dict[str, ParamSpec]:
         return {"weight": ParamSpec((self.num_embeddings, self.dim), "normal", 1.0)}

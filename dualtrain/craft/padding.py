@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from dualtrain.errors import bad_argument
 
 __all__ = ["Pads", "autopad", "resolve_padding", "to_tuple"]
@@ -14,10 +16,19 @@ Pads = tuple[tuple[int, int], ...]  # (low, high) per spatial axis, in axis orde
 
 def to_tuple(value: int | Sequence[int], ndim: int, name: str) -> tuple[int, ...]:
     """`value` as an `ndim`-tuple of positive ints (an int repeats)."""
-    items = (value,) * ndim if isinstance(value, int) else tuple(value)
-    if len(items) != ndim or not all(isinstance(v, int) and v > 0 for v in items):
+    items: tuple[Any, ...] = (value,) * ndim if _is_int(value) else _items(value)
+    if len(items) != ndim or not all(_is_int(v) and v > 0 for v in items):
         raise bad_argument(name, value, f"a positive int or {ndim} positive ints")
-    return items
+    return tuple(int(v) for v in items)
+
+
+def _is_int(value: object) -> bool:
+    # bools are ints to Python, never a size; NumPy ints are sizes like Python's.
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _items(value: object) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else ()
 
 
 def autopad(
@@ -79,12 +90,12 @@ def resolve_padding(
 
 def check_padding(padding: object, ndim: int) -> None:
     """Raises the house error unless `padding` is a valid padding for `ndim` axes."""
-    ok = padding in ("same", "valid") or (isinstance(padding, int) and padding >= 0)
+    ok = (isinstance(padding, str) and padding in ("same", "valid")) or (
+        _is_int(padding) and padding >= 0  # type: ignore[operator]
+    )
     if not ok and isinstance(padding, (tuple, list)) and len(padding) == ndim:
-        ok = all(isinstance(p, int) and p >= 0 for p in padding) or all(
-            isinstance(p, (tuple, list))
-            and len(p) == 2
-            and all(isinstance(v, int) and v >= 0 for v in p)
+        ok = all(_is_int(p) and p >= 0 for p in padding) or all(
+            isinstance(p, (tuple, list)) and len(p) == 2 and all(_is_int(v) and v >= 0 for v in p)
             for p in padding
         )
     if not ok:

@@ -50,7 +50,11 @@ def initial_value(spec: ParamSpec, name: str, seed: int, dtype: Any = np.float32
         out.fill(1 if spec.init == "ones" else 0)
         return out
     # Philox is counter-based: a (seed, name) key names one stream, independent of the others.
-    key = (seed & 0xFFFFFFFF) << 32 | zlib.crc32(name.encode())
+    # Its 128-bit key holds the whole seed (< 2**64, checked by Craft.init) above the name's
+    # 32-bit checksum; seeds below 2**32 keep the keys they always had.
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in [0, 2**64); got seed={seed!r}")
+    key = seed << 32 | zlib.crc32(name.encode())
     rng = np.random.Generator(np.random.Philox(key=key))
     if spec.init == "uniform":
         values = rng.uniform(-spec.scale, spec.scale, size=spec.shape)

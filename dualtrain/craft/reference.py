@@ -14,6 +14,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from dualtrain.craft import binding, dock
 from dualtrain.craft.padding import resolve_padding
+from dualtrain.validate import check_seed
 
 __all__ = ["LAYERS", "OPS", "reference_forward"]
 
@@ -35,8 +36,9 @@ def reference_forward(
         inputs: NumPy arrays.
         state: state tensors by name; by default taken from `params`.
         train: training mode (batch statistics, dropout).
-        seed: seeds the dropout masks.
+        seed: seeds the dropout masks, an int in [0, 2**64).
     """
+    seed = check_seed("seed", seed)
     natives = [name for name, part in craft.natives()]
     if natives:
         raise TypeError(f"the NumPy reference cannot run native layers: {natives}")
@@ -164,12 +166,7 @@ def _dropout(layer: dock.Dropout, p: Any, x: np.ndarray) -> np.ndarray:
 
 
 def _embedding(layer: dock.Embedding, p: Any, ids: np.ndarray) -> np.ndarray:
-    ids = np.asarray(ids)
-    if ids.size and (ids.min() < 0 or ids.max() >= layer.num_embeddings):
-        raise IndexError(
-            f"Embedding ids must be in [0, {layer.num_embeddings}); got {ids.min()}..{ids.max()}"
-        )
-    return p["weight"][ids]
+    return p["weight"][np.asarray(ids)]  # ids were range-checked by `checks.check`
 
 
 def _reshape(layer: dock.Reshape, p: Any, x: np.ndarray, shape: Any = None) -> np.ndarray:

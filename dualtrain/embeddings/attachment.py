@@ -1,4 +1,7 @@
-"""What every attachment offers whatever its framework: prefetch, flush, detach, steps."""
+"""What every attachment offers whatever its framework: prefetch, flush, detach, steps.
+
+An attachment is safe to share between threads: see `dualtrain.embeddings.session`.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +29,14 @@ class Attachment:
     def prefetch(self, *ids: Any) -> None:
         """Gathers the rows of the next batch's `ids` in the background."""
         self.session.prefetch(ids)
+
+    def release(self) -> None:
+        """Gives up the batch this thread fetched without stepping it (nothing is written).
+
+        Needed only with threads: a thread's fetch holds the attachment until its step, so
+        after an evaluation fetch call release() to let other threads fetch.
+        """
+        self.session.abandon()
 
     def flush(self) -> None:
         """Waits until every write-back has landed in the store."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain.errors import ArgumentError, DtypeError
+from dualtrain.errors import ArgumentError, DtypeError, OutOfRangeError
 
 __all__ = ["Lookup", "as_ids", "lookup"]
 
@@ -59,8 +59,8 @@ def as_ids(ids: Any, num_rows: int, name: str = "ids") -> np.ndarray:
     """`ids` as an int64 NumPy array, every value checked to lie in [0, num_rows).
 
     Accepts NumPy arrays, CPU torch tensors and JAX arrays (through ``np.asarray``), and
-    Python sequences. Raises DtypeError for non-integer ids and ArgumentError naming the
-    first bad id and its position.
+    Python sequences. Raises DtypeError for non-integer ids and OutOfRangeError (an
+    ArgumentError and an IndexError) naming the first bad id and its position.
     """
     arr = np.asarray(ids.cpu() if hasattr(ids, "cpu") else ids)
     if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
@@ -73,7 +73,7 @@ def as_ids(ids: Any, num_rows: int, name: str = "ids") -> np.ndarray:
         if lo < 0 or hi >= num_rows:
             bad = np.flatnonzero((arr.ravel() < 0) | (arr.ravel() >= num_rows))[0]
             position = np.unravel_index(bad, arr.shape)
-            raise ArgumentError(
+            raise OutOfRangeError(
                 f"{name} holds row id {arr.ravel()[bad]} at position {tuple(map(int, position))};"
                 f" expected ids in [0, {num_rows})"
             )

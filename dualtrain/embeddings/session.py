@@ -13,12 +13,22 @@ Modes:
     exact: each row remembers the last step it took part in (`store.counters`); when a
         batch touches it again, it first takes the zero-gradient steps it missed, so the
         result equals dense training of the whole table.
+
+Threads:
+    One attachment may be used from several threads. A thread's ``fetch`` opens a batch
+    that the same thread closes with ``step`` (or ``release``); until then every other
+    thread's ``fetch``, ``prefetch`` and ``settle`` wait. A fetch..step sequence therefore
+    runs as one unit: no update is lost even when threads touch the same rows, and the
+    attachment's staging and optimizer are never shared mid-step. A batch left open by a
+    thread that has ended is dropped (nothing written back) when another thread needs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -43,11 +53,13 @@ class Batch:
         rows: staged arrays by name (``"weight"`` and each state slot), each [capacity, dim];
             the first ``len(lookup.unique)`` rows are the batch's, the rest padding.
         ready: the gather in flight, or None once done.
+        slot: which of the two staging sets `rows` lies in.
     """
 
     lookup: Lookup
     rows: dict[str, np.ndarray]
     ready: Future | None = None
+    slot: int = 0
 
     @property
     def size(self) -> int:
@@ -88,27 +100,85 @@ class RowSession:
         self.names = [WEIGHT, *slots]
         self.t = 0  # steps taken
         self._sets: list[dict[str, np.ndarray]] = [{}, {}]
-        self._turn = 0
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="dualtrain-rows")
         self._pending: list[Future] = []
-        self.current: Batch | None = None
+        self._pending_lock = threading.Lock()
+        # Ownership: the thread with an open batch (or inside a session call) holds the
+        # session; `_holds` counts its nested calls. Others wait on `_free`.
+        self._free = threading.Condition(threading.RLock())
+        self._owner: threading.Thread | None = None
+        self._holds = 0
+        self._current: Batch | None = None
         self.prefetched: Batch | None = None
+
+    # ---- threads -----------------------------------------------------------------------
+
+    @property
+    def current(self) -> Batch | None:
+        """The open batch (fetched, not yet stepped), or None."""
+        return self._current
+
+    @current.setter
+    def current(self, batch: Batch | None) -> None:
+        # Closing the batch (None) frees the session for other threads unless a call of
+        # the owner is still running.
+        with self._free:
+            self._current = batch
+            if batch is None:
+                self._release_if_idle()
+
+    @contextlib.contextmanager
+    def owned(self) -> Iterator[None]:
+        """Holds the session for this thread for the block, waiting while another holds it.
+
+        The hold outlasts the block while this thread has an open batch (fetched, not yet
+        stepped or released).
+        """
+        me = threading.current_thread()
+        with self._free:
+            while self._owner is not None and self._owner is not me:
+                if not self._owner.is_alive():  # it fetched and ended: drop its batch
+                    self._current, self._owner, self._holds = None, None, 0
+                    break
+                self._free.wait(0.05)
+            self._owner = me
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._free:
+                self._holds -= 1
+                self._release_if_idle()
+
+    def _release_if_idle(self) -> None:
+        # Called with `_free` held.
+        if self._holds == 0 and self._current is None:
+            self._owner = None
+            self._free.notify_all()
+
+    def _close(self) -> None:
+        """Ends the current batch (stepped or dropped) and frees the session if idle."""
+        self.current = None
 
     # ---- staging -----------------------------------------------------------------------
 
     def tables(self) -> dict[str, np.ndarray]:
         return {WEIGHT: self.store.table, **self.store.state}
 
-    def _buffers(self, n: int) -> dict[str, np.ndarray]:
-        staged = self._sets[self._turn]
-        self._turn ^= 1
+    def _buffers(self, n: int) -> tuple[int, dict[str, np.ndarray]]:
+        # Never the set of the batch in use: its rows are the live parameter until step.
+        # (A set still read by a queued write-back is safe: the worker runs in order.)
+        slot = 1 - self.current.slot if self.current is not None else 0
+        if self.current is None and self.prefetched is not None:
+            slot = 1 - self.prefetched.slot
+        staged = self._sets[slot]
         cap = self.pad(n)
         for name in self.names:
             if name not in staged or len(staged[name]) < cap:
                 buf = self.store.empty(max(cap, int(len(staged.get(name, ())) * 1.25)))
                 buf[...] = 0  # padding rows stay finite
                 staged[name] = buf
-        return {name: staged[name][:cap] for name in self.names}
+        return slot, {name: staged[name][:cap] for name in self.names}
 
     def _gather(self, batch: Batch) -> None:
         n, unique = batch.size, batch.lookup.unique
@@ -118,34 +188,55 @@ class RowSession:
             np.take(table, unique, axis=0, out=batch.rows[name][:n], mode="clip")
 
     def _submit(self, fn: Callable[..., None], *args: Any) -> Future:
-        self._pending = [f for f in self._pending if not f.done() or f.exception()]
-        future = self._pool.submit(fn, *args)
-        self._pending.append(future)
+        with self._pending_lock:
+            self._pending = [f for f in self._pending if not f.done() or f.exception()]
+            future = self._pool.submit(fn, *args)
+            self._pending.append(future)
         return future
 
     # ---- the step ----------------------------------------------------------------------
 
     def begin(self, ids: tuple[Any, ...]) -> Batch:
-        """Makes `ids` the current batch, staged (from the prefetch when ids match)."""
+        """Makes `ids` the current batch, staged (from the prefetch when ids match).
+
+        The calling thread holds the session from here until `finish` or `abandon`; another
+        thread's `begin` waits until then.
+        """
         found = lookup(ids, self.store.num_rows)
-        batch, self.prefetched = self.prefetched, None
-        if batch is None or not found.same_ids(batch.lookup):
-            batch = Batch(found, self._buffers(found.unique.size))
-            batch.ready = self._submit(self._gather, batch)
-        self.current = batch.wait()
+        with self.owned():
+            self.current = None  # a fetch again without step replaces the batch
+            batch, self.prefetched = self.prefetched, None
+            if batch is None or not found.same_ids(batch.lookup):
+                slot, rows = self._buffers(found.unique.size)
+                batch = Batch(found, rows, slot=slot)
+                batch.ready = self._submit(self._gather, batch)
+            try:
+                self.current = batch.wait()
+            except BaseException:
+                self.current = None
+                raise
         return self.current
 
     def prefetch(self, ids: tuple[Any, ...]) -> None:
         """Starts gathering `ids` in the background for the next `begin` with equal ids."""
         found = lookup(ids, self.store.num_rows)
-        batch = Batch(found, self._buffers(found.unique.size))
-        batch.ready = self._submit(self._gather, batch)
-        self.prefetched = batch
+        with self.owned():
+            slot, rows = self._buffers(found.unique.size)
+            batch = Batch(found, rows, slot=slot)
+            batch.ready = self._submit(self._gather, batch)
+            self.prefetched = batch
 
     def require_current(self) -> Batch:
-        if self.current is None:
-            raise ArgumentError("step() needs a batch: call rows.fetch(ids) first")
-        return self.current
+        """The batch this thread fetched; ArgumentError when it has none open."""
+        with self._free:
+            mine = self._owner is threading.current_thread()
+            if self.current is None or not mine:
+                where = "" if self.current is None else " (another thread's batch is open)"
+                raise ArgumentError(
+                    "step() needs a batch fetched in this thread: call rows.fetch(ids) "
+                    f"first{where}"
+                )
+            return self.current
 
     def missed(self, batch: Batch, fresh_identity: bool) -> tuple[range, np.ndarray]:
         """Exact mode: the steps to replay (tau) and each row's last step.
@@ -184,7 +275,7 @@ class RowSession:
         self._submit(self._scatter, unique, updated, before)
         if self.prefetched is not None:  # FIFO: its gather is done when the patch runs
             self.prefetched.ready = self._submit(self._patch, self.prefetched, unique, updated)
-        self.current = None
+        self._close()
 
     def _scatter(
         self, unique: np.ndarray, updated: dict[str, np.ndarray], before: Callable | None
@@ -214,17 +305,21 @@ class RowSession:
         return [rows[i : i + chunk] for i in range(0, rows.size, chunk)]
 
     def abandon(self) -> None:
-        """Drops the current batch after a failed step: nothing of it is written back."""
-        self.current = None
+        """Drops the current batch (a failed step, or `release`): nothing is written back."""
+        if self.current is not None and self._owner is threading.current_thread():
+            self._close()
 
     def flush(self) -> None:
         """Waits for every gather and write-back; re-raises a worker's error."""
-        pending, self._pending = self._pending, []
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
         for future in pending:
             future.result()
 
     def detach(self) -> None:
         """Flushes and releases the store (its tables stay)."""
-        self.flush()
-        self._pool.shutdown(wait=True)
-        self.store.session = None
+        with self.owned():
+            self.current = None
+            self.flush()
+            self._pool.shutdown(wait=True)
+            self.store.session = None

@@ -17,6 +17,7 @@ from dualtrain import backends
 from dualtrain.embeddings.init import INITS, Init, fill
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.memory import aligned_empty
+from dualtrain.validate import check_finite, check_int, check_seed
 
 __all__ = ["EmbeddingStore", "MemoryReport"]
 
@@ -59,8 +60,8 @@ class EmbeddingStore:
         dtype: "float32", "float64", "float16" or "bfloat16".
         init: "zeros", "normal" (N(0, std^2)), "uniform" (same std) or a callable
             ``init(rows, rng) -> [len(rows), dim]`` (int64 row ids, a NumPy generator).
-        std: standard deviation of "normal" and "uniform".
-        seed: rows are a function of (seed, row) only.
+        std: standard deviation of "normal" and "uniform": finite and >= 0.
+        seed: an int in [0, 2**64); rows are a function of (seed, row) only.
         pinned: page-locked host memory through torch (True: required, needs torch and
             CUDA; None: when torch is imported and sees a GPU; False: plain memory).
 
@@ -80,27 +81,25 @@ class EmbeddingStore:
         seed: int = 0,
         pinned: bool | None = None,
     ) -> None:
-        for name, value in (("num_rows", num_rows), ("dim", dim)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise bad_argument(name, value, "a positive int")
+        num_rows = check_int("num_rows", num_rows, minimum=1)
+        dim = check_int("dim", dim, minimum=1)
         if str(dtype) not in _DTYPES:
             raise bad_argument("dtype", dtype, f"one of {_DTYPES}")
-        if not (init in INITS or callable(init)):
-            raise bad_argument("init", init, f"one of {INITS} or a callable init(rows, rng)")
-        if not isinstance(std, (int, float)) or std < 0:
-            raise bad_argument("std", std, "a non-negative number")
-        if pinned not in (None, True, False):
+        _check_init(init)
+        std = check_finite("std", std, 0.0, expected="a finite number >= 0")
+        seed = check_seed("seed", seed)
+        if pinned is not None and not isinstance(pinned, (bool, np.bool_)):
             raise bad_argument("pinned", pinned, "True, False or None (auto)")
         if pinned and not _cuda_torch():
             raise bad_argument(
                 "pinned", pinned, "False or None: pinned memory needs torch with CUDA"
             )
-        self.num_rows, self.dim = int(num_rows), int(dim)
+        self.num_rows, self.dim = num_rows, dim
         self.dtype = str(dtype)
-        self.seed = int(seed)
+        self.seed = seed
         self.pinned = bool(pinned) if pinned is not None else _cuda_torch()
         self.table = self.empty()
-        fill(self.table, init, float(std), self.seed)
+        fill(self.table, init, std, self.seed)
         self.state: dict[str, np.ndarray] = {}
         self.counters: np.ndarray | None = None
         self.session: Any = None  # the attachment training this store, if any
@@ -113,9 +112,18 @@ class EmbeddingStore:
         return aligned_empty(shape, _np_dtype(self.dtype))
 
     def initialize(self, init: Init = "normal", std: float = 0.01, seed: int | None = None) -> None:
-        """Refills the table in place (state tables are left as they are)."""
+        """Refills the table in place (state tables are left as they are).
+
+        Args:
+            init: as for the constructor.
+            std: as for the constructor.
+            seed: an int in [0, 2**64); default the store's own seed.
+        """
+        _check_init(init)
+        std = check_finite("std", std, 0.0, expected="a finite number >= 0")
+        seed = self.seed if seed is None else check_seed("seed", seed)
         self.flush()
-        fill(self.table, init, float(std), self.seed if seed is None else int(seed))
+        fill(self.table, init, std, seed)
 
     def allocate_state(self, slots: dict[str, np.ndarray], counters: bool) -> None:
         """Adds one table per slot, every row set to ``slots[name]`` ([dim] or a scalar).
@@ -155,6 +163,11 @@ class EmbeddingStore:
             f"{sorted(self.state)}, {report.total / 2**20:.1f} MiB"
             f"{', pinned' if self.pinned else ''})"
         )
+
+
+def _check_init(init: object) -> None:
+    if not (callable(init) or (isinstance(init, str) and init in INITS)):
+        raise bad_argument("init", init, f"one of {INITS} or a callable init(rows, rng)")
 
 
 def _np_dtype(name: str) -> np.dtype:
