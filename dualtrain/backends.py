@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 from dualtrain.errors import BackendError, bad_argument
+from dualtrain.layout import CARRIED_NAMES
 
 __all__ = [
     "NAMES",
@@ -101,7 +102,24 @@ class Backend(Protocol):
     def to_numpy(self, x: Any) -> Any:
         """A zero-copy NumPy view of host array `x` (read-only for immutable frameworks).
 
-        Raises BufferError when `x` is not in plain host memory or cannot be viewed.
+        Raises BufferError when `x` is not in plain host memory or cannot be viewed without a
+        copy (a lazy view, see `lazy_view`; ``exportable(x)`` can be viewed), and TypeError
+        or RuntimeError for what `unsupported` names.
+        """
+
+    def unsupported(self, x: Any) -> str | None:
+        """What `x` is when `convert` cannot carry it (``"a torch sparse_coo tensor"``), else None.
+
+        Carried: dense arrays of the dtypes in `dualtrain.layout.CARRIED_NAMES`.
+        """
+
+    def lazy_view(self, x: Any) -> str | None:
+        """Why `x` holds no values in memory (torch's conjugate and negative views), or None."""
+
+    def parse_device(self, device: Any) -> Any:
+        """`device` as this framework names it, checked to exist here.
+
+        Raises ArgumentError naming `device` and the devices there are.
         """
 
     def data_address(self, x: Any) -> int:
@@ -172,6 +190,18 @@ class BackendTraits:
     may_copy_silently = False
     device_only = False
 
+    def unsupported(self, x: Any) -> str | None:
+        """The dtype check of `Backend.unsupported`, for frameworks with nothing more to it."""
+        name = str(x.dtype).removeprefix("torch.")
+        if name in CARRIED_NAMES:
+            return None
+        framework = getattr(self, "name", "")  # every Backend has one; the traits do not
+        return f"a {_DISPLAY.get(framework, framework)} array of dtype {name}"
+
+    def lazy_view(self, x: Any) -> str | None:
+        """None: only torch has lazy views."""
+        return None
+
     def from_numpy_copy(self, a: Any) -> Any:
         """A new array of this framework holding a copy of host array `a`: one copy.
 
@@ -182,6 +212,7 @@ class BackendTraits:
         return self.from_numpy(aligned_copy(a), readonly=False)  # type: ignore[attr-defined]
 
 
+_DISPLAY = {"numpy": "NumPy", "jax": "JAX", "cupy": "CuPy"}
 _lock = threading.Lock()
 _instances: dict[str, Backend] = {}
 _type_cache: dict[type, str | None] = {}

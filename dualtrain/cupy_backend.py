@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dualtrain.backends import BackendTraits
+from dualtrain.errors import bad_argument
 
 __all__ = ["CupyBackend", "make_backend"]
 
@@ -60,6 +61,17 @@ class CupyBackend(BackendTraits):
         out = self.cp.from_dlpack(x)
         return out.copy() if copy else out
 
+    def parse_device(self, device: Any) -> int:
+        count = self.cp.cuda.runtime.getDeviceCount()
+        known = ", ".join(f"'cuda:{i}'" for i in range(count))
+        try:
+            index = _index(device)
+        except (TypeError, ValueError) as err:
+            raise bad_argument("device", device, f"a CUDA device CuPy has ({known})") from err
+        if not 0 <= index < count:
+            raise bad_argument("device", device, f"a CUDA device CuPy has ({known})")
+        return index
+
     def device_put(self, x: Any, device: Any) -> Any:
         with self.cp.cuda.Device(_index(device)):
             return self.cp.asarray(x)
@@ -91,9 +103,12 @@ class CupyBackend(BackendTraits):
 def _index(device: Any) -> int:
     if device is None:
         return 0
-    if isinstance(device, int):
+    if isinstance(device, int) and not isinstance(device, bool):
         return device
-    return int(str(device).rpartition(":")[2] or 0)
+    platform, _, index = str(device).partition(":")
+    if platform not in ("cuda", "gpu") or not (index or "0").isdigit():
+        raise ValueError(f"not a CUDA device: {device!r}")
+    return int(index or 0)
 
 
 def make_backend() -> CupyBackend:

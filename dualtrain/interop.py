@@ -7,7 +7,8 @@
 * ``copy=False`` never copies and raises BufferError when a copy cannot be avoided.
 
 Host arrays are inspected through a zero-copy NumPy view, so every rule (strides, read-only
-buffers, alignment, 64-bit dtypes) lives here once. Device arrays go framework to framework
+buffers, alignment, byte order, 64-bit dtypes) lives here once; a foreign DLPack producer or
+a raw capsule on the host becomes such a view first. Device arrays go framework to framework
 through ``from_dlpack(obj)``, which passes the consumer's stream to the producer: no global
 synchronize. Every copy made is counted; see `count_copies`.
 
@@ -24,7 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import dataclasses
+import datetime
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -32,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from dualtrain import backends
-from dualtrain.errors import DtypeError, PrecisionWarning, bad_argument
-from dualtrain.layout import NARROWER, copy_reason, dtypes_named
+from dualtrain.errors import ArgumentError, DtypeError, PrecisionWarning, bad_argument
+from dualtrain.layout import CARRIED, NARROWER, copy_reason, describe_dtype, dtypes_named
 from dualtrain.memory import aligned_empty
 from dualtrain.tree import Path, format_path, map_with_path
 
@@ -97,7 +101,10 @@ def convert(
 
     Args:
         tree: an array, or a pytree (dict, list, tuple, namedtuple, dataclass) of arrays.
-            Leaves that are not arrays (numbers, strings, None) come back unchanged.
+            Array leaves are NumPy, torch, JAX or CuPy arrays, any object with
+            ``__dlpack__`` and ``__dlpack_device__``, or a raw DLPack capsule, which is
+            consumed (it can be imported once). Other leaves (numbers, strings, None) come
+            back unchanged.
         to: ``"numpy"``, ``"torch"``, ``"jax"`` or ``"cupy"``.
         copy: None shares memory where safe; True always copies; False never copies and
             raises BufferError when it would have to.
@@ -113,8 +120,10 @@ def convert(
 
     Raises:
         BufferError: ``copy=False`` and a copy was unavoidable (the message says why).
-        DtypeError: a 64-bit leaf cannot be narrowed for JAX without losing values.
-        ValueError: an unknown `to`, `copy` or `narrow`.
+        DtypeError: a 64-bit leaf cannot be narrowed for JAX without losing values, or a
+            leaf's dtype or kind is not carried (float8, complex32, str, object, sparse...).
+        ArgumentError: (a ValueError) an unknown `to`, `copy`, `narrow` or `device`, a cyclic
+            `tree`, a used DLPack capsule. Messages name the leaf's path where there is one.
     """
     # Plans are cached per argument set: the checks run once, not on every call.
     key = (to, copy, type(copy), narrow)
@@ -132,7 +141,7 @@ def convert(
 class _Plan:
     """How one `convert` call treats each leaf; its `leaf` method is the hot path."""
 
-    __slots__ = ("copy", "device", "dst", "narrow", "special")
+    __slots__ = ("copy", "device", "dst", "fast", "narrow", "special")
 
     def __init__(self, to: Any, copy: Any, device: Any, narrow: Any) -> None:
         if copy is not None and copy is not True and copy is not False:
@@ -142,13 +151,20 @@ class _Plan:
         if not isinstance(to, str) or to not in backends.NAMES:
             raise bad_argument("to", to, "one of 'numpy', 'torch', 'jax', 'cupy'")
         self.dst = backends.load(to)
-        self.copy, self.device, self.narrow = copy, device, narrow
+        # Checked once, before any leaf is touched (a capsule can be consumed only once).
+        self.device = None if device is None else self.dst.parse_device(device)
+        self.copy, self.narrow = copy, narrow
         self.special = dtypes_named(self.dst.import_copies)
+        # Host dtypes that can take the fast path: carried, imported as they are, never narrowed.
+        self.fast = CARRIED - self.special - NARROWER.keys()
 
     def leaf(self, path: Path, x: Any) -> Any:
         src = backends.of_type(type(x))
         if src is None:
-            return x
+            kind = _foreign_kind(type(x))
+            if kind == _NOT_FOREIGN:
+                return x
+            return self.leaf(path, self._import_foreign(path, x, kind))
         dst = self.dst
         if src is dst:
             y = x
@@ -165,7 +181,19 @@ class _Plan:
 
     def _fast_from_host(self, path: Path, src: Any, x: Any) -> Any:
         """The common case in a few checks; anything unusual goes to `_from_host`."""
-        a, dst = src.to_numpy(x), self.dst
+        try:
+            a = src.to_numpy(x)
+        except BufferError as err:  # a lazy view (torch conj/neg): its values are not in memory
+            self._allow_copy(path, str(err))
+            x = src.exportable(x)
+            _record(_nbytes(x))
+            a = src.to_numpy(x)
+        except (TypeError, RuntimeError, ValueError) as err:  # no NumPy view of this kind
+            what = src.unsupported(x)
+            if what is None:
+                raise
+            raise _refusal(path, what, self.dst.name) from err
+        dst = self.dst
         flags, dtype = a.flags, a.dtype
         readonly = src.immutable or not flags.writeable
         if (
@@ -173,8 +201,7 @@ class _Plan:
             and not dst.device_only
             and flags.c_contiguous
             and (not readonly or (dst.marks_readonly and dst.takes_readonly_host))
-            and dtype not in self.special
-            and dtype not in NARROWER
+            and dtype in self.fast
             and (dst.host_alignment == 1 or not _small_and_unaligned(a, dst.host_alignment))
             and not (src.may_copy_silently and a.size and not src.shares(x, a))
         ):
@@ -185,7 +212,9 @@ class _Plan:
         return self._from_host(path, src, x, a)
 
     def _from_host(self, path: Path, src: Any, x: Any, a: np.ndarray) -> Any:
-        dst = self.dst
+        dst, swapped = self.dst, False
+        if a.dtype not in CARRIED:
+            a, swapped = self._native(path, src, x, a), True
         if dst.device_only:  # host -> GPU is a transfer whatever the layout
             self._allow_copy(path, f"{dst.name} arrays live on the GPU, this one in host memory")
             _record(a.nbytes)
@@ -194,7 +223,7 @@ class _Plan:
             self._allow_copy(path, f"its {src.name} layout is not row-major")
             _record(a.nbytes)
         readonly = src.immutable or not a.flags.writeable
-        reason = None if not self.copy else "copy=True"
+        reason = None if not self.copy or swapped else "copy=True"  # swapped: copied already
         fresh = None
         target_dtype = self._narrowed_dtype(path, a)
         if target_dtype is not None:
@@ -221,6 +250,18 @@ class _Plan:
             _record(a.nbytes)
         return dst.from_numpy(a, readonly=False) if a is fresh else dst.from_numpy_copy(a)
 
+    def _native(self, path: Path, src: Any, x: Any, a: np.ndarray) -> np.ndarray:
+        """A byte-swapped array in native byte order (one counted copy); other dtypes refused."""
+        native = a.dtype.newbyteorder("=")
+        if native not in CARRIED or native == a.dtype:
+            raise _refusal(path, src.unsupported(x) or describe_dtype(a.dtype), self.dst.name)
+        # No framework but NumPy holds a foreign byte order; the values survive a swap.
+        self._allow_copy(path, f"its byte order is not native ({a.dtype.str!r})")
+        fresh = aligned_empty(a.shape, native)
+        np.copyto(fresh, a)
+        _record(a.nbytes)
+        return fresh
+
     def _import(self, path: Path, a: np.ndarray, readonly: bool) -> Any:
         y = self.dst.from_numpy(a, readonly=readonly)
         if self.dst.may_copy_silently and a.size and self.dst.data_address(y) != a.ctypes.data:
@@ -230,6 +271,14 @@ class _Plan:
 
     def _from_device(self, path: Path, src: Any, x: Any) -> Any:
         dst, where = self.dst, src.device_of(x)
+        what = src.unsupported(x)
+        if what is not None:
+            raise _refusal(path, what, dst.name)
+        view = src.lazy_view(x)
+        if view is not None:  # resolving it writes new memory
+            self._allow_copy(path, view)
+            x = src.exportable(x)
+            _record(_nbytes(x))
         if dst.name == "numpy" or where.startswith("sharded:"):
             # No single device buffer to share: gather into host memory, then go on from there.
             self._allow_copy(path, f"the array lives on {where}, not in one host buffer")
@@ -258,8 +307,14 @@ class _Plan:
         if self.dst.same_device(y, self.device):
             return y
         self._allow_copy(path, f"it must move to device {self.device!r}")
+        try:
+            moved = self.dst.device_put(y, self.device)
+        except (RuntimeError, ValueError) as err:  # out of memory there, a driver error
+            raise ArgumentError(
+                f"{format_path(path)} could not be moved to device={self.device!r}: {err}"
+            ) from err
         _record(_nbytes(y))
-        return self.dst.device_put(y, self.device)
+        return moved
 
     def _allow_copy(self, path: Path, reason: str) -> None:
         if self.copy is False:
@@ -299,6 +354,192 @@ class _Plan:
             raise DtypeError(message)
         if self.narrow == "warn" and dtype.kind in "fc":
             warnings.warn(message, PrecisionWarning, stacklevel=2)
+
+    # ---- foreign producers: any __dlpack__ object, raw DLPack capsules ----------------------
+
+    def _import_foreign(self, path: Path, x: Any, kind: int) -> Any:
+        """`x` imported without a copy into NumPy (host) or `to` (device), to go on from there.
+
+        Copies happen only where the producer refuses to share (counted, refused under
+        ``copy=False``); a device array bound for NumPy is imported by a framework in use and
+        gathered from there, like that framework's own arrays.
+        """
+        x = _Capsule(path, x) if kind == _CAPSULE else _Producer(x)
+        try:
+            device = tuple(x.__dlpack_device__())
+        except Exception as err:  # a producer's own failure, whatever its type
+            raise ArgumentError(
+                f"{format_path(path)} has __dlpack__ but its __dlpack_device__() failed: {err!r}"
+            ) from err
+        if device[0] in _HOST_DEVICES:
+            try:
+                a = self._take(path, x, _numpy_import)
+            except (RuntimeError, ValueError) as err:  # a dtype NumPy cannot import (bfloat16)
+                return self._via_framework(path, x, f"NumPy cannot import it ({err})")
+            # An unversioned capsule has no read-only flag, so NumPy marks its array read-only.
+            # The DLPack spec forbids exporting read-only memory that way: it is writable,
+            # as torch.from_dlpack takes it.
+            return _writable(a) if x.legacy and not a.flags.writeable else a
+        if self.dst.name == "numpy":  # through a framework, whose gather to host is counted
+            where = f"it lives on DLPack device {device}"
+            return self._via_framework(path, x, where, BufferError)
+        return self._checked(path, self.dst, self._take(path, x, self.dst.from_dlpack))
+
+    def _take(self, path: Path, x: Any, importer: Any) -> Any:
+        try:
+            return importer(x, copy=False)
+        except TypeError:  # a producer older than DLPack 1.0's keywords; those never copy
+            return importer(x, copy=None)
+        except BufferError as err:  # it cannot share (a torch conjugate view): ask for a copy
+            self._allow_copy(path, f"its producer would not export it without a copy ({err})")
+        try:
+            y = importer(x, copy=True)
+        except (BufferError, TypeError) as err:
+            raise BufferError(
+                f"{format_path(path)} cannot be converted to {self.dst.name}: its producer "
+                f"would not export it ({err})"
+            ) from err
+        _record(_nbytes(y))
+        return y
+
+    def _via_framework(
+        self, path: Path, x: Any, why: str, error: type[Exception] = DtypeError
+    ) -> Any:
+        """A producer NumPy cannot take (bfloat16, float8, device memory), via a framework in use.
+
+        JAX goes first where it is loaded: torch.from_dlpack aborts the process on negative
+        strides, while JAX refuses them with an error.
+        """
+        names = ["jax", "torch"] if self.dst.name == "numpy" else [self.dst.name, "jax", "torch"]
+        for name in dict.fromkeys(names):
+            if name != self.dst.name and sys.modules.get(name) is None:
+                continue
+            backend = backends.load(name)
+            try:
+                y = self._take(path, x, backend.from_dlpack)
+            except BufferError:
+                raise
+            except Exception:  # each framework refuses in its own way; the next may take it
+                continue
+            return self._checked(path, backend, y)
+        raise error(
+            f"{format_path(path)} is a DLPack export that no framework in use could import "
+            f"({why}); {_CARRIES}"
+        )
+
+    def _checked(self, path: Path, backend: Any, y: Any) -> Any:
+        what = backend.unsupported(y)
+        if what is not None:
+            raise _refusal(path, f"a DLPack export that arrives as {what}", self.dst.name)
+        return y
+
+
+_CARRIES = (
+    "convert carries dense arrays of bool, (u)int8-64, float16/32/64, bfloat16, complex64 and "
+    "complex128 only: cast (or densify) it first"
+)
+
+
+def _refusal(path: Path, what: str, dst: str) -> DtypeError:
+    return DtypeError(
+        f"{format_path(path)} is {what}, which cannot be converted to {dst}; {_CARRIES}"
+    )
+
+
+def _numpy_import(x: Any, *, copy: bool | None) -> np.ndarray:
+    return np.from_dlpack(x, copy=copy)
+
+
+# DLPack device types whose memory NumPy can read: CPU, CUDA-pinned, ROCm-pinned, managed.
+_HOST_DEVICES = frozenset({1, 3, 11, 13})
+_NOT_FOREIGN, _PRODUCER, _CAPSULE = range(3)
+_CAPSULE_TYPE = type(datetime.datetime_CAPI)  # types.CapsuleType from Python 3.13 on
+_foreign_kinds: dict[type, int] = {}
+
+
+def _foreign_kind(cls: type) -> int:
+    """Whether a leaf type is a DLPack producer or capsule (cached: the hot path for scalars)."""
+    kind = _foreign_kinds.get(cls)
+    if kind is None:
+        if cls is _CAPSULE_TYPE:
+            kind = _CAPSULE
+        elif hasattr(cls, "__dlpack__") and hasattr(cls, "__dlpack_device__"):
+            kind = _PRODUCER
+        else:
+            kind = _NOT_FOREIGN
+        _foreign_kinds[cls] = kind
+    return kind
+
+
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(
+    ("PyCapsule_GetName", ctypes.pythonapi)
+)
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
+
+
+class _Capsule:
+    """A raw DLPack capsule dressed as a producer, which is what ``from_dlpack`` takes.
+
+    The capsule is handed out as it is: importing it consumes it (its name becomes
+    ``used_dltensor``), as with ``torch.from_dlpack``, and the result owns its memory.
+    """
+
+    __slots__ = ("capsule", "device", "legacy")
+
+    def __init__(self, path: Path, capsule: Any) -> None:
+        name = _capsule_name(capsule)
+        if name in (b"used_dltensor", b"used_dltensor_versioned"):
+            raise ArgumentError(
+                f"{format_path(path)} is a DLPack capsule that was already consumed; a capsule "
+                "can be imported only once: export the array again"
+            )
+        if name not in (b"dltensor", b"dltensor_versioned"):
+            raise ArgumentError(
+                f"{format_path(path)} is a PyCapsule named {name!r}, not a DLPack tensor "
+                "(b'dltensor')"
+            )
+        # DLTensor starts with the data pointer, then DLDevice (two int32). A versioned
+        # capsule holds it after its version (2 x uint32), manager, deleter and flags.
+        start = _capsule_pointer(capsule, name) + (0 if name == b"dltensor" else 32)
+        device = (ctypes.c_int32 * 2).from_address(start + 8)
+        self.capsule, self.device = capsule, (int(device[0]), int(device[1]))
+        self.legacy = name == b"dltensor"
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+
+class _Producer:
+    """A foreign producer, passed through, noting whether it exported an unversioned capsule."""
+
+    __slots__ = ("legacy", "x")
+
+    def __init__(self, x: Any) -> None:
+        self.x, self.legacy = x, False
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        capsule = self.x.__dlpack__(*args, **kwargs)
+        self.legacy = _capsule_name(capsule) == b"dltensor"
+        return capsule
+
+    def __dlpack_device__(self) -> Any:
+        return self.x.__dlpack_device__()
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    """A writable alias of read-only `a` (same memory, no copy); it keeps `a` alive."""
+    if a.size == 0:
+        return np.empty(a.shape, a.dtype)
+    low = sum((n - 1) * s for n, s in zip(a.shape, a.strides, strict=True) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(a.shape, a.strides, strict=True) if s > 0)
+    memory = (ctypes.c_byte * (high - low + a.itemsize)).from_address(a.ctypes.data + low)
+    memory.owner = a  # the alias's base chain reaches `a`, which holds the capsule
+    return np.ndarray(a.shape, a.dtype, buffer=memory, offset=-low, strides=a.strides)
 
 
 # A refused zero-copy import into JAX costs ~25 µs and reading an address 1.5 µs (measured):

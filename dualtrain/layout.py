@@ -11,7 +11,15 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["NARROWER", "copy_reason", "dtypes_named", "is_compact"]
+__all__ = [
+    "CARRIED",
+    "CARRIED_NAMES",
+    "NARROWER",
+    "copy_reason",
+    "describe_dtype",
+    "dtypes_named",
+    "is_compact",
+]
 
 # The 32-bit dtype a 64-bit one becomes where a framework runs without 64-bit types.
 NARROWER: dict[np.dtype, np.dtype] = {
@@ -21,12 +29,39 @@ NARROWER: dict[np.dtype, np.dtype] = {
     np.dtype(np.complex128): np.dtype(np.complex64),
 }
 
+# The dtypes `convert` carries between frameworks: every one of them exists in NumPy, torch
+# and JAX. Anything else (float8 and int4 types, complex32, strings, objects, records,
+# datetimes, quantized ints) is refused by name rather than passed through half-converted.
+CARRIED_NAMES = frozenset({
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+})  # fmt: skip
+
 
 def dtypes_named(names: frozenset[str]) -> frozenset[np.dtype]:
     """NumPy dtypes for dtype names (``"bfloat16"`` through ml_dtypes)."""
     return frozenset(
         np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name) for name in names
     )
+
+
+CARRIED: frozenset[np.dtype] = dtypes_named(CARRIED_NAMES)  # native byte order only
+
+_KINDS = {"O": "object", "U": "str", "S": "bytes", "V": "structured", "M": "datetime"} | {
+    "m": "timedelta"
+}
+
+
+def describe_dtype(dtype: np.dtype) -> str:
+    """``"a str array (dtype <U3)"``: what an array of `dtype` is, for refusals."""
+    kind = _KINDS.get(dtype.kind)
+    if dtype.kind == "V" and dtype.names is None and not dtype.name.startswith("void"):
+        kind = None  # ml_dtypes' types (float8_e4m3fn, int4) are kind "V" too
+    if kind is not None:
+        return f"a{'n' if kind[0] in 'aeiou' else ''} {kind} array (dtype {dtype.str})"
+    if dtype.byteorder not in "=|" and dtype.newbyteorder("=") != dtype:
+        return f"an array of dtype {dtype.str} (non-native byte order)"
+    return f"an array of dtype {dtype.name}"
 
 
 def copy_reason(a: np.ndarray, dst: Any) -> str | None:

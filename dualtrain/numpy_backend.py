@@ -8,6 +8,7 @@ import numpy as np
 
 from dualtrain.backends import BackendTraits
 from dualtrain.errors import bad_argument
+from dualtrain.layout import CARRIED, describe_dtype
 from dualtrain.memory import aligned_copy, aligned_empty
 
 __all__ = ["NumpyBackend", "make_backend"]
@@ -33,6 +34,15 @@ class NumpyBackend(BackendTraits):
 
     def to_numpy(self, x: Any) -> np.ndarray:
         return np.asarray(x)
+
+    def unsupported(self, x: Any) -> str | None:
+        dtype = np.asarray(x).dtype
+        return None if dtype in CARRIED else "a NumPy " + describe_dtype(dtype).partition(" ")[2]
+
+    def parse_device(self, device: Any) -> str:
+        if str(device) != "cpu":
+            raise bad_argument("device", device, "'cpu' or None for NumPy arrays")
+        return "cpu"
 
     def data_address(self, x: Any) -> int:
         return int(np.asarray(x).ctypes.data)
@@ -64,7 +74,10 @@ class NumpyBackend(BackendTraits):
         return device is None or str(device) == "cpu"
 
     def copy(self, x: Any) -> np.ndarray:
-        return aligned_copy(np.asarray(x))
+        a = np.asarray(x)
+        if a.dtype.hasobject:  # Python objects cannot live in a raw byte buffer
+            return np.array(a, copy=True)
+        return aligned_copy(a)
 
     def supports_x64(self) -> bool:
         return True

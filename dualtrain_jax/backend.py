@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from dualtrain.backends import BackendTraits
+from dualtrain.errors import bad_argument
 
 __all__ = ["JaxBackend", "make_backend"]
 
@@ -57,14 +58,20 @@ class JaxBackend(BackendTraits):
         devices = x.devices()
         if len(devices) != 1:  # sharded over several devices: no single host buffer
             return "sharded:" + ",".join(sorted(str(d) for d in devices))
-        device = next(iter(devices))
-        return "cpu" if device.platform == "cpu" else f"{_torch_name(device.platform)}:{device.id}"
+        return _name(next(iter(devices)))
 
     def to_numpy(self, x: jax.Array) -> np.ndarray:
         return np.asarray(x)  # zero-copy and read-only for a single-device CPU array
 
     def data_address(self, x: Any) -> int:
         return int(x.unsafe_buffer_pointer())
+
+    def parse_device(self, device: Any) -> Any:
+        try:
+            return _device(device)
+        except (RuntimeError, ValueError, IndexError, TypeError) as err:
+            known = ", ".join(repr(_name(d)) for d in jax.devices())
+            raise bad_argument("device", device, f"a device JAX has here ({known})") from err
 
     def to_host(self, x: jax.Array) -> np.ndarray:
         return np.array(x)
@@ -123,11 +130,20 @@ def _torch_name(platform: str) -> str:
 
 def _device(device: Any) -> Any:
     """A jax Device or Sharding from a Device, a Sharding, or text like ``"cuda:0"``."""
-    if not isinstance(device, str):
+    if isinstance(device, (jax.Device, jax.sharding.Sharding)):
         return device
+    if not isinstance(device, str):
+        device = str(device)  # a torch.device names the same place: "cpu", "cuda:0"
     platform, _, index = device.partition(":")
     platform = "gpu" if platform in ("cuda", "gpu", "rocm") else platform
-    return jax.devices(platform)[int(index or 0)]
+    number = int(index or 0)
+    if number < 0 or not (index or "0").isdigit():
+        raise ValueError(f"bad device index {index!r}")
+    return jax.devices(platform)[number]
+
+
+def _name(device: Any) -> str:
+    return "cpu" if device.platform == "cpu" else f"{_torch_name(device.platform)}:{device.id}"
 
 
 def make_backend() -> JaxBackend:

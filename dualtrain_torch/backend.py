@@ -9,10 +9,13 @@ import numpy as np
 import torch
 
 from dualtrain.backends import BackendTraits
+from dualtrain.errors import bad_argument
+from dualtrain.layout import CARRIED_NAMES
 
 __all__ = ["TorchBackend", "make_backend"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+_CARRIED = frozenset(getattr(torch, name) for name in CARRIED_NAMES)
 
 
 class TorchBackend(BackendTraits):
@@ -42,8 +45,9 @@ class TorchBackend(BackendTraits):
             raise BufferError(f"tensor is on {x.device}, not in host memory")
         if x.requires_grad:
             x = x.detach()
-        if x.is_conj() or x.is_neg():
-            x = x.resolve_conj().resolve_neg()
+        view = self.lazy_view(x)
+        if view is not None:  # resolving it is a copy: the caller decides, and counts it
+            raise BufferError(view)
         if x.dtype is torch.bfloat16:  # NumPy has no bfloat16: view the bits through ml_dtypes
             return x.view(torch.int16).numpy().view(_BF16)
         return x.numpy()
@@ -51,8 +55,44 @@ class TorchBackend(BackendTraits):
     def data_address(self, x: Any) -> int:
         return int(x.data_ptr())
 
+    def unsupported(self, x: torch.Tensor) -> str | None:
+        if x.is_quantized:
+            return f"a quantized torch tensor ({x.dtype})"
+        if x.layout is not torch.strided:
+            return f"a torch {str(x.layout).removeprefix('torch.')} tensor"
+        if x.is_nested:
+            return "a nested torch tensor"
+        if x.dtype not in _CARRIED:
+            return f"a torch tensor of dtype {x.dtype}"
+        return None
+
+    def lazy_view(self, x: torch.Tensor) -> str | None:
+        if x.is_conj():
+            return "it is a conjugate view (is_conj()), whose values are not in memory"
+        if x.is_neg():
+            return "it is a negative view (is_neg()), whose values are not in memory"
+        return None
+
+    def parse_device(self, device: Any) -> torch.device:
+        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        known = ", ".join(["'cpu'", *(f"'cuda:{i}'" for i in range(cuda))])
+        expected = f"a device torch has here ({known})"
+        try:
+            parsed = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as err:
+            raise bad_argument("device", device, expected) from err
+        if parsed.type == "cuda":
+            if not 0 <= (parsed.index or 0) < cuda:
+                raise bad_argument("device", device, expected)
+        elif parsed.type != "cpu":
+            try:  # mps, xpu, meta, ...: torch knows whether it can allocate there
+                torch.empty(0, device=parsed)
+            except (RuntimeError, AssertionError) as err:
+                raise bad_argument("device", device, expected) from err
+        return parsed
+
     def to_host(self, x: torch.Tensor) -> np.ndarray:
-        return self.to_numpy(x.detach().cpu())
+        return self.to_numpy(self.exportable(x).cpu())
 
     def exportable(self, x: torch.Tensor) -> torch.Tensor:
         return x.detach().resolve_conj().resolve_neg()

@@ -75,3 +75,19 @@ def test_bad_arguments_get_the_house_message(kwargs, message):
 def test_numpy_scalars_are_leaves_too():
     out = convert({"s": np.float32(2.5)}, to="numpy", copy=True)
     assert out["s"].shape == () and out["s"] == 2.5
+
+
+@pytest.mark.parametrize("dtype", ["object", "<U3", ">f4", "M8[s]"])
+def test_numpy_arrays_of_any_dtype_stay_numpy_and_copy_on_request(dtype):
+    a = np.array([1, 2], dtype=dtype) if dtype != "object" else np.array([1, "x"], dtype=object)
+    assert convert({"a": a}, to="numpy")["a"] is a  # nothing to carry: returned as it is
+    with count_copies() as c:
+        b = convert({"a": a}, to="numpy", copy=True)["a"]
+    assert c.copies == 1 and b.dtype == a.dtype and not np.shares_memory(a, b)
+    assert np.array_equal(a, b)
+
+
+def test_python_scalars_and_strings_are_not_mistaken_for_dlpack_producers():
+    tree = {"n": 3, "s": "text", "b": b"raw", "none": None, "f": 0.5}
+    out = convert(tree, to="numpy")
+    assert all(out[k] is tree[k] for k in tree)

@@ -1,8 +1,10 @@
 import collections
 import dataclasses
 
+import pytest
 from hypothesis import given
 
+from dualtrain import ArgumentError, convert
 from dualtrain.tree import Field, format_path, leaves, map_with_path
 from tests.strategies import Pair, Record, pytrees
 
@@ -60,3 +62,24 @@ def test_defaultdict_ordereddict_and_frozen_dataclass_survive():
     rec = Record(weights=1, label=2)
     out = map_with_path(lambda _, x: x + 1 if isinstance(x, int) else x, rec)
     assert out == Record(weights=2, label=3) and rec == Record(weights=1, label=2)
+
+
+def test_cycles_are_refused_naming_where_they_close():
+    loop = [1, 2]
+    loop.append(loop)
+    with pytest.raises(ArgumentError, match=r"got tree\['x'\]\[2\], which is tree\['x'\] itself"):
+        map_with_path(lambda _, x: x, {"x": loop})
+    outer = {"k": {}}
+    outer["k"]["back"] = outer
+    with pytest.raises(ArgumentError, match=r"tree\['k'\]\['back'\], which is tree itself"):
+        leaves(outer)
+    rec = Record(weights=[], label=0)
+    rec.weights.append(rec)
+    with pytest.raises(ArgumentError, match=r"tree\.weights\[0\], which is tree itself"):
+        convert(rec, to="numpy")
+
+
+def test_a_container_shared_by_two_branches_is_no_cycle():
+    shared = [1, 2]
+    out = map_with_path(lambda _, x: x * 10, {"a": shared, "b": (shared, shared)})
+    assert out == {"a": [10, 20], "b": ([10, 20], [10, 20])}

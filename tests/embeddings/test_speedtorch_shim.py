@@ -108,3 +108,105 @@ def test_bad_arguments():
     factory.beforeForwardPass(np.array([1, 2]))
     with pytest.raises(ArgumentError, match="other ids"):
         factory.afterOptimizerStep(np.array([1, 3]))
+
+
+# ---- files: SpeedTorch's formats, written atomically, checked before loading ------------
+
+
+def _factory(rows=50, dim=DIM):
+    factory = ModelFactory(torch.nn.Embedding(4, dim), rows, dim, deviceType="cpu")
+    factory.normalDistributionInit(0.0, 1.0)
+    return factory
+
+
+def test_save_torch_then_load_torch_round_trips_under_the_same_name(tmp_path):
+    factory = _factory()
+    saved = factory.getNumpyVersion().copy()
+    factory.saveTorch(str(tmp_path / "u.pt"))
+    assert [p.name for p in tmp_path.iterdir()] == ["u.pt"]  # the exact name, nothing else
+    factory.zerosInit()
+    factory.loadTorch(str(tmp_path / "u.pt"))
+    np.testing.assert_array_equal(factory.getNumpyVersion(), saved)
+    # The file is what SpeedTorch's saveTorch writes: one tensor, readable without pickle.
+    loaded = torch.load(tmp_path / "u.pt", weights_only=True)
+    assert isinstance(loaded, torch.Tensor)
+    np.testing.assert_array_equal(loaded.numpy(), saved)
+
+
+def test_load_torch_reads_a_file_written_by_speedtorch(tmp_path):
+    # SpeedTorch's saveTorch is torch.save(self.pytorchGPUVar, saveFileName).
+    table = torch.randn(30, DIM, dtype=torch.float32)
+    torch.save(table, tmp_path / "speedtorch.pt")
+    factory = _factory(rows=30)
+    factory.loadTorch(str(tmp_path / "speedtorch.pt"))
+    np.testing.assert_array_equal(factory.getNumpyVersion(), table.numpy())
+
+
+class _NotATensor:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (torch.zeros(7, DIM), rf"shape \(50, {DIM}\).*\(7, {DIM}\)"),
+        (torch.zeros(50, DIM, dtype=torch.float64), "float32 table.*float64"),
+        ({"w": torch.zeros(50, DIM)}, "holding one tensor"),
+        (_NotATensor(), "weights_only=True"),
+    ],
+)
+def test_load_torch_refuses_other_content_and_leaves_the_table(tmp_path, content, match):
+    factory = _factory()
+    before = factory.getNumpyVersion().copy()
+    torch.save(content, tmp_path / "bad.pt")
+    with pytest.raises(ArgumentError, match=f"loadFileName.*{match}"):
+        factory.loadTorch(str(tmp_path / "bad.pt"))
+    np.testing.assert_array_equal(factory.getNumpyVersion(), before)
+
+
+def test_save_cupy_writes_the_npy_file_cupy_save_writes(tmp_path):
+    factory = _factory()
+    factory.saveCupy(str(tmp_path / "table"))  # cupy.save, like np.save, appends .npy
+    np.testing.assert_array_equal(np.load(tmp_path / "table.npy"), factory.getNumpyVersion())
+    saved = factory.getNumpyVersion().copy()
+    factory.zerosInit()
+    factory.loadCupy(str(tmp_path / "table"))  # the name given to saveCupy finds it too
+    np.testing.assert_array_equal(factory.getNumpyVersion(), saved)
+    np.save(tmp_path / "small.npy", np.zeros((3, DIM), np.float32))
+    with pytest.raises(ArgumentError, match="loadFileName"):
+        factory.loadCupy(str(tmp_path / "small.npy"))
+    np.testing.assert_array_equal(factory.getNumpyVersion(), saved)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.npy", "table.npy"]
+
+
+def test_data_gadget_save_cupy_and_load_cupy(tmp_path):
+    np.save(tmp_path / "d.npy", np.arange(20, dtype=np.float32).reshape(10, 2))
+    gadget = DataGadget(str(tmp_path / "d.npy"))
+    gadget.gadgetInit()
+    gadget.insertData(torch.tensor([[7.0, 7.0]]), np.array([0]))
+    gadget.saveCupy(str(tmp_path / "out.npy"))
+    other = DataGadget(str(tmp_path / "d.npy"))
+    other.loadCupy(str(tmp_path / "out.npy"))  # "Load new tensor from .npy file"
+    np.testing.assert_array_equal(other.getData(np.array([0])).numpy(), [[7.0, 7.0]])
+    np.save(tmp_path / "flat.npy", np.zeros(3))
+    with pytest.raises(ArgumentError, match="2-D"):
+        other.loadCupy(str(tmp_path / "flat.npy"))
+
+
+def test_optimizer_factory_save_torch_round_trips_its_state_tables(tmp_path):
+    model = SkipGram(4)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    factory = OptimizerFactory(opt, 20, DIM, model, "emb")
+    for k, table in enumerate(factory.tables.values()):
+        table[...] = np.arange(table.size, dtype=table.dtype).reshape(table.shape) + k
+    saved = {slot: t.copy() for slot, t in factory.tables.items()}
+    factory.saveTorch(str(tmp_path / "adam.pt"))
+    factory.optInit()
+    factory.loadTorch(str(tmp_path / "adam.pt"))
+    for slot, table in factory.tables.items():
+        np.testing.assert_array_equal(table, saved[slot])
+    loaded = torch.load(tmp_path / "adam.pt", weights_only=True)
+    assert isinstance(loaded, list) and len(loaded) == len(saved)
+    torch.save(loaded[:1], tmp_path / "short.pt")
+    with pytest.raises(ArgumentError, match="a list of 2 tensors"):
+        factory.loadTorch(str(tmp_path / "short.pt"))
