@@ -4,26 +4,33 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import safetensors
 
-from dualtrain.aerolog.optim_state import OptimizerState
 from dualtrain.aerolog.time_machine import CheckpointError
 from dualtrain_jax.craft import JaxModule
+from dualtrain_jax.optimizer_state import (  # optimizer state: TimeMachine reaches it here
+    check_native,
+    check_neutral,
+    export_native,
+    export_optimizer,
+    import_optimizer,
+    neutral_view,
+)
 
 __all__ = [
+    "check_native",
+    "check_neutral",
+    "export_native",
     "export_optimizer",
     "export_tensors",
     "import_optimizer",
     "import_tensors",
-    "read",
+    "native",
+    "neutral_view",
     "shapes",
+    "specs",
 ]
-
-_STATES = (optax.ScaleByAdamState, optax.TraceState)
 
 
 def export_tensors(module: JaxModule) -> dict[str, np.ndarray]:
@@ -36,14 +43,38 @@ def shapes(module: JaxModule) -> dict[str, tuple[int, ...]]:
     return {name: tuple(v.shape) for name, v in {**module.params, **module.state}.items()}
 
 
-def read(path: Any, names: list[str]) -> dict[str, np.ndarray]:
-    """Arrays `names` of an anchor, read by safetensors into host memory."""
-    with safetensors.safe_open(str(path), framework="numpy") as f:
-        return {name: f.get_tensor(name) for name in names}
+def specs(module: JaxModule) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of what `export_tensors` would give.
+
+    JAX's BatchNorm keeps no ``num_batches_tracked`` (torch's bookkeeping): a torch anchor's
+    count is not loaded here, and a JAX anchor loaded into torch leaves torch's count as is.
+    """
+    return {
+        name: (tuple(v.shape), np.dtype(v.dtype))
+        for name, v in {**module.params, **module.state}.items()
+    }
+
+
+def native(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Checked host arrays of an anchor: JAX takes NumPy arrays as they are."""
+    return arrays
 
 
 def import_tensors(module: JaxModule, tensors: dict[str, np.ndarray]) -> None:
-    """Replaces the module's arrays with `tensors` (cast to each array's dtype)."""
+    """Replaces the module's arrays with `tensors` (cast to each array's dtype).
+
+    Every name and shape is checked before any array is replaced; a shape is never
+    broadcast (``(1,)`` does not fill ``(16,)``).
+    """
+    current = {**module.params, **module.state}
+    for name, value in tensors.items():
+        if name not in current:
+            raise CheckpointError(f"{name} is not an array of this module")
+        if tuple(np.shape(value)) != tuple(current[name].shape):
+            raise CheckpointError(
+                f"{name} is {tuple(np.shape(value))} in the checkpoint but "
+                f"{tuple(current[name].shape)} in the model"
+            )
 
     def merged(current: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -52,58 +83,6 @@ def import_tensors(module: JaxModule, tensors: dict[str, np.ndarray]) -> None:
         }
 
     module.params, module.state = merged(module.params), merged(module.state)
-
-
-def _found(opt_state: Any) -> list[Any]:
-    leaves = jax.tree_util.tree_leaves(opt_state, is_leaf=lambda x: isinstance(x, _STATES))
-    return [leaf for leaf in leaves if isinstance(leaf, _STATES)]
-
-
-def export_optimizer(module: JaxModule, opt_state: Any) -> OptimizerState:
-    """The state of optax sgd (with or without momentum), adam or adamw in neutral form."""
-    found = _found(opt_state)
-    hyper = dict(getattr(opt_state, "hyperparams", {}) or {})
-    hyper = {k: float(np.asarray(v)) for k, v in hyper.items()}
-    if any(isinstance(s, optax.ScaleByAdamState) for s in found):
-        adam = next(s for s in found if isinstance(s, optax.ScaleByAdamState))
-        slots = {
-            "exp_avg": {k: np.asarray(v) for k, v in adam.mu.items()},
-            "exp_avg_sq": {k: np.asarray(v) for k, v in adam.nu.items()},
-        }
-        return OptimizerState("adam", int(adam.count), slots, hyper)
-    trace = next((s for s in found if isinstance(s, optax.TraceState)), None)
-    momentum = {} if trace is None else {k: np.asarray(v) for k, v in trace.trace.items()}
-    return OptimizerState("sgd", 0, {"momentum": momentum}, hyper)
-
-
-def import_optimizer(module: JaxModule, opt_state: Any, state: OptimizerState) -> Any:
-    """A copy of `opt_state` (from the optax optimizer you resume with) filled from `state`."""
-    families = {
-        "adam" if isinstance(s, optax.ScaleByAdamState) else "sgd" for s in _found(opt_state)
-    }
-    if (families and state.family not in families) or (not families and state.family == "adam"):
-        raise CheckpointError(
-            f"the checkpoint holds {state.family} state; this optax state has {sorted(families)}"
-        )
-
-    def fill(template: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-        return {
-            k: jnp.asarray(values[k], dtype=v.dtype) if k in values else v
-            for k, v in template.items()
-        }
-
-    def replace(node: Any) -> Any:
-        if isinstance(node, optax.ScaleByAdamState):
-            return node._replace(
-                count=jnp.asarray(state.step, dtype=node.count.dtype),
-                mu=fill(node.mu, state.slots["exp_avg"]),
-                nu=fill(node.nu, state.slots["exp_avg_sq"]),
-            )
-        if isinstance(node, optax.TraceState):
-            return node._replace(trace=fill(node.trace, state.slots["momentum"]))
-        return node
-
-    return jax.tree_util.tree_map(replace, opt_state, is_leaf=lambda x: isinstance(x, _STATES))
 
 
 def export_rng() -> None:

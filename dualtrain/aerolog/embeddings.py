@@ -11,20 +11,19 @@ manifest. Written to a temporary name and renamed, like every anchor.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors
 
-from dualtrain.aerolog.time_machine import CheckpointError, _manifest, _write_atomic
+from dualtrain.aerolog.anchor_file import Anchor, CheckpointError, write_anchor
 from dualtrain.errors import bad_argument
 
 __all__ = ["CHUNK", "FORMAT", "load_rows", "save_rows"]
 
 FORMAT = "dualtrain-embeddings/1"
 CHUNK = 1 << 16  # rows per tensor: 32 MiB of a 128-wide float32 table
+MODES = ("lazy", "exact")
 
 
 def _chunks(name: str, table: np.ndarray) -> dict[str, np.ndarray]:
@@ -45,6 +44,8 @@ def _session(rows: Any) -> Any:
 def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Path:
     """Writes the store behind `rows` (an attachment) with its optimizer state to `path`."""
     session = _session(rows)
+    if extra is not None and not isinstance(extra, dict):
+        raise bad_argument("extra", extra, "a dict of JSON-serializable data, or None")
     store = rows.store
     session.flush()
     tensors = _chunks("weight", store.table)
@@ -66,19 +67,109 @@ def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Pat
         "extra": extra or {},
     }
     # Hyper-parameters JSON cannot hold (a tensor lr, a schedule) are recorded by repr.
-    _write_atomic(path, tensors, {"dualtrain": json.dumps(manifest, default=repr)})
+    write_anchor(path, tensors, manifest, default=repr)
     return path
+
+
+def _is_count(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _checked(anchor: Anchor) -> dict[str, Any]:
+    """The manifest, each key of the type and range `save_rows` writes."""
+    manifest = anchor.manifest(FORMAT)
+    checks = {
+        "num_rows": (lambda v: _is_count(v, 1), "a positive int"),
+        "dim": (lambda v: _is_count(v, 1), "a positive int"),
+        "chunk": (lambda v: _is_count(v, 1), "a positive int"),
+        "step": (lambda v: _is_count(v, 0), "an int >= 0"),
+        "mode": (lambda v: v in MODES, f"one of {MODES}"),
+        "slots": (
+            lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
+            "a list of slot names",
+        ),
+        "extra": (lambda v: isinstance(v, dict), "an object"),
+    }
+    for key, (ok, expected) in checks.items():
+        if key not in manifest:
+            raise anchor.error(f"has a malformed manifest: no {key!r}")
+        if not ok(manifest[key]):
+            raise anchor.error(
+                f"has a malformed manifest: {key!r} is {manifest[key]!r}, expected {expected}"
+            )
+    return manifest
+
+
+def _kind(dtype: np.dtype) -> str:
+    if dtype.kind == "f" or dtype.name.startswith(("bfloat16", "float8")):
+        return "float"
+    return {"i": "int", "u": "int"}.get(dtype.kind, dtype.name)
+
+
+def _check_chunks(
+    anchor: Anchor, manifest: dict[str, Any], targets: dict[str, np.ndarray]
+) -> list[tuple[str, np.ndarray, int]]:
+    """Every chunk of every table `load_rows` would write, checked against the file's header.
+
+    Returns ``(tensor name, table, first row)`` for each chunk, in order.
+    """
+    num_rows, chunk = manifest["num_rows"], manifest["chunk"]
+    expected = {"weight", *(f"state.{s}" for s in manifest["slots"])}
+    if manifest["mode"] == "exact":
+        expected.add("counters")
+    stored: dict[str, set[str]] = {}
+    for key in anchor.entries:
+        stored.setdefault(key.rpartition(".")[0], set()).add(key)
+    if set(stored) != expected:
+        raise anchor.error(
+            f"holds tables {sorted(stored)}; its manifest ({manifest['mode']} mode, slots "
+            f"{manifest['slots']}) says {sorted(expected)}"
+        )
+    count = -(-num_rows // chunk)
+    plan = []
+    for name in sorted(expected):
+        names = {f"{name}.{i}" for i in range(count)}
+        if stored[name] != names:
+            raise anchor.error(
+                f"holds {len(stored[name])} chunks of {name!r}: {num_rows} rows in chunks of "
+                f"{chunk} need {sorted(names)}"
+            )
+        table = targets.get(name)
+        for i in range(count):
+            key, start = f"{name}.{i}", i * chunk
+            entry = anchor.entries[key]
+            rows = min(chunk, num_rows - start)
+            want = (rows, *(table.shape[1:] if table is not None else ()))
+            if table is None:  # not loaded (a lazy store reading exact counters): shape only
+                want = (rows,) if name == "counters" else (rows, manifest["dim"])
+            if entry.shape != want:
+                raise anchor.error(
+                    f"has chunk {key!r} of shape {entry.shape}; rows {start}..{start + rows} "
+                    f"of {name!r} need {want}"
+                )
+            if table is not None:
+                if _kind(entry.dtype) != _kind(table.dtype):
+                    raise anchor.error(
+                        f"has chunk {key!r} of dtype {entry.dtype.name}; the store's {name!r} "
+                        f"is {table.dtype.name}"
+                    )
+                plan.append((key, table, start))
+    return plan
 
 
 def load_rows(rows: Any, path: Path) -> dict[str, Any]:
     """Loads an anchor written by `save_rows` (under either framework) into `rows`' store.
 
-    Returns the manifest. Raises CheckpointError when the table's shape differs or the
-    attachment's optimizer keeps a state table the anchor lacks.
+    Every chunk is checked (names, count, row range, shape, dtype, CRC-32) before the first
+    row is written: a bad file leaves the store as it was.
+
+    Returns the manifest. Raises CheckpointError when the table's shape differs, the
+    attachment's optimizer keeps a state table the anchor lacks, or the file is damaged.
     """
     session = _session(rows)
     store = rows.store
-    manifest = _manifest(path, FORMAT)
+    anchor = Anchor(path)
+    manifest = _checked(anchor)
     if (manifest["num_rows"], manifest["dim"]) != (store.num_rows, store.dim):
         raise CheckpointError(
             f"{path} holds a {manifest['num_rows']} x {manifest['dim']} table; this store is "
@@ -89,17 +180,18 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path} has no state {missing} for this optimizer; it holds {manifest['slots']}"
         )
-    session.flush()
-    session.prefetched = session.current = None
     targets = {"weight": store.table, **{f"state.{k}": v for k, v in store.state.items()}}
     saved_counters = manifest["mode"] == "exact"
     if store.counters is not None and saved_counters:
         targets["counters"] = store.counters
-    with safetensors.safe_open(str(path), framework="numpy") as f:
-        for name, table in targets.items():
-            for i in range(0, len(table), CHUNK):
-                table[i : i + CHUNK] = f.get_tensor(f"{name}.{i // CHUNK}")
+    plan = _check_chunks(anchor, manifest, targets)
+    anchor.verify()  # every chunk's CRC-32, before the first row is written
+    chunks = [(anchor.array(key), table, start) for key, table, start in plan]
+    session.flush()
+    session.prefetched = session.current = None
+    for values, table, start in chunks:
+        table[start : start + len(values)] = values
     if store.counters is not None and not saved_counters:
         store.counters[...] = manifest["step"]  # a lazy run's rows count as current
-    session.t = int(manifest["step"])
+    session.t = manifest["step"]
     return manifest

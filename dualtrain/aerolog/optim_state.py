@@ -1,26 +1,72 @@
-"""One schema for optimizer state, so a run stopped under torch resumes under optax.
+"""Optimizer state in an anchor: native (same framework) and neutral (across frameworks).
 
-Two families cover torch's SGD/Adam/AdamW and optax's sgd/adam/adamw:
+`TimeMachine.drop` writes an optimizer's state in its framework's **native** form: any
+``torch.optim`` optimizer as its ``state_dict()`` keyed by parameter name, any optax state as
+its pytree with the structure recorded (``dualtrain_torch.optimizer_state`` and
+``dualtrain_jax.optimizer_state``). Nothing is pickled: tensors go to the file, the rest to
+the manifest's JSON. An optimizer whose state cannot be written that way is refused by name
+before anything is written.
 
-======  ===============================  ==================================  ==================
-family  slots (per parameter, canonical)  torch                               optax
-======  ===============================  ==================================  ==================
-sgd     momentum                         SGD ``momentum_buffer``             ``TraceState.trace``
-adam    exp_avg, exp_avg_sq              Adam/AdamW ``exp_avg``, ...          ``ScaleByAdamState``
-======  ===============================  ==================================  ==================
+Beside it, the writer records the state's **neutral** view (one of the families below, its
+slots naming the native tensors, which are not stored twice), or why it has none. A load
+under the same framework uses the native form; under the other one, the neutral view or a
+`CheckpointError` saying why the optimizer cannot cross.
 
-`step` is the number of updates taken (Adam's bias correction needs it). Hyper-parameters
-are recorded for the reader; the optimizer you resume with keeps its own.
+=======  ======================================  =========================  ====================
+family   slots (per parameter, canonical layout)  torch                      optax
+=======  ======================================  =========================  ====================
+sgd      momentum_buffer (with momentum)          SGD                        sgd (TraceState)
+adam     exp_avg, exp_avg_sq; step                Adam, AdamW                adam, adamw
+rmsprop  square_avg, grad_avg (centered),         RMSprop                    rmsprop(eps_in_sqrt
+         momentum_buffer (momentum)                                          =False)
+adagrad  sum                                      Adagrad                    adagrad
+=======  ======================================  =========================  ====================
+
+Slot names are torch's state keys. Anchors written before the native form (a manifest entry
+``{family, step, hyper}`` and tensors ``optimizer.<slot>.<name>``) load as neutral state.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FAMILIES", "OptimizerState"]
+from dualtrain.errors import DualtrainError
 
-FAMILIES = {"sgd": ("momentum",), "adam": ("exp_avg", "exp_avg_sq")}
+__all__ = [
+    "FAMILIES",
+    "VARIANTS",
+    "NotPortableError",
+    "OptimizerState",
+    "check_optimizer",
+    "check_scheduler",
+    "optimizer_tensor_names",
+    "record_optimizer",
+    "record_scheduler",
+    "scheduler_tensor_names",
+]
+
+FAMILIES = {
+    "sgd": ("momentum_buffer",),
+    "adam": ("exp_avg", "exp_avg_sq"),
+    "rmsprop": ("square_avg", "grad_avg", "momentum_buffer"),
+    "adagrad": ("sum",),
+}
+# Structural choices that change which slots exist and what the update does: they must
+# agree between the anchor and the optimizer that resumes (values such as lr need not).
+VARIANTS = {
+    "sgd": ("momentum",),
+    "adam": (),
+    "rmsprop": ("centered", "momentum"),
+    "adagrad": (),
+}
+# Slot names of anchors written before the native form.
+_LEGACY_SLOTS = {"momentum": "momentum_buffer"}
+
+
+class NotPortableError(DualtrainError, TypeError):
+    """An optimizer (or its state) has no neutral form, so it cannot cross frameworks."""
 
 
 @dataclasses.dataclass
@@ -28,23 +74,39 @@ class OptimizerState:
     """An optimizer's state in neutral form.
 
     Attributes:
-        family: ``"sgd"`` or ``"adam"``.
-        step: updates taken so far.
-        slots: ``{slot: {parameter name: array (canonical layout)}}``.
+        family: ``"sgd"``, ``"adam"``, ``"rmsprop"`` or ``"adagrad"``.
+        step: updates taken so far (Adam's bias correction needs it; 0 where unknown).
+        slots: ``{slot: {parameter name: array (canonical layout)}}``; a parameter the
+            optimizer has not stepped yet may be absent.
         hyper: hyper-parameters as recorded by the producer (``lr``, ``betas``, ...).
+        variant: the family's structural flags (`VARIANTS`), e.g. ``{"momentum": True}``;
+            a flag that is absent is unknown (anchors of an older format).
+        lrs: learning rate per parameter at the time of writing (torch's RMSprop with
+            momentum: optax keeps that buffer multiplied by ``-lr``).
+        lr_folded: the ``momentum_buffer`` slot holds optax's form (``-lr`` times torch's).
     """
 
     family: str
     step: int
     slots: dict[str, dict[str, Any]]
     hyper: dict[str, Any] = dataclasses.field(default_factory=dict)
+    variant: dict[str, bool] = dataclasses.field(default_factory=dict)
+    lrs: dict[str, float] = dataclasses.field(default_factory=dict)
+    lr_folded: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
-            raise ValueError(f"optimizer family must be 'sgd' or 'adam'; got {self.family!r}")
-        missing = set(FAMILIES[self.family]) - set(self.slots)
-        if missing:
-            raise ValueError(f"{self.family} state needs slots {sorted(missing)}")
+            raise ValueError(
+                f"optimizer family must be one of {sorted(FAMILIES)}; got {self.family!r}"
+            )
+        unknown = set(self.slots) - set(FAMILIES[self.family])
+        if unknown:
+            raise ValueError(
+                f"{self.family} state has slots {list(FAMILIES[self.family])}; "
+                f"got {sorted(unknown)}"
+            )
+        for slot in FAMILIES[self.family]:
+            self.slots.setdefault(slot, {})
 
     def tensors(self) -> dict[str, Any]:
         """The slots flattened for a checkpoint: ``optimizer.<slot>.<parameter name>``."""
@@ -59,8 +121,272 @@ class OptimizerState:
         cls, family: str, step: int, hyper: dict[str, Any], tensors: dict[str, Any]
     ) -> OptimizerState:
         """The inverse of `tensors`, given the manifest's family, step and hyper-parameters."""
-        slots: dict[str, dict[str, Any]] = {slot: {} for slot in FAMILIES[family]}
+        slots: dict[str, dict[str, Any]] = {}
         for key, value in tensors.items():
             _, slot, name = key.split(".", 2)
-            slots[slot][name] = value
-        return cls(family, step, slots, hyper)
+            slots.setdefault(_LEGACY_SLOTS.get(slot, slot), {})[name] = value
+        variant = {}
+        if family == "sgd" and slots.get("momentum_buffer"):
+            variant["momentum"] = True  # an old anchor says nothing when there are no buffers
+        return cls(family, step, slots, hyper, variant)
+
+    def describe(self, keep: Callable[[str], bool], stored: dict[str, Any]) -> dict[str, Any]:
+        """This view for the manifest; slots hold tensor names, kept if `stored` has them."""
+        return {
+            "family": self.family,
+            "step": int(self.step),
+            "hyper": self.hyper,
+            "variant": self.variant,
+            "lrs": {k: float(v) for k, v in self.lrs.items() if keep(k)},
+            "lr_folded": self.lr_folded,
+            "slots": {
+                slot: {k: t for k, t in values.items() if keep(k) and t in stored}
+                for slot, values in self.slots.items()
+            },
+        }
+
+    def name_of(self) -> str:
+        """How messages name this state: its family and variant."""
+        flags = [k for k, v in self.variant.items() if v]
+        return self.family + (f" ({', '.join(flags)})" if flags else "")
+
+
+# ---- writing ----------------------------------------------------------------------------
+
+
+def record_optimizer(
+    part: Any, craft: Any, optimizer: Any, scope: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tensors and manifest entry of `optimizer`'s state, or an error naming it.
+
+    `part` is the adapter's checkpoint module; only parameters in `scope` keep their state.
+    Raises before anything is written: the caller writes the file afterwards.
+    """
+
+    def keep(name: str) -> bool:
+        return scope is None or name == scope or name.startswith(scope + ".")
+
+    entry, tensors = part.export_native(craft, optimizer, keep)
+    entry = {"form": "native", "framework": craft.dualtrain_backend, **entry}
+    try:
+        view = part.neutral_view(craft, optimizer)
+    except NotPortableError as why:
+        entry["neutral"], entry["crossing"] = None, str(why)
+    else:
+        entry["neutral"] = view.describe(keep, tensors)
+    return tensors, entry
+
+
+def record_scheduler(
+    part: Any, craft: Any, scheduler: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tensors and manifest entry of a learning-rate scheduler (torch only)."""
+    if craft.dualtrain_backend != "torch":
+        from dualtrain.errors import bad_argument
+
+        raise bad_argument(
+            "scheduler",
+            type(scheduler).__name__,
+            "None under JAX (optax keeps schedules inside the optimizer state)",
+        )
+    entry, tensors = part.export_scheduler(scheduler)
+    return tensors, {"framework": "torch", **entry}
+
+
+# ---- reading ----------------------------------------------------------------------------
+
+
+def optimizer_tensor_names(
+    manifest: dict[str, Any], backend: str, loaded: set[str], path: Any
+) -> list[str]:
+    """The optimizer tensors `check_optimizer` needs for a craft of `backend`."""
+    from dualtrain.aerolog.time_machine import CheckpointError
+
+    entry = _entry(manifest, path)
+    try:
+        if entry.get("form") != "native":  # written before the native form: neutral tensors
+            names = [k for k in manifest.get("tensors", []) if k.startswith("optimizer.")]
+        elif entry.get("framework") == backend:
+            names = [
+                name
+                for name, info in entry.get("tensors", {}).items()
+                if info.get("param") is None or info["param"] in loaded
+            ]
+        else:
+            neutral = entry.get("neutral") or {}
+            slots = neutral.get("slots", {}).values()
+            names = sorted({str(t) for values in slots for t in values.values()})
+    except (KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{path} has a malformed optimizer entry: {err!r}") from err
+    return _listed(names, manifest, path, "optimizer")
+
+
+def check_optimizer(
+    part: Any,
+    craft: Any,
+    optimizer: Any,
+    manifest: dict[str, Any],
+    tensors: dict[str, Any],
+    loaded: set[str],
+    path: Any,
+) -> Callable[[], Any]:
+    """Validates the anchor's optimizer state against `optimizer`; changes nothing.
+
+    Returns:
+        A function that fills `optimizer` (torch: in place) and returns the result (optax:
+        a new state). It is called once the model is loaded; it does not fail.
+
+    Raises:
+        CheckpointError: the state does not fit `optimizer`, or cannot cross to its
+            framework; the message names the optimizer and why.
+    """
+    from dualtrain.aerolog.time_machine import CheckpointError
+
+    entry = _entry(manifest, path)
+    backend = craft.dualtrain_backend
+    try:
+        if entry.get("form") != "native":
+            state = _legacy(entry, tensors, path)
+            return part.check_neutral(craft, optimizer, _only(state, loaded), loaded)
+        tensors = _validated(entry.get("tensors", {}), tensors)
+        if entry.get("framework") == backend:
+            return part.check_native(craft, optimizer, entry, tensors, loaded)
+        neutral = entry.get("neutral")
+        if not neutral:
+            raise CheckpointError(
+                f"it holds {entry.get('framework')} optimizer state that cannot cross to "
+                f"{backend}: {entry.get('crossing', 'it has no neutral form')}"
+            )
+        state = _neutral(neutral, tensors)
+        return part.check_neutral(craft, optimizer, _only(state, loaded), loaded)
+    except NotPortableError as why:
+        raise CheckpointError(f"{path}: {why}") from why
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from err
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"{path} has a malformed optimizer entry: {err!r}") from err
+
+
+def scheduler_tensor_names(manifest: dict[str, Any], path: Any) -> list[str]:
+    """The scheduler tensors `check_scheduler` needs."""
+    entry = manifest.get("scheduler")
+    if not isinstance(entry, dict):
+        from dualtrain.aerolog.time_machine import CheckpointError
+
+        raise CheckpointError(f"{path} holds no scheduler state; it was dropped without one")
+    tensors = entry.get("tensors", {})
+    if not isinstance(tensors, dict):
+        raise CheckpointError(f"{path} has a malformed scheduler entry: 'tensors' is {tensors!r}")
+    return _listed(sorted(tensors), manifest, path, "scheduler")
+
+
+def _listed(names: list[str], manifest: dict[str, Any], path: Any, what: str) -> list[str]:
+    """`names`, each checked to be one of the file's tensors (the manifest lists them)."""
+    from dualtrain.aerolog.time_machine import CheckpointError
+
+    listed = set(manifest.get("tensors", []))
+    missing = [name for name in names if name not in listed]
+    if missing:
+        raise CheckpointError(
+            f"{path} has a malformed {what} entry: it names tensors the file lacks, {missing[:3]}"
+        )
+    return names
+
+
+def check_scheduler(
+    part: Any,
+    craft: Any,
+    scheduler: Any,
+    manifest: dict[str, Any],
+    tensors: dict[str, Any],
+    path: Any,
+) -> Callable[[], Any]:
+    """Validates the anchor's scheduler state against `scheduler`; returns its loader."""
+    from dualtrain.aerolog.time_machine import CheckpointError
+
+    entry = manifest["scheduler"]
+    if craft.dualtrain_backend != "torch":
+        raise CheckpointError(
+            f"{path}: scheduler is torch's; under JAX the schedule is in the optax state"
+        )
+    try:
+        tensors = _validated(entry.get("tensors", {}), tensors)
+        return part.check_scheduler(scheduler, entry, tensors)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from err
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        raise CheckpointError(f"{path} has a malformed scheduler entry: {err!r}") from err
+
+
+def _entry(manifest: dict[str, Any], path: Any) -> dict[str, Any]:
+    from dualtrain.aerolog.time_machine import CheckpointError
+
+    entry = manifest.get("optimizer")
+    if entry is None:
+        raise CheckpointError(f"{path} holds no optimizer state; it was dropped without one")
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{path} has a malformed optimizer entry: {entry!r}")
+    return entry
+
+
+def _legacy(entry: dict[str, Any], tensors: dict[str, Any], path: Any) -> OptimizerState:
+    from dualtrain.aerolog.time_machine import CheckpointError
+
+    try:
+        return OptimizerState.from_tensors(
+            entry["family"], int(entry["step"]), dict(entry.get("hyper", {})), tensors
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path} has a malformed optimizer entry: {err}") from err
+
+
+def _neutral(neutral: dict[str, Any], tensors: dict[str, Any]) -> OptimizerState:
+    slots = {
+        slot: {k: tensors[t] for k, t in values.items()}
+        for slot, values in neutral.get("slots", {}).items()
+    }
+    return OptimizerState(
+        neutral["family"],
+        int(neutral.get("step", 0)),
+        slots,
+        dict(neutral.get("hyper", {})),
+        dict(neutral.get("variant", {})),
+        dict(neutral.get("lrs", {})),
+        bool(neutral.get("lr_folded", False)),
+    )
+
+
+def _only(state: OptimizerState, loaded: set[str]) -> OptimizerState:
+    """Slots of the parameters `to` loads: a skipped parameter keeps its optimizer state."""
+    slots = {
+        s: {k: v for k, v in values.items() if k in loaded} for s, values in state.slots.items()
+    }
+    return dataclasses.replace(state, slots=slots)
+
+
+def _validated(expected: dict[str, dict[str, Any]], tensors: dict[str, Any]) -> dict[str, Any]:
+    """`tensors` checked against their manifest shapes and dtypes (0-d ones reshaped back)."""
+    from dualtrain.aerolog.time_machine import CheckpointError
+
+    out = {}
+    for name, value in tensors.items():
+        info = expected.get(name)
+        if info is None:
+            out[name] = value
+            continue
+        shape = tuple(info["shape"])
+        if tuple(value.shape) != shape:
+            # safetensors stores a 0-d tensor as (1,); the manifest keeps the true shape.
+            if shape == () and tuple(value.shape) == (1,):
+                value = value.reshape(())
+            else:
+                raise CheckpointError(
+                    f"tensor {name} is {tuple(value.shape)} on disk but {shape} in the manifest"
+                )
+        dtype = str(value.dtype).removeprefix("torch.")
+        if dtype != info["dtype"]:
+            raise CheckpointError(
+                f"tensor {name} is {dtype} on disk but {info['dtype']} in the manifest"
+            )
+        out[name] = value
+    return out

@@ -1,36 +1,46 @@
 """TimeMachine: checkpoints that move between torch and JAX.
 
 A checkpoint ("anchor") is one safetensors file: parameters and state under their neutral
-names in canonical layout, optimizer slots as ``optimizer.<slot>.<name>``, and a JSON
-manifest in the file's header. It is written to a temporary name and renamed, so a crash
-never leaves half an anchor. There is no pickle anywhere.
+names in canonical layout, optimizer state in its framework's native form
+(``aerolog.optim_state``), and a JSON manifest in the file's header, with a CRC-32 of every
+tensor (``aerolog.anchor_file``). It is written to a temporary name and renamed
+(``dualtrain.atomic``), so a crash never leaves half an anchor; `to` checks the whole file
+and how it fits the model before it changes anything. There is no pickle anywhere.
 """
 
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors
-import safetensors.numpy
 
 from dualtrain import backends
-from dualtrain.aerolog.optim_state import OptimizerState
-from dualtrain.errors import DualtrainError, bad_argument
+from dualtrain.aerolog.anchor_file import Anchor, CheckpointError, write_anchor
+from dualtrain.aerolog.optim_state import (
+    check_optimizer,
+    check_scheduler,
+    optimizer_tensor_names,
+    record_optimizer,
+    record_scheduler,
+    scheduler_tensor_names,
+)
+from dualtrain.errors import bad_argument
 
-__all__ = ["CheckpointError", "Restored", "TimeMachine"]
+__all__ = ["BOOKKEEPING", "CheckpointError", "Restored", "TimeMachine", "anchor_stem"]
 
 FORMAT = "dualtrain-checkpoint/1"
 _SUFFIX = ".safetensors"
 
-
-class CheckpointError(DualtrainError, ValueError):
-    """A checkpoint does not fit the model, or is not a dualtrain checkpoint."""
+# Framework bookkeeping that one realization keeps and the other has no place for: torch's
+# BatchNorm counts its training batches in ``num_batches_tracked``; JAX's keeps no count (with
+# dock's float momentum the count changes no output). Saved and restored where both the file
+# and the model have it; neither required nor reported where one side lacks it.
+BOOKKEEPING = frozenset({"num_batches_tracked"})
 
 
 class Restored(list):
@@ -52,14 +62,35 @@ class Restored(list):
     manifest: dict[str, Any]
 
 
+def anchor_stem(scope: str) -> str:
+    r"""The file-name stem of a scope's numbered anchors (``<stem>-<n>.safetensors``).
+
+    The scope as it is, except that ``%``, ``/``, ``\``, control characters and a leading
+    ``.`` are written ``%XX`` (their UTF-8 bytes in hex), so every scope gets its own
+    stem, in the folder itself: ``exp/run`` -> ``exp%2Frun``; ``net[1]`` stays ``net[1]``.
+    """
+    out = []
+    for i, ch in enumerate(scope):
+        if ch in "%/\\" or ord(ch) < 0x20 or ord(ch) == 0x7F or (i == 0 and ch == "."):
+            out.append("".join(f"%{b:02X}" for b in ch.encode()))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _scope(craft: Any) -> str:
+    return craft.craft.scope or type(craft.craft).__name__
+
+
 class TimeMachine:
     """Drops and loads checkpoints of realized Crafts, under either framework.
 
     Args:
-        ckpt_path: an anchor file, or a folder whose newest anchor `to` loads.
+        ckpt_path: an anchor file, or a folder where `to` looks for anchors (by default
+            `save_path`).
         save_path: the folder `drop` writes anchors to.
-        max_anchors: how many anchors of a scope to keep in `save_path`, counted on disk
-            (older ones are deleted); -1 keeps all.
+        max_anchors: how many numbered anchors of a scope to keep in `save_path`, counted
+            on disk (older ones are deleted); -1 keeps all.
     """
 
     def __init__(
@@ -68,7 +99,12 @@ class TimeMachine:
         save_path: str | os.PathLike | None = None,
         max_anchors: int = -1,
     ) -> None:
-        if not isinstance(max_anchors, int) or max_anchors == 0 or max_anchors < -1:
+        if (
+            isinstance(max_anchors, bool)
+            or not isinstance(max_anchors, int)
+            or max_anchors == 0
+            or max_anchors < -1
+        ):
             raise bad_argument("max_anchors", max_anchors, "a positive int, or -1 to keep all")
         self.ckpt_path = Path(ckpt_path) if ckpt_path is not None else None
         self.save_path = Path(save_path) if save_path is not None else None
@@ -84,24 +120,38 @@ class TimeMachine:
         optimizer: Any = None,
         step: int | None = None,
         extra: dict[str, Any] | None = None,
+        scheduler: Any = None,
     ) -> Path:
         """Writes an anchor of `craft`, a module from ``dualtrain_torch.realize`` or JAX's.
 
         Args:
             craft: the realized module.
-            file: the anchor's path (relative to `save_path`); by default
-                ``<save_path>/<scope>-<n>.safetensors`` with n one past the highest on disk.
+            file: the anchor's name or path, relative to `save_path` and staying inside it
+                (``"best"``, ``"runs/best"``), or absolute; ``.safetensors`` is appended
+                unless the name ends with it. By default ``<save_path>/<stem>-<n>.safetensors``
+                with the stem from the Craft's scope (`anchor_stem`) and n one past the
+                highest on disk.
             save_scope: save only names equal to it or under it (``"block"`` keeps
                 ``block.0.weight``).
-            optimizer: a ``torch.optim`` SGD/Adam/AdamW over the module's parameters, or an
-                optax state from sgd/adam/adamw over ``module.params``.
+            optimizer: any ``torch.optim`` optimizer over the module's parameters, or any
+                optax state over ``module.params``; one whose state has no tensor-or-JSON
+                form is refused, naming it, before anything is written.
             step: the training step, recorded.
             extra: JSON-serializable data to record (epoch, data position, ...).
+            scheduler: a ``torch.optim.lr_scheduler`` scheduler (torch only: optax keeps
+                schedules inside its state).
 
         Returns:
-            The anchor's path.
+            The anchor's absolute path (`to` takes it as it is).
         """
         part = _adapter(craft)
+        if save_scope is not None and not isinstance(save_scope, str):
+            raise bad_argument("save_scope", save_scope, "a str or None")
+        if step is not None and not _integral(step):
+            raise bad_argument("step", step, "an int or None")
+        if extra is not None and not isinstance(extra, dict):
+            raise bad_argument("extra", extra, "a dict of JSON-serializable data, or None")
+        path, stem = self._target(craft, file)
         tensors = _select(part.export_tensors(craft), save_scope)
         manifest: dict[str, Any] = {
             "format": FORMAT,
@@ -110,39 +160,42 @@ class TimeMachine:
             "scope": craft.craft.scope,
             "dualtrain": _version(),
             "layout": "canonical",
-            "step": step,
+            "step": None if step is None else int(step),
             "extra": extra or {},
             "names": {
                 k: {"shape": list(v.shape), "dtype": v.dtype.name} for k, v in tensors.items()
             },
         }
-        if optimizer is not None:
-            state = part.export_optimizer(craft, optimizer)
-            opt = _select_slots(state, save_scope)
-            tensors.update(opt.tensors())
-            manifest["optimizer"] = {"family": opt.family, "step": opt.step, "hyper": opt.hyper}
+        if optimizer is not None:  # refused here, by name, if it cannot be stored
+            opt_tensors, manifest["optimizer"] = record_optimizer(
+                part, craft, optimizer, save_scope
+            )
+            tensors.update(opt_tensors)
+        if scheduler is not None:
+            sched_tensors, manifest["scheduler"] = record_scheduler(part, craft, scheduler)
+            tensors.update(sched_tensors)
         rng = part.export_rng()
         if rng is not None:
             tensors["__rng__"] = rng
         manifest["tensors"] = sorted(tensors)
-        path = self._target(craft, file)
-        try:
-            metadata = {"dualtrain": json.dumps(manifest, default=_jsonable)}
-        except TypeError as err:
+        try:  # refused before anything is written
+            json.dumps(manifest, default=_jsonable)
+        except (TypeError, ValueError) as err:
             raise bad_argument("extra", extra, "JSON-serializable data") from err
-        _write_atomic(path, tensors, metadata)
-        if not file:  # retention governs the anchors drop names itself, never a named file
-            self._retain(path.stem.rpartition("-")[0])
-        return path
+        write_anchor(path, tensors, manifest, default=_jsonable)
+        if stem is not None:  # retention governs the anchors drop names itself, never a named file
+            self._retain(stem)
+        return path.absolute()
 
-    def _target(self, craft: Any, file: str | os.PathLike) -> Path:
+    def _target(self, craft: Any, file: str | os.PathLike) -> tuple[Path, str | None]:
+        """Where `drop` writes, and the stem of a numbered anchor (None for a named file)."""
         if file:
-            return self._target_file(file)
+            return self._target_file(file), None
         if self.save_path is None:
             raise bad_argument("file", file, "a path, since the TimeMachine has no save_path")
-        stem = craft.craft.scope or type(craft.craft).__name__
+        stem = anchor_stem(_scope(craft))
         numbers = [n for n, _ in _anchors(self.save_path, stem)]
-        return self.save_path / f"{stem}-{max(numbers, default=0) + 1}{_SUFFIX}"
+        return self.save_path / f"{stem}-{max(numbers, default=0) + 1}{_SUFFIX}", stem
 
     def _retain(self, stem: str) -> None:
         if self.max_anchors == -1 or self.save_path is None:
@@ -161,50 +214,85 @@ class TimeMachine:
         frozen: bool = False,
         optimizer: Any = None,
         restore_rng: bool = False,
+        scheduler: Any = None,
     ) -> Restored:
         """Loads an anchor into `craft`, a realized torch or JAX module, whichever wrote it.
 
+        The whole file is checked first (structure, manifest, every CRC-32 read) and so is how
+        it fits the model (names, shapes, dtypes); a file that fails leaves the model and the
+        optimizer exactly as they were.
+
         Args:
             craft: the realized module; torch's is loaded in place, JAX's gets new arrays.
-            file: the anchor; by default the newest in `ckpt_path`.
+            file: the anchor, named as for `drop` (relative to `ckpt_path`, or `save_path`
+                when there is no `ckpt_path`), or the path `drop` returned. By default the
+                highest-numbered anchor of the Craft's scope in that folder, or `ckpt_path`
+                itself if it is a file.
             ckpt_scope: load only names equal to it or under it.
-            frozen: refuse any missing, unexpected or mis-shaped tensor (CheckpointError
-                naming it); otherwise load what matches and report the rest.
+            frozen: refuse any missing, unexpected or mis-shaped tensor, or one of another
+                dtype kind (CheckpointError naming each); otherwise load what matches and
+                report the rest. Never broadcast: ``(1,)`` does not load into ``(16,)``.
             optimizer: a torch optimizer to fill in place, or an optax state to fill (the
-                filled state is ``restored.optimizer``).
+                filled state is ``restored.optimizer``). Same framework as the writer: the
+                native state (same class, or same optax structure); the other framework: the
+                neutral families only (docs/checkpoints.md, Optimizers). Slots of skipped
+                parameters are not loaded.
             restore_rng: also restore the framework's global RNG where it has one (torch).
+            scheduler: a torch LR scheduler to load in place (the anchor must hold one).
 
         Returns:
             The names skipped (with why), and the step, extra data and optimizer restored.
         """
-        path = self._source(file)
-        manifest = _manifest(path)
         part = _adapter(craft)
-        model = _select(part.shapes(craft), ckpt_scope)
-        saved = _select({k: tuple(v["shape"]) for k, v in manifest["names"].items()}, ckpt_scope)
+        if ckpt_scope is not None and not isinstance(ckpt_scope, str):
+            raise bad_argument("ckpt_scope", ckpt_scope, "a str or None")
+        path = self._source(_scope(craft), file)
+        anchor = Anchor(path)
+        manifest = _checked(anchor)
+        model = _select(part.specs(craft), ckpt_scope)
+        saved = _select(
+            {k: (anchor.entries[k].shape, anchor.entries[k].dtype) for k in manifest["names"]},
+            ckpt_scope,
+        )
         skipped = _compare(model, saved, frozen, path)
         wanted = [k for k in saved if k in model and k not in skipped]
-        info = manifest.get("optimizer")
-        if optimizer is not None and info is None:
-            raise CheckpointError(f"{path} holds no optimizer state; it was dropped without one")
-        extra_names = []
+        extra_names, opt_names, sched_names = [], [], []
         if optimizer is not None:
-            extra_names = [k for k in manifest.get("tensors", []) if k.startswith("optimizer.")]
-        if restore_rng and "__rng__" in manifest.get("tensors", []):
+            opt_names = optimizer_tensor_names(manifest, craft.dualtrain_backend, set(wanted), path)
+        if scheduler is not None:
+            sched_names = scheduler_tensor_names(manifest, path)
+        extra_names = opt_names + sched_names
+        if restore_rng and "__rng__" in anchor.entries:
+            _check_rng(part, anchor)
             extra_names.append("__rng__")
-        # The adapter reads with its framework's safetensors binding (torch: memory-mapped).
-        tensors = part.read(path, wanted + extra_names)
-        part.import_tensors(craft, {k: tensors[k] for k in wanted})
+        anchor.verify()  # every tensor's CRC-32, loaded or not: a damaged file is refused whole
+        tensors = part.native({k: anchor.array(k) for k in wanted + extra_names})
         restored = Restored(skipped)
         restored.file, restored.manifest = path, manifest
         restored.step, restored.extra = manifest.get("step"), manifest.get("extra", {})
         restored.optimizer = None
-        if optimizer is not None and info is not None:
-            opt_tensors = {k: tensors[k] for k in extra_names if k.startswith("optimizer.")}
-            state = OptimizerState.from_tensors(
-                info["family"], info["step"], info["hyper"], opt_tensors
+        # Optimizer and scheduler state are checked before anything changes (a refusal
+        # leaves model and optimizer as they were); filling them cannot fail afterwards.
+        fill_optimizer = fill_scheduler = None
+        if optimizer is not None:
+            fill_optimizer = check_optimizer(
+                part,
+                craft,
+                optimizer,
+                manifest,
+                {k: tensors[k] for k in opt_names},
+                set(wanted),
+                path,
             )
-            restored.optimizer = part.import_optimizer(craft, optimizer, state)
+        if scheduler is not None:
+            fill_scheduler = check_scheduler(
+                part, craft, scheduler, manifest, {k: tensors[k] for k in sched_names}, path
+            )
+        if fill_optimizer is not None:
+            restored.optimizer = fill_optimizer()
+        if fill_scheduler is not None:
+            fill_scheduler()
+        part.import_tensors(craft, {k: tensors[k] for k in wanted})
         if restore_rng and "__rng__" in tensors:
             part.import_rng(tensors["__rng__"])
         return restored
@@ -216,46 +304,92 @@ class TimeMachine:
 
         Args:
             rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
-            file: the anchor's path (relative to `save_path`).
+            file: the anchor's name or path, as for `drop`.
             extra: JSON-serializable data to record.
+
+        Returns:
+            The anchor's absolute path.
         """
         from dualtrain.aerolog.embeddings import save_rows
 
-        return save_rows(rows, self._target_file(file), extra)
+        if not file:
+            raise bad_argument("file", file, "the embedding anchor's name or path")
+        return save_rows(rows, self._target_file(file), extra).absolute()
 
     def to_embeddings(self, rows: Any, file: str | os.PathLike = "") -> dict[str, Any]:
         """Loads an embedding anchor, written under either framework, into `rows`' store.
+
+        Args:
+            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
+            file: the anchor, named as for `to`; may be left out when `ckpt_path` is the file.
 
         Returns:
             The anchor's manifest (step, mode, hyper-parameters, extra).
         """
         from dualtrain.aerolog.embeddings import load_rows
 
-        return load_rows(rows, self._source(file))
+        return load_rows(rows, self._source(None, file))
 
     def _target_file(self, file: str | os.PathLike) -> Path:
-        path = Path(file)
-        if not path.is_absolute() and self.save_path is not None:
-            path = self.save_path / path
-        return path if path.suffix else path.with_suffix(_SUFFIX)
+        return _with_suffix(_inside(self.save_path, file))
 
-    def _source(self, file: str | os.PathLike) -> Path:
+    def _source(self, scope: str | None, file: str | os.PathLike) -> Path:
+        """The anchor `to` reads: `file`, `ckpt_path` itself, or the scope's newest."""
         if file:
-            path = Path(file)
-            if not path.is_absolute() and self.ckpt_path is not None and self.ckpt_path.is_dir():
-                path = self.ckpt_path / path
+            base = self.ckpt_path if self.ckpt_path is not None else self.save_path
+            if base is not None and base.is_file():
+                base = base.parent
+            named = _inside(base, file)
+            path = _with_suffix(named)
+            if not path.is_file() and named.is_file():  # a file named without the suffix
+                path = named
         elif self.ckpt_path is not None and self.ckpt_path.is_file():
             path = self.ckpt_path
-        elif self.ckpt_path is not None and self.ckpt_path.is_dir():
-            found = sorted(self.ckpt_path.glob(f"*{_SUFFIX}"), key=_anchor_order)
-            if not found:
-                raise CheckpointError(f"no {_SUFFIX} anchors in {self.ckpt_path}")
-            path = found[-1]
         else:
-            raise bad_argument("ckpt_path", self.ckpt_path, "an anchor file or a folder of them")
+            folder = self.ckpt_path if self.ckpt_path is not None else self.save_path
+            if folder is None:
+                raise bad_argument(
+                    "ckpt_path", None, "an anchor file or a folder of them (or a save_path)"
+                )
+            if scope is None:
+                raise bad_argument(
+                    "file", file, f"an embedding anchor's name (in {folder}), or a ckpt_path file"
+                )
+            found = _anchors(folder, anchor_stem(scope))
+            if not found:
+                raise CheckpointError(
+                    f"no anchor of scope {scope!r} in {folder} "
+                    f"(looked for {anchor_stem(scope)}-<n>{_SUFFIX})"
+                )
+            path = found[-1][1]
         if not path.is_file():
             raise CheckpointError(f"no checkpoint at {path}")
         return path
+
+
+def _inside(base: Path | None, file: str | os.PathLike) -> Path:
+    """`file` under `base`, refused if, relative, it leads out of `base` (``..``)."""
+    try:
+        path = Path(file)
+    except TypeError as err:
+        raise bad_argument("file", file, "a str or os.PathLike") from err
+    if not path.is_absolute():
+        rel = os.path.normpath(path)
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            where = f"inside {base}" if base is not None else "inside the current folder"
+            raise bad_argument(
+                "file",
+                os.fspath(file),
+                f"a name that stays {where} (no '..' out), or an absolute path",
+            )
+        path = base / rel if base is not None else Path(rel)
+    if path.name in ("", ".", ".."):
+        raise bad_argument("file", os.fspath(file), "a file name, not a folder")
+    return path
+
+
+def _with_suffix(path: Path) -> Path:
+    return path if path.name.endswith(_SUFFIX) else path.with_name(path.name + _SUFFIX)
 
 
 def _adapter(craft: Any) -> Any:
@@ -277,27 +411,45 @@ def _select(tensors: dict[str, Any], scope: str | None) -> dict[str, Any]:
     return {k: v for k, v in tensors.items() if _in_scope(k, scope)}
 
 
-def _select_slots(state: OptimizerState, scope: str | None) -> OptimizerState:
-    slots = {slot: _select(values, scope) for slot, values in state.slots.items()}
-    return OptimizerState(state.family, state.step, slots, state.hyper)
+def _kind(dtype: np.dtype) -> str:
+    """float, int or bool: values cast within a kind, never across."""
+    if dtype.kind == "f" or dtype.name.startswith(("bfloat16", "float8")):
+        return "float"
+    return {"i": "int", "u": "int", "b": "bool"}.get(dtype.kind, dtype.name)
 
 
-def _compare(
-    model: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]], frozen: bool, path: Path
-) -> list[str]:
-    """Names to skip; with `frozen`, a CheckpointError naming the first problem of each kind."""
+def _bookkeeping(name: str) -> bool:
+    return name.rpartition(".")[2] in BOOKKEEPING
+
+
+Spec = tuple[tuple[int, ...], np.dtype]
+
+
+def _compare(model: dict[str, Spec], saved: dict[str, Spec], frozen: bool, path: Path) -> list[str]:
+    """Names to skip; with `frozen`, a CheckpointError naming each problem.
+
+    A shape is never broadcast: ``(1,)`` on disk does not fit ``(16,)``. Dtypes cast within
+    their kind (float32 <-> bfloat16), never across (float -> int).
+    """
     problems, skipped = [], []
-    for name, shape in model.items():
+    for name, (shape, dtype) in model.items():
         if name not in saved:
+            if _bookkeeping(name):
+                continue
             problems.append(f"{name} is in the model but not in {path.name}")
             skipped.append(name)
-        elif tuple(saved[name]) != tuple(shape):
+            continue
+        disk_shape, disk_dtype = saved[name]
+        if tuple(disk_shape) != tuple(shape):
             problems.append(
-                f"{name} is {tuple(saved[name])} on disk but {tuple(shape)} in the model"
+                f"{name} is {tuple(disk_shape)} on disk but {tuple(shape)} in the model"
             )
             skipped.append(name)
+        elif _kind(disk_dtype) != _kind(dtype):
+            problems.append(f"{name} is {disk_dtype.name} on disk but {dtype.name} in the model")
+            skipped.append(name)
     for name in saved:
-        if name not in model:
+        if name not in model and not _bookkeeping(name):
             problems.append(f"{name} is in {path.name} but not in the model")
             skipped.append(name)
     if frozen and problems:
@@ -305,54 +457,90 @@ def _compare(
     return skipped
 
 
+def _check_rng(part: Any, anchor: Anchor) -> None:
+    """A stored RNG state must have the form of the framework's (else it would fail late)."""
+    current = part.export_rng()
+    entry = anchor.entries["__rng__"]
+    if current is not None and (entry.shape != current.shape or entry.dtype != current.dtype):
+        raise anchor.error(
+            f"holds an RNG state {entry.shape} {entry.dtype.name}; this framework's is "
+            f"{current.shape} {current.dtype.name}"
+        )
+
+
+def _integral(value: Any) -> bool:
+    """An int, NumPy's included, and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _checked(anchor: Anchor) -> dict[str, Any]:
+    """A Craft anchor's manifest, checked against itself and against the file's tensors."""
+    manifest = anchor.manifest(FORMAT)
+    names, tensors = manifest.get("names"), manifest.get("tensors")
+    if not isinstance(names, dict):
+        raise anchor.error("has a malformed manifest: 'names' is not an object")
+    if (
+        not isinstance(tensors, list)
+        or not all(isinstance(t, str) for t in tensors)
+        or sorted(tensors) != sorted(anchor.entries)
+    ):
+        raise anchor.error("has a malformed manifest: 'tensors' does not list the file's tensors")
+    for name, spec in names.items():
+        entry = anchor.entries.get(name)
+        if entry is None:
+            raise anchor.error(f"has a malformed manifest: {name!r} is listed but not stored")
+        if (
+            not isinstance(spec, dict)
+            or spec.get("shape") != list(entry.shape)
+            or spec.get("dtype") != entry.dtype.name
+        ):
+            raise anchor.error(
+                f"is corrupt: {name!r} is {entry.shape} {entry.dtype.name} in the file but "
+                f"{spec!r} in the manifest"
+            )
+    checks = {
+        "step": (lambda v: v is None or _is_int(v), "an int or null"),
+        "extra": (lambda v: isinstance(v, dict), "an object"),
+        "scope": (lambda v: v is None or isinstance(v, str), "a string"),
+        "optimizer": (lambda v: v is None or isinstance(v, dict), "an object"),
+    }
+    for key, (ok, expected) in checks.items():
+        if not ok(manifest.get(key, {} if key == "extra" else None)):
+            raise anchor.error(
+                f"has a malformed manifest: {key!r} is {manifest[key]!r}, expected {expected}"
+            )
+    return manifest
+
+
 def _manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:
-    """The manifest in an anchor's header, read without loading any tensor.
+    """The manifest of the anchor at `path`, read without loading any tensor, and checked.
 
     `expected` is the format the caller reads (Craft anchors or embedding anchors).
     """
-    try:
-        with safetensors.safe_open(str(path), framework="numpy") as f:
-            metadata = f.metadata() or {}
-    except Exception as err:  # safetensors raises its own error types for foreign files
-        raise CheckpointError(f"{path} is not a safetensors file: {err}") from err
-    if "dualtrain" not in metadata:
-        raise CheckpointError(f"{path} is a safetensors file but not a dualtrain checkpoint")
-    manifest = json.loads(metadata["dualtrain"])
-    if manifest.get("format") != expected:
-        raise CheckpointError(
-            f"{path} has format {manifest.get('format')!r}; this reads {expected!r}"
-        )
-    return dict(manifest)
-
-
-def _write_atomic(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        # Adapters hand over contiguous host arrays (views of their tensors): no copy here.
-        safetensors.numpy.save_file(
-            {k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp, metadata=metadata
-        )
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    anchor = Anchor(path)
+    return _checked(anchor) if expected == FORMAT else anchor.manifest(expected)
 
 
 def _anchors(folder: Path, stem: str) -> list[tuple[int, Path]]:
-    pattern = re.compile(rf"{re.escape(stem)}-(\d+){re.escape(_SUFFIX)}$")
+    """The numbered anchors ``<stem>-<n>.safetensors`` in `folder`, by n.
+
+    Names are matched exactly (no glob), so a stem with ``[``, ``*`` or ``?`` is its own.
+    """
+    pattern = re.compile(re.escape(stem) + r"-(\d+)" + re.escape(_SUFFIX))
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
     found = []
-    for path in folder.glob(f"{stem}-*{_SUFFIX}") if folder.is_dir() else []:
-        match = pattern.match(path.name)
+    for name in names:
+        match = pattern.fullmatch(name)
         if match:
-            found.append((int(match.group(1)), path))
+            found.append((int(match.group(1)), folder / name))
     return sorted(found)
-
-
-def _anchor_order(path: Path) -> tuple[float, int]:
-    match = re.search(r"-(\d+)\.safetensors$", path.name)
-    return (path.stat().st_mtime, int(match.group(1)) if match else -1)
 
 
 def _jsonable(value: Any) -> Any:

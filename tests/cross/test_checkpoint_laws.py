@@ -18,18 +18,7 @@ optax = pytest.importorskip("optax")
 jnp = jax.numpy
 from dualtrain_jax import craft as jcraft  # noqa: E402
 from dualtrain_torch import craft as tcraft  # noqa: E402
-
-
-class MLP(Craft):
-    def __init__(self, hidden=16):
-        super().__init__("MLP")
-        self.fc1 = dock.Dense(8, hidden)
-        self.bn = dock.BatchNorm(hidden)
-        self.fc2 = dock.Dense(hidden, 3)
-
-    def run(self, x):
-        return self.fc2(dock.tanh(self.bn(self.fc1(x))))
-
+from tests.checkpoint.crafts import MLP  # noqa: E402
 
 DATA = np.random.default_rng(0).normal(size=(32, 8)), np.random.default_rng(1).integers(0, 3, 32)
 
@@ -73,9 +62,10 @@ def jax_steps(module, tx, opt_state, n):
 
 
 def canonical(module):
+    """torch's tensors that JAX also keeps (not torch's bookkeeping, num_batches_tracked)."""
     from dualtrain_torch.checkpoint import export_tensors
 
-    return export_tensors(module)
+    return {k: v for k, v in export_tensors(module).items() if "num_batches" not in k}
 
 
 def jax_values(module):
@@ -219,10 +209,6 @@ def test_failed_drops_write_nothing(tmp_path):
     module = tcraft.realize(MLP())
     with pytest.raises(ValueError, match="extra must be JSON-serializable"):
         TimeMachine(save_path=tmp_path).drop(module, extra={"when": object()})
-    with pytest.raises(TypeError, match=r"torch\.optim\.SGD, Adam or AdamW"):
-        TimeMachine(save_path=tmp_path).drop(
-            module, optimizer=torch.optim.Adagrad(module.parameters())
-        )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,0 +1,1 @@
+"""Reliability tests: processes killed mid-write, files changed under readers."""
