@@ -74,7 +74,7 @@ def run_fuel(console: Console, seed: int = 0, n: int = 256, steps: int = 60) -> 
         for name in ("torch", "jax"):
             spec = {"image": "uint8", "label": "int64" if name == "torch" else "int32"}
             with Tank(report.paths, spec, 32, prep_fn=_prep, seed=seed, to=name,
-                      workers=2) as tank:  # fmt: skip
+                      workers=2, cast="same_kind") as tank:  # fmt: skip
                 part = backends.load_part(name, "demo")
                 losses[name] = part.train_from_tank(
                     ImageNet16(), tank, lr=0.2, steps=steps, seed=seed

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dualtrain.errors import bad_argument
 from dualtrain.interop import convert
 from dualtrain.tree import map_with_path
 
@@ -25,7 +26,7 @@ class Courier:
     """
 
     def __init__(self, device: Any = None) -> None:
-        self.device = None if device is None else torch.device(device)
+        self.device = None if device is None else _device(device)
         self._cuda = self.device is not None and self.device.type == "cuda"
         self._ring: dict[tuple[Any, ...], list[tuple[torch.Tensor, Any]]] = {}
         self._turn = 0
@@ -55,3 +56,23 @@ class Courier:
         done.record()
         ring[self._turn] = (pinned, done)
         return out
+
+
+def _device(device: Any) -> torch.device:
+    """`device` as a torch.device that is there: a missing one fails now, not per batch."""
+    try:
+        out = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise bad_argument("device", device, "a torch device ('cpu', 'cuda', 'cuda:0')") from None
+    if out.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise bad_argument("device", device, "a device this machine has: CUDA is not available")
+        if out.index is not None and not 0 <= out.index < count:
+            raise bad_argument("device", device, f"a CUDA device index below {count}")
+    elif out.type != "cpu":
+        try:
+            torch.empty(0, device=out)
+        except (RuntimeError, AssertionError, ValueError) as e:
+            raise bad_argument("device", device, f"a device this machine has ({e})") from None
+    return out

@@ -9,6 +9,7 @@ import numpy as np
 from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
 from dualtrain.fuel.streams import AUGMENT, SampleKey, current_sample, stream
 from dualtrain.fuel.transforms import Transform
+from dualtrain.validate import SEED_LIMIT
 
 __all__ = ["Comburant"]
 
@@ -21,6 +22,12 @@ class Comburant:
     process or framework prepares it. Inside a Tank's `prep_fn` the key is the sample in
     hand; elsewhere pass ``key=(seed, epoch, index)``.
 
+    Images are channel-last, ``(H, W, C)``, unless `layout` says otherwise: with the default
+    ``layout=None`` an array that looks channel-first (``(3, 32, 32)``: a first axis of 1, 3
+    or 4 and a last one of none of these) is refused rather than augmented along the wrong
+    axes; ``layout="CHW"`` takes (and returns) ``(C, H, W)`` frames, and ``layout="HWC"``
+    takes any last axis as the channels.
+
     Example::
 
         augment = Comburant(Flip(), Crop(area=(0.5, 1.0)), Brighten(0.1))
@@ -28,11 +35,14 @@ class Comburant:
                     prep_fn=lambda s: {**s, "image": augment(s["image"])})
     """
 
-    def __init__(self, *transforms: Transform) -> None:
+    def __init__(self, *transforms: Transform, layout: str | None = None) -> None:
         for i, t in enumerate(transforms):
             if not isinstance(t, Transform):
                 raise bad_argument(f"transforms[{i}]", t, "a dualtrain.fuel transform")
+        if layout not in _LAYOUTS:
+            raise bad_argument("layout", layout, "None, 'HWC' or 'CHW'")
         self.transforms = transforms
+        self.layout = layout
 
     def __call__(self, image: Any, mask: Any = None, *, key: Any = None) -> Any:
         """Augments one sample.
@@ -51,8 +61,8 @@ class Comburant:
         is_seq = isinstance(image, (list, tuple)) or (
             isinstance(image, np.ndarray) and image.ndim == 4
         )
-        frames = _frames("image", image, is_seq)
-        masks = None if mask is None else _frames("mask", mask, is_seq)
+        frames = _frames("image", image, is_seq, self.layout)
+        masks = None if mask is None else _frames("mask", mask, is_seq, self.layout)
         if masks is not None and len(masks) != len(frames):
             raise ShapeError(f"mask has {len(masks)} frames; image has {len(frames)}")
         for position, t in enumerate(self.transforms):
@@ -68,8 +78,8 @@ class Comburant:
             frames = [t.apply(f, params) for f in frames]
             if masks is not None and t.geometric:
                 masks = [t.apply(m, params, mask=True) for m in masks]
-        out = _unframe(image, frames, is_seq)
-        return out if masks is None else (out, _unframe(mask, masks, is_seq))
+        out = _unframe(image, frames, is_seq, self.layout)
+        return out if masks is None else (out, _unframe(mask, masks, is_seq, self.layout))
 
 
 def _key(key: Any) -> SampleKey:
@@ -80,26 +90,51 @@ def _key(key: Any) -> SampleKey:
         return sample
     if isinstance(key, SampleKey):
         return key
-    if isinstance(key, tuple) and len(key) == 3 and all(isinstance(k, int) for k in key):
-        if key[1] < 0 or key[2] < 0:
-            raise bad_argument("key", key, "(seed, epoch >= 0, index >= 0)")
+    if (
+        isinstance(key, tuple)
+        and len(key) == 3
+        and all(isinstance(k, int) and not isinstance(k, bool) for k in key)
+    ):
+        if key[1] < 0 or key[2] < 0 or not 0 <= key[0] < SEED_LIMIT:
+            raise bad_argument("key", key, "(seed in [0, 2**64), epoch >= 0, index >= 0)")
         return SampleKey(*key)
     raise bad_argument("key", key, "a SampleKey or a (seed, epoch, index) tuple of ints")
 
 
-def _frames(name: str, x: Any, is_seq: bool) -> list[np.ndarray]:
+_LAYOUTS = (None, "HWC", "CHW")
+_CHANNELS = (1, 3, 4)  # the channel counts of grey, RGB and RGBA images
+
+
+def _frames(name: str, x: Any, is_seq: bool, layout: str | None) -> list[np.ndarray]:
+    """The frames of `x` as channel-last arrays (views)."""
     frames = list(x) if is_seq else [x]
     if not frames:
         raise bad_argument(name, x, "a non-empty sequence of frames")
+    axes = "(C, H, W)" if layout == "CHW" else "(H, W, C)"
     for f in frames:
         if not isinstance(f, np.ndarray) or f.ndim not in (2, 3):
-            raise ShapeError(f"{name} must be (H, W) or (H, W, C) arrays; got {_describe(f)}")
+            raise ShapeError(f"{name} must be (H, W) or {axes} arrays; got {_describe(f)}")
         if f.dtype != np.uint8:
             raise DtypeError(f"{name} must be uint8; got dtype {f.dtype}")
+        if (
+            layout is None
+            and f.ndim == 3
+            and f.shape[0] in _CHANNELS
+            and f.shape[2] not in _CHANNELS
+        ):
+            raise ShapeError(
+                f"{name} of shape {f.shape} looks channel-first (C, H, W); Comburant takes "
+                "(H, W, C) images: pass Comburant(..., layout='CHW') for channel-first "
+                "arrays, or layout='HWC' if the last axis really holds the channels"
+            )
+    if layout == "CHW":
+        frames = [np.moveaxis(f, 0, -1) if f.ndim == 3 else f for f in frames]
     return frames
 
 
-def _unframe(original: Any, frames: list[np.ndarray], is_seq: bool) -> Any:
+def _unframe(original: Any, frames: list[np.ndarray], is_seq: bool, layout: str | None) -> Any:
+    if layout == "CHW":
+        frames = [np.moveaxis(f, -1, 0) if f.ndim == 3 else f for f in frames]
     if not is_seq:
         return np.ascontiguousarray(frames[0])
     if isinstance(original, np.ndarray):

@@ -3,13 +3,22 @@
 The header row names the keys; the first column holds the data files (relative to
 `file_dir`), or with ``is_seq`` a quoted, comma-separated list of frame files; the other
 columns hold values typed by `dtype`. Each bad row is reported by file, line and column.
+
+The file is UTF-8 (a leading byte-order mark is dropped). Lines are physical lines of the
+file: a quoted cell spanning lines counts them all, and a row is named by its first line.
+A row holding bytes that are not UTF-8 is a bad row (skippable); a broken CSV structure (a
+field over ``csv.field_size_limit()``, a NUL byte) stops the read, naming the line.
+Data files must resolve (symbolic links followed) inside `file_dir`, unless
+``allow_outside``.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,8 +26,14 @@ import numpy as np
 
 from dualtrain.errors import DtypeError, PackError, bad_argument
 from dualtrain.fuel.columns import ColumnType, parse_cell
+from dualtrain.fuel.layout import META_KEY
 
-__all__ = ["FileList", "Row", "SkippedRow", "read_file_list"]
+__all__ = ["RESERVED_SUFFIXES", "FileList", "Row", "SkippedRow", "read_file_list"]
+
+# Dataset names the pack derives from a column's key (see dualtrain.fuel.layout), and the
+# writer's own working names: a column named so would overwrite another's data.
+RESERVED_SUFFIXES = (".offsets", ".frames", ".exif", ".ends", ".counts")
+_UNDECODED = re.compile("[\udc80-\udcff]")  # bytes kept by errors="surrogateescape"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,26 +82,32 @@ def read_file_list(
     delimiter: str,
     quotechar: str,
     on_error: str,
+    allow_outside: bool = False,
 ) -> FileList:
     """Reads and checks every row (files exist, values parse and fit their types).
 
     Raises:
-        PackError: a bad row and ``on_error="raise"``; always for a bad header.
+        PackError: a bad row and ``on_error="raise"``; always for a bad header (keys that
+            repeat, are empty or clash with the pack's own dataset names) or a broken CSV.
     """
-    with open(path, newline="", encoding="utf-8") as f:
-        lines = list(csv.reader(f, delimiter=delimiter, quotechar=quotechar))
-    if not lines:
+    records = _records(path, delimiter, quotechar)
+    if not records:
         raise PackError(f"file_list {path!r} is empty; expected a header row of keys")
-    header = [h.strip() for h in lines[0]]
+    header_line, header_cells = records[0]
+    bad = _undecoded(header_cells)
+    if bad is not None:
+        raise PackError(f"file_list {path!r}, line {header_line}: the header {bad}")
+    header = [h.strip() for h in header_cells]
     columns = _column_types(path, header, dtype)
     good: list[Row] = []
     listing = FileList(path, columns, good, [])
+    root = os.path.realpath(file_dir)
     shapes: dict[str, tuple[int, ...]] = {}  # the first good row's shape, per fixed column
-    for number, cells in enumerate(lines[1:], start=2):
+    for number, cells in records[1:]:
         if not cells:  # csv gives blank lines as []
             continue
         try:
-            row = _read_row(listing, number, cells, file_dir, is_seq)
+            row = _read_row(listing, number, cells, (file_dir, root, allow_outside), is_seq)
             _check_shapes(listing, row, shapes)
             good.append(row)
         except PackError as e:
@@ -96,11 +117,50 @@ def read_file_list(
     return listing
 
 
+def _records(path: str, delimiter: str, quotechar: str) -> list[tuple[int, list[str]]]:
+    """(first line, cells) of every record; bytes that are not UTF-8 kept as surrogates."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise PackError(f"file_list {path!r} cannot be read: {e}") from e
+    text = data.decode("utf-8-sig", errors="surrogateescape")
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quotechar=quotechar)
+    records: list[tuple[int, list[str]]] = []
+    while True:
+        start = reader.line_num + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return records
+        except csv.Error as e:
+            raise PackError(
+                f"file_list {path!r}, line {reader.line_num}: not a readable CSV record ({e})"
+            ) from e
+        records.append((start, cells))
+
+
+def _undecoded(cells: list[str]) -> str | None:
+    """Why a record's text is not UTF-8 (its first undecodable byte), or None."""
+    for i, cell in enumerate(cells):
+        found = _UNDECODED.search(cell)
+        if found is not None:
+            byte = ord(found.group()) - 0xDC00
+            return f"is not UTF-8 text: byte 0x{byte:02x} in cell {i + 1}"
+    return None
+
+
 def _column_types(
     path: str, header: list[str], dtype: Sequence[str] | Mapping[str, str]
 ) -> dict[str, ColumnType]:
     if len(set(header)) != len(header) or not all(header):
         raise PackError(f"file_list {path!r}, line 1: header keys must be unique and non-empty")
+    for key in header:
+        clash = _clash(key)
+        if clash is not None:
+            raise PackError(
+                f"file_list {path!r}, line 1: column {key!r} {clash}; rename the column"
+            )
     if isinstance(dtype, Mapping):
         missing = [k for k in header[1:] if k not in dtype]
         if missing:
@@ -122,8 +182,29 @@ def _column_types(
     return columns
 
 
-def _read_row(listing: FileList, line: int, cells: list[str], file_dir: str, is_seq: bool) -> Row:
+def _clash(key: str) -> str | None:
+    """Why a column key cannot name a pack dataset, or None."""
+    if key == META_KEY:
+        return f"is the name of the pack's metadata ({META_KEY!r})"
+    if key.endswith(RESERVED_SUFFIXES):
+        return f"ends in a name the pack gives its own datasets {list(RESERVED_SUFFIXES)}"
+    if "/" in key or "\x00" in key or key in (".", ".."):
+        return "holds '/' or a NUL byte, or is '.' or '..' (HDF5 path syntax)"
+    return None
+
+
+def _read_row(
+    listing: FileList,
+    line: int,
+    cells: list[str],
+    where: tuple[str, str, bool],
+    is_seq: bool,
+) -> Row:
+    file_dir, root, allow_outside = where
     keys = list(listing.columns)
+    bad = _undecoded(cells)
+    if bad is not None:
+        raise _RowError(listing, line, keys[0], f"the row {bad}")
     if len(cells) != len(keys):
         raise _RowError(
             listing,
@@ -136,6 +217,12 @@ def _read_row(listing: FileList, line: int, cells: list[str], file_dir: str, is_
     if not files:
         raise _RowError(listing, line, keys[0], "names no file")
     for file in files:
+        if not allow_outside and not _inside(os.path.realpath(file), root):
+            raise _RowError(
+                listing, line, keys[0],
+                f"file {file!r} resolves to {os.path.realpath(file)!r}, outside file_dir "
+                f"{root!r}; pass allow_outside=True to FuelGenerator to accept it",
+            )  # fmt: skip
         if not os.path.isfile(file):
             raise _RowError(listing, line, keys[0], f"file {file!r} does not exist")
     values: dict[str, Any] = {}
@@ -159,6 +246,13 @@ def _check_shapes(listing: FileList, row: Row, shapes: dict[str, tuple[int, ...]
             )  # fmt: skip
     for key, value in fixed.items():
         shapes.setdefault(key, getattr(value, "shape", ()))
+
+
+def _inside(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:  # different drives (Windows)
+        return False
 
 
 class _RowError(PackError):

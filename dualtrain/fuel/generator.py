@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from dualtrain import atomic
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.fuel import images
 from dualtrain.fuel.columns import ColumnType
@@ -20,7 +22,10 @@ from dualtrain.fuel.writer import PackWriter
 
 __all__ = ["FuelGenerator", "PackReport", "shard_paths"]
 
-_PROPERTIES = ("file_dir", "file_list", "dtype", "is_seq", "delimiter", "quotechar")
+_PROPERTIES = (
+    "file_dir", "file_list", "dtype", "is_seq", "delimiter", "quotechar", "allow_outside",
+)  # fmt: skip
+_DEFAULTS = {"is_seq": False, "delimiter": ",", "quotechar": '"', "allow_outside": False}
 _CHUNK = 16  # rows per task handed to a worker thread
 
 
@@ -58,6 +63,8 @@ class FuelGenerator:
             left out) or a dict key -> type; see `dualtrain.fuel.columns`.
         is_seq: the first column holds a quoted, comma-separated list of frame files.
         delimiter, quotechar: the CSV dialect.
+        allow_outside: accept data files that resolve outside `file_dir` (absolute paths,
+            ``..``, symbolic links leading out); by default such a row is a PackError.
     """
 
     def __init__(
@@ -69,14 +76,14 @@ class FuelGenerator:
         is_seq: bool = False,
         delimiter: str = ",",
         quotechar: str = '"',
+        allow_outside: bool = False,
     ) -> None:
         given = {
             "file_dir": file_dir, "file_list": file_list, "dtype": dtype, "is_seq": is_seq,
-            "delimiter": delimiter, "quotechar": quotechar,
+            "delimiter": delimiter, "quotechar": quotechar, "allow_outside": allow_outside,
         }  # fmt: skip
-        defaults = {"is_seq": False, "delimiter": ",", "quotechar": '"'}
         if config is not None:
-            changed = [k for k, v in given.items() if v is not None and v != defaults.get(k)]
+            changed = [k for k, v in given.items() if v is not None and v != _DEFAULTS.get(k)]
             if changed:
                 raise ArgumentError(
                     f"config and keyword arguments are mutually exclusive; got config and {changed}"
@@ -89,16 +96,21 @@ class FuelGenerator:
         """Changes properties from a dict or keywords.
 
         The properties: ``file_dir``, ``file_list``, ``dtype``, ``is_seq``, ``delimiter``,
-        ``quotechar``; anything else is an error.
+        ``quotechar``, ``allow_outside``; anything else is an error.
         """
         updates = {**dict(config or {}), **changes}
         unknown = [k for k in updates if k not in _PROPERTIES]
         if unknown:
             raise bad_argument("config", unknown, f"keys among {list(_PROPERTIES)}")
         props = {**self._props, **updates}
-        props.setdefault("is_seq", False)
-        props.setdefault("delimiter", ",")
-        props.setdefault("quotechar", '"')
+        for key, default in _DEFAULTS.items():
+            props.setdefault(key, default)
+        for key in ("is_seq", "allow_outside"):
+            if not isinstance(props[key], bool):
+                raise bad_argument(key, props[key], "True or False")
+        for key in ("delimiter", "quotechar"):
+            if not isinstance(props[key], str) or len(props[key]) != 1:
+                raise bad_argument(key, props[key], "a one-character str")
         for key in ("file_dir", "file_list", "dtype"):
             if props.get(key) is None:
                 raise bad_argument(key, props.get(key), "given (in config or as a keyword)")
@@ -135,62 +147,98 @@ class FuelGenerator:
         quality: int = 90,
         workers: int | None = None,
         on_error: str = "raise",
+        depth: str = "uint8",
+        max_image_pixels: int | None = None,
     ) -> PackReport:
         """Decodes, orients, converts, resizes and re-encodes every image into a pack.
 
         Args:
             dst_path: the pack file (.h5, .hdf5 or .npz). With ``shards=k > 1`` the files are
-                ``stem-00000-of-0000k.ext`` beside it.
+                ``stem-00000-of-0000k.ext`` beside it. Every file of one run carries the
+                same run id (metadata ``run``, 32 hex digits) with its ``shard`` index and
+                the ``shards`` count, so that shards of different runs are never read as one.
             height: the stored image height in pixels.
             width: the stored image width in pixels.
-            channel: 1 (grey), 3 (RGB) or 4 (RGBA).
-            encode: "JPEG" (at `quality`) or "PNG" (lossless).
+            channel: 1 (grey), 3 (RGB) or 4 (RGBA); 1 for a depth other than uint8.
+            encode: "JPEG" (at `quality`, uint8 only), "PNG" (lossless; uint8 or uint16) or
+                "RAW" (the pixel array as ``.npy`` bytes, uncompressed; any depth).
             shards: the number of files, of near-equal row counts (at most the row count).
             keep_exif: store each file's EXIF block in ``<key>.exif``.
             quality: JPEG quality, 1..95.
             workers: worker threads; None uses every core for more than 64 rows.
             on_error: "raise" stops at the first bad row; "skip" leaves bad rows out and
                 lists them in the report.
+            depth: the pixel dtype images are stored at: "uint8" (default), or for
+                one-channel images "uint16", "int32" or "float32". An image of another
+                depth is a bad row, never scaled or clipped (see `dualtrain.fuel.images`).
+            max_image_pixels: the most pixels (width x height) a raw image may have; larger
+                ones are bad rows (a guard against decompression bombs). None uses Pillow's
+                process-wide limit ``PIL.Image.MAX_IMAGE_PIXELS`` (89,478,485 unless
+                changed); a value above it must be allowed there first.
 
         Returns:
-            A PackReport. The files appear under their final names only when complete.
+            A PackReport. The files appear under their final names only when every shard
+            is complete; temporary files of writers that were killed are removed first.
 
         Raises:
-            PackError: a bad row (missing or unreadable file, bad value, wrong cell count),
-                naming the CSV file, line and column.
+            PackError: a bad row (missing, unreadable, truncated, malformed, too large or
+                too deep image, a path outside `file_dir`, bad value, wrong cell count),
+                naming the CSV file, line and column; a bad header or a broken CSV.
+            OSError: the disk's own error (a full disk); no temporary file is left.
         """
         started = time.perf_counter()
         _check_generate(dst_path, height, width, channel, encode, shards, quality, on_error)
-        if workers is not None and (not isinstance(workers, int) or workers < 0):
+        _check_depth(depth, channel, encode.upper(), keep_exif)
+        limit = _pixel_limit(max_image_pixels)
+        if workers is not None and (
+            not isinstance(workers, int) or isinstance(workers, bool) or workers < 0
+        ):
             raise bad_argument("workers", workers, "a non-negative int or None")
         encode = encode.upper()
+        # NumPy ints pass the checks; the metadata is JSON, which wants Python ints.
+        height, width, channel, shards, quality = map(
+            int, (height, width, channel, shards, quality)
+        )
         p = self._props
         listing = read_file_list(
             p["file_list"], p["file_dir"], p["dtype"], is_seq=p["is_seq"],
             delimiter=p["delimiter"], quotechar=p["quotechar"], on_error=on_error,
+            allow_outside=p["allow_outside"],
         )  # fmt: skip
         if shards > max(len(listing.rows), 1):
             raise bad_argument("shards", shards, f"at most the {len(listing.rows)} good rows")
         paths = shard_paths(dst_path, shards)
-        image = {"height": height, "width": width, "channel": channel, "encode": encode}
+        # Housekeeping: the temporary files of killed writers in this folder.
+        atomic.sweep_stale(os.path.dirname(os.path.abspath(dst_path)))
+        image = {
+            "height": height, "width": width, "channel": channel, "encode": encode,
+            "dtype": depth,
+        }  # fmt: skip
+        run = uuid.uuid4().hex
         writers: list[PackWriter] = []
         try:
             for i, path in enumerate(paths):
-                writers.append(self._writer(listing, path, keep_exif, image, i, shards))
-            settings = (height, width, channel, encode, quality, keep_exif)
+                writers.append(self._writer(listing, path, keep_exif, image, (run, i, shards)))
+            settings = (height, width, channel, encode, quality, keep_exif, depth, limit)
             bounds = np.linspace(0, len(listing.rows), shards + 1).round().astype(int)
             for index, (row, result) in enumerate(
                 _encoded(listing.rows, settings, workers, len(listing.rows))
             ):
-                if isinstance(result, str):  # the image could not be read
+                if isinstance(result, _Failure):  # the image could not be packed
                     if on_error == "raise":
-                        raise listing.error(row.line, listing.image_key, result)
-                    listing.skipped.append(SkippedRow(row.line, listing.image_key, result))
+                        raise listing.error(
+                            row.line, listing.image_key, result.reason
+                        ) from result.error
+                    listing.skipped.append(SkippedRow(row.line, listing.image_key, result.reason))
                     continue
                 shard = int(np.searchsorted(bounds, index, side="right")) - 1
                 self._append(writers[shard], listing, row, result)
+            # Every shard complete on disk before the first takes its final name: a crash
+            # during the renames leaves shards of two runs, which readers tell apart by run.
             for w in writers:
-                w.commit()
+                w.finish()
+            for w in writers:
+                w.publish()
         except BaseException:
             for w in writers:
                 w.abort()
@@ -200,9 +248,15 @@ class FuelGenerator:
         return PackReport(paths, written, listing.skipped, time.perf_counter() - started)
 
     def _writer(
-        self, listing: FileList, path: str, keep_exif: bool, image: dict[str, Any], i: int, k: int
+        self,
+        listing: FileList,
+        path: str,
+        keep_exif: bool,
+        image: dict[str, Any],
+        shard: tuple[str, int, int],
     ) -> PackWriter:
-        meta = {"image": image, "shard": i, "shards": k, "exif": keep_exif}
+        run, i, k = shard
+        meta = {"image": image, "run": run, "shard": i, "shards": k, "exif": keep_exif}
         return PackWriter(
             path, listing.columns, listing.image_key, is_seq=self._props["is_seq"],
             keep_exif=keep_exif, meta=meta,
@@ -229,13 +283,13 @@ def _check_generate(
 ) -> None:  # fmt: skip
     format_of(dst_path)
     for name, value in (("height", height), ("width", width), ("shards", shards)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not _is_int(value) or value < 1:
             raise bad_argument(name, value, "a positive int")
-    if channel not in images.MODES:
+    if not _is_int(channel) or channel not in images.MODES:
         raise bad_argument("channel", channel, "1, 3 or 4")
     if not isinstance(encode, str) or encode.upper() not in images.ENCODINGS:
-        raise bad_argument("encode", encode, "'JPEG' or 'PNG'")
-    if not isinstance(quality, int) or not 1 <= quality <= 95:
+        raise bad_argument("encode", encode, "'JPEG', 'PNG' or 'RAW'")
+    if not _is_int(quality) or not 1 <= quality <= 95:
         raise bad_argument("quality", quality, "an int in 1..95")
     if on_error not in ("raise", "skip"):
         raise bad_argument("on_error", on_error, "'raise' or 'skip'")
@@ -244,10 +298,56 @@ def _check_generate(
         raise bad_argument("dst_path", dst_path, "a path in an existing folder")
 
 
+def _is_int(value: object) -> bool:
+    """An int and not a bool (``True`` is an int to Python, never a count here)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_depth(depth: object, channel: int, encode: str, keep_exif: object) -> None:
+    if not isinstance(keep_exif, bool):
+        raise bad_argument("keep_exif", keep_exif, "True or False")
+    if depth not in images.DEPTHS:
+        raise bad_argument("depth", depth, f"one of {list(images.DEPTHS)}")
+    if depth == "uint8":
+        return
+    if channel != 1:
+        raise bad_argument("channel", channel, f"1 for depth={depth!r} (deep images are grey)")
+    allowed = ("PNG", "RAW") if depth == "uint16" else ("RAW",)
+    if encode not in allowed:
+        raise bad_argument("encode", encode, f"one of {list(allowed)} for depth={depth!r}")
+
+
+def _pixel_limit(max_image_pixels: object) -> int | None:
+    """The pixel limit of a run; refuses one that Pillow's own, process-wide limit undercuts."""
+    from PIL import Image
+
+    pillow = Image.MAX_IMAGE_PIXELS
+    if max_image_pixels is None:
+        return pillow
+    if not _is_int(max_image_pixels) or max_image_pixels < 1:  # type: ignore[operator]
+        raise bad_argument("max_image_pixels", max_image_pixels, "a positive int or None")
+    if pillow is not None and max_image_pixels > pillow:  # type: ignore[operator]
+        raise bad_argument(
+            "max_image_pixels",
+            max_image_pixels,
+            f"at most PIL.Image.MAX_IMAGE_PIXELS={pillow}, which Pillow checks first for "
+            "the whole process (raise it, or set it to None, to accept larger images)",
+        )
+    return int(max_image_pixels)  # type: ignore[call-overload]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failure:
+    """Why one row's image could not be packed, and the exception behind it."""
+
+    reason: str
+    error: BaseException
+
+
 def _encoded(
     rows: list[Row], settings: tuple[Any, ...], workers: int | None, n: int
 ) -> Iterator[tuple[Row, Any]]:
-    """(row, (frames, exif) or an error string) for every row, in order."""
+    """(row, (frames, exif) or a _Failure) for every row, in order."""
     if workers is None:
         workers = (os.cpu_count() or 1) if n > 64 else 0
     chunks = [rows[i : i + _CHUNK] for i in range(0, len(rows), _CHUNK)]
@@ -266,20 +366,30 @@ def _encoded(
 
 
 def _encode_chunk(files: list[tuple[str, ...]], settings: tuple[Any, ...]) -> list[Any]:
-    height, width, channel, encode, quality, keep_exif = settings
+    height, width, channel, encode, quality, keep_exif, depth, limit = settings
     out: list[Any] = []
     for row_files in files:
         frames: list[bytes] = []
         exif = b""
+        path = row_files[0]
         try:
             for j, path in enumerate(row_files):
                 with open(path, "rb") as f:
                     raw = f.read()
-                img, frame_exif = images.prepare(raw, height, width, channel, keep_exif=keep_exif)
+                img, frame_exif = images.prepare(
+                    raw, height, width, channel, keep_exif=keep_exif, depth=depth,
+                    max_pixels=limit,
+                )  # fmt: skip
                 frames.append(images.encode(img, encode, quality))
                 exif = frame_exif if j == 0 else exif
-        except OSError as e:
-            out.append(f"cannot read image {path!r}: {e}")
+        except images.ImageError as e:
+            out.append(_Failure(f"image {path!r} {e}", e))
+            continue
+        # Whatever Pillow raises on a bad file (OSError, SyntaxError, ValueError,
+        # DecompressionBombError, a DecompressionBombWarning made an error by the warning
+        # filters, struct.error, ...) makes a bad row, never a crash of the whole run.
+        except Exception as e:
+            out.append(_Failure(f"cannot read image {path!r}: {type(e).__name__}: {e}", e))
             continue
         out.append((frames, exif))
     return out

@@ -15,9 +15,10 @@ dataset names in both formats:
 from __future__ import annotations
 
 import json
+import string
 from typing import Any
 
-from dualtrain.errors import bad_argument
+from dualtrain.errors import ArgumentError, PackError, bad_argument
 
 __all__ = ["FORMAT", "META_KEY", "VERSION", "format_of", "meta_from_json", "meta_to_json"]
 
@@ -41,10 +42,88 @@ def meta_to_json(meta: dict[str, Any]) -> str:
 
 
 def meta_from_json(text: str, path: str) -> dict[str, Any]:
-    """Parses and checks stored metadata; `path` names the file in errors."""
-    meta = json.loads(text)
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+    """Parses and checks stored metadata; `path` names the file in errors.
+
+    Raises:
+        ArgumentError: the file is not a dualtrain.fuel pack.
+        PackError: the metadata is malformed (bad JSON, missing or ill-typed keys, negative
+            counts, column entries that do not parse); the message names the file.
+    """
+    try:
+        meta = json.loads(text)
+    except (ValueError, TypeError) as e:  # JSONDecodeError, bad UTF-8
+        raise PackError(f"{path}: the pack metadata ({META_KEY}) is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise PackError(
+            f"{path}: the pack metadata ({META_KEY}) is a JSON {type(meta).__name__}, not an object"
+        )
+    if meta.get("format") != FORMAT:
         raise bad_argument(
             "data_path", path, f"a {FORMAT} pack of version {VERSION} (made by FuelGenerator)"
         )
+    if meta.get("version") != VERSION:
+        raise PackError(
+            f"{path}: pack version {meta.get('version')!r}; this dualtrain reads version {VERSION}"
+        )
+    _check_meta(meta, path)
     return meta
+
+
+def _meta_error(path: str, key: str, value: Any, expected: str) -> PackError:
+    return PackError(
+        f"{path}: malformed pack metadata: {key!r} must be {expected}; got {value!r}"[:1000]
+    )
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_meta(meta: dict[str, Any], path: str) -> None:
+    """The keys Pack relies on, with their types; raises PackError naming `path`."""
+    from dualtrain.fuel.columns import ColumnType
+
+    if not _count(meta.get("count")):
+        raise _meta_error(path, "count", meta.get("count"), "a non-negative int")
+    keys = meta.get("keys")
+    if (
+        not isinstance(keys, list)
+        or not keys
+        or not all(isinstance(k, str) and k for k in keys)
+        or len(set(keys)) != len(keys)
+    ):
+        raise _meta_error(path, "keys", keys, "a non-empty list of distinct column names")
+    columns = meta.get("columns")
+    if not isinstance(columns, dict) or set(columns) != set(keys):
+        raise _meta_error(path, "columns", columns, f"a dict with one entry per key of {keys}")
+    for position, key in enumerate(keys):
+        entry = columns[key]
+        where = f"columns[{key!r}]"
+        if not isinstance(entry, dict):
+            raise _meta_error(path, where, entry, "a dict with 'type' and 'kind'")
+        try:
+            ctype = ColumnType.parse(entry.get("type"), f"{where}['type']")
+        except ArgumentError as e:
+            raise PackError(f"{path}: malformed pack metadata: {e}") from None
+        kind = entry.get("kind")
+        if kind not in ("value", "image", "sequence"):
+            raise _meta_error(path, f"{where}['kind']", kind, "'value', 'image' or 'sequence'")
+        if kind != "value" and (position != 0 or not ctype.variable):
+            raise _meta_error(
+                path, f"{where}['kind']", kind, "'value' (only the first column holds images)"
+            )
+        if not ctype.variable:
+            shape = entry.get("shape")
+            if not isinstance(shape, list) or not all(_count(s) for s in shape):
+                raise _meta_error(path, f"{where}['shape']", shape, "a list of ints >= 0")
+    for key, kind in (("image", dict), ("exif", bool)):
+        if key in meta and not isinstance(meta[key], kind):
+            raise _meta_error(path, key, meta[key], f"a {kind.__name__}")
+    shard, shards = meta.get("shard", 0), meta.get("shards", 1)
+    if not _count(shards) or shards < 1 or not _count(shard) or shard >= shards:
+        raise _meta_error(path, "shard", (shard, shards), "0 <= shard < shards")
+    run = meta.get("run")
+    if run is not None and not (
+        isinstance(run, str) and len(run) == 32 and all(c in string.hexdigits for c in run)
+    ):
+        raise _meta_error(path, "run", run, "a str of 32 hex digits")

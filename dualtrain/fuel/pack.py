@@ -7,6 +7,14 @@ so a row is a slice of the page cache: no h5py call, no lock, no GIL held. Offse
 once per file and kept. npz
 files are read whole on first use (npz members cannot be sliced on disk): npz suits packs
 that fit in memory, HDF5 any size.
+
+A pack is checked when it is opened: its metadata, every dataset's shape and dtype against
+it, the shards against each other (one `generate` run, every shard once), and each offsets
+array when first read (monotone, within its values). Each file's identity (device, inode,
+size, mtime) is recorded then; `Pack.check` compares it with the file on disk, so a file
+truncated, rewritten or replaced under a reader is a PackError, not a SIGBUS of the mapping.
+Every row read is preceded by a check at most a millisecond old (one stat per ms at most),
+and a Tank checks the files of each part of a batch before and after reading it.
 """
 
 from __future__ import annotations
@@ -15,16 +23,27 @@ import bisect
 import mmap
 import os
 import threading
+import time
+import zipfile
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.errors import PackError, bad_argument
 from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.layout import META_KEY, format_of, meta_from_json
 
 __all__ = ["Column", "Pack"]
+
+_Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+# A read of the mapping is preceded by a check at most this old: the window in which a file
+# truncated under a reader can still fault the mapping (SIGBUS), for one stat per ms at most.
+_RECHECK_NS = 1_000_000
+
+
+def _identity(st: os.stat_result) -> _Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class _File:
@@ -37,26 +56,97 @@ class _File:
         self._handle: Any = None
         self._cache: dict[str, np.ndarray] = {}
         self._sources: dict[str, Any] = {}
-        self.meta = self._read_meta()
-
-    def _read_meta(self) -> dict[str, Any]:
+        self._checked_ns = 0  # monotonic time of the last check that passed
         if not os.path.isfile(self.path):
             raise bad_argument("data_path", self.path, "an existing pack file")
-        if self.format == "hdf5":
-            import h5py
+        self.identity = _identity(os.stat(self.path))
+        self.meta, self.datasets = self._read_meta()
+        self.check()  # the file did not change while its metadata was read
+        self._check_datasets()
 
-            with h5py.File(self.path, "r") as f:
-                text = f.attrs.get(META_KEY)
-        else:
-            with np.load(self.path, allow_pickle=False) as f:
-                text = bytes(f[META_KEY]).decode() if META_KEY in f.files else None
+    def _read_meta(self) -> tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], np.dtype]]]:
+        """The metadata and each dataset's (shape, dtype), without reading any data."""
+        try:
+            if self.format == "hdf5":
+                import h5py
+
+                with h5py.File(self.path, "r") as f:
+                    text = f.attrs.get(META_KEY)
+                    datasets: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+                    f.visititems(
+                        lambda name, obj: datasets.__setitem__(name, (obj.shape, obj.dtype))
+                        if isinstance(obj, h5py.Dataset) else None
+                    )  # fmt: skip
+            else:
+                text, datasets = _npz_headers(self.path)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise PackError(f"{self.path}: not a readable pack file: {e}") from None
         if text is None:
             raise bad_argument("data_path", self.path, "a pack made by FuelGenerator")
-        return meta_from_json(str(text), self.path)
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return meta_from_json(str(text), self.path), datasets
+
+    def _check_datasets(self) -> None:
+        """Every dataset the metadata names exists with the shape and dtype it implies."""
+        count = self.meta["count"]
+        for key, entry in self.meta["columns"].items():
+            ctype = ColumnType.parse(entry["type"])
+            stored = np.dtype(np.uint8) if entry["kind"] != "value" else ctype.dtype
+            if not ctype.variable:
+                self._expect(key, (count, *entry["shape"]), stored)
+                continue
+            if entry["kind"] == "sequence":
+                self._expect(f"{key}.frames", (count + 1,), np.dtype(np.int64))
+                self._expect(f"{key}.offsets", None, np.dtype(np.int64))
+            else:
+                self._expect(f"{key}.offsets", (count + 1,), np.dtype(np.int64))
+            self._expect(key, None, stored)
+        if self.meta.get("exif"):
+            first = self.meta["keys"][0]
+            self._expect(f"{first}.exif.offsets", (count + 1,), np.dtype(np.int64))
+            self._expect(f"{first}.exif", None, np.dtype(np.uint8))
+
+    def _expect(self, name: str, shape: tuple[int, ...] | None, dtype: np.dtype) -> None:
+        """Dataset `name` has `shape` (None: any 1-D shape) and `dtype`."""
+        found = self.datasets.get(name)
+        if found is None:
+            raise PackError(f"{self.path}: dataset {name!r} is missing")
+        got_shape, got_dtype = tuple(found[0]), np.dtype(found[1])
+        ok_shape = len(got_shape) == 1 if shape is None else got_shape == shape
+        if not ok_shape or got_dtype != dtype:
+            want = "1-D" if shape is None else str(shape)
+            raise PackError(
+                f"{self.path}: dataset {name!r} has shape {got_shape} and dtype {got_dtype}; "
+                f"the metadata implies shape {want} and dtype {dtype} "
+                f"(count={self.meta['count']})"
+            )
+
+    def check(self) -> None:
+        """Raises PackError when the file on disk is no longer the one this Pack opened.
+
+        One `os.stat`: compares device, inode, size and mtime (ns) with those recorded when
+        the pack was opened, so truncation, in-place rewrites and replacement by rename are
+        caught before the mapping is read.
+        """
+        try:
+            now = _identity(os.stat(self.path))
+        except OSError as e:
+            raise PackError(f"{self.path}: the pack file is gone ({e.strerror})") from None
+        if now != self.identity:
+            raise _changed(self.path, self.identity, now)
+        self._checked_ns = time.monotonic_ns()
+
+    def guard(self) -> None:
+        """`check`, unless a check passed less than a millisecond ago (before each row)."""
+        if time.monotonic_ns() - self._checked_ns > _RECHECK_NS:
+            self.check()
 
     def __getstate__(self) -> dict[str, Any]:
-        # Handles stay in the process that opened them; a worker opens its own.
-        return {"path": self.path, "format": self.format, "meta": self.meta}
+        # Handles stay in the process that opened them; a worker opens its own, and checks
+        # it against the identity recorded here.
+        keep = ("path", "format", "meta", "datasets", "identity")
+        return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -64,6 +154,7 @@ class _File:
         self._handle = None
         self._cache = {}
         self._sources = {}
+        self._checked_ns = 0
 
     def whole(self, name: str) -> np.ndarray:
         """A dataset read whole and cached (offsets; any npz member)."""
@@ -73,8 +164,25 @@ class _File:
                 arr = self._cache.get(name)
                 if arr is None:
                     arr = np.asarray(self._open()[name][()])
+                    if name.endswith((".offsets", ".frames")):
+                        self._check_offsets(name, arr)
                     self._cache[name] = arr
         return arr
+
+    def _check_offsets(self, name: str, offsets: np.ndarray) -> None:
+        """Offsets start at 0, never decrease and end within the values they index."""
+        base, kind = name.rsplit(".", 1)
+        if kind == "frames":
+            limit = self.datasets[f"{base}.offsets"][0][0] - 1
+        else:
+            limit = self.datasets[base][0][0]
+        if offsets.size == 0 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+            raise PackError(f"{self.path}: dataset {name!r} does not start at 0 and rise")
+        if offsets[-1] > limit:
+            raise PackError(
+                f"{self.path}: dataset {name!r} ends at {int(offsets[-1])}, beyond the "
+                f"{limit} entries it indexes"
+            )
 
     def part(self, name: str, start: int, stop: int) -> np.ndarray:
         """``dataset[start:stop]``, without a copy where the dataset is mapped."""
@@ -92,22 +200,39 @@ class _File:
         if dataset.chunks is not None or dataset.compression is not None or offset is None:
             return dataset
         with open(self.path, "rb") as f:
+            self._same(os.fstat(f.fileno()))  # the file mapped is the file checked
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         count = int(np.prod(dataset.shape))
+        if offset + count * dataset.dtype.itemsize > len(mapped):
+            raise PackError(f"{self.path}: dataset {name!r} runs past the end of the file")
         flat = np.frombuffer(mapped, dataset.dtype, count=count, offset=offset)
         return flat.reshape(dataset.shape)
+
+    def _same(self, st: os.stat_result) -> None:
+        now = _identity(st)
+        if now != self.identity:
+            raise _changed(self.path, self.identity, now)
 
     def _open(self) -> Any:
         if self._handle is None:
             with self._lock:
                 if self._handle is None:
+                    self.check()
                     if self.format == "hdf5":
                         import h5py
 
-                        self._handle = h5py.File(self.path, "r")
+                        handle = h5py.File(self.path, "r")
+                        try:
+                            self._same(os.fstat(handle.id.get_vfd_handle()))
+                        except BaseException:
+                            handle.close()
+                            raise
+                        self._handle = handle
                     else:  # read whole and closed at once: npz members cannot be sliced
-                        with np.load(self.path, allow_pickle=False) as f:
-                            self._handle = {name: f[name] for name in f.files}
+                        with open(self.path, "rb") as raw:
+                            self._same(os.fstat(raw.fileno()))
+                            with np.load(raw, allow_pickle=False) as f:
+                                self._handle = {name: f[name] for name in f.files}
         return self._handle
 
     def close(self) -> None:
@@ -118,6 +243,37 @@ class _File:
             self._handle = None
             self._cache = {}
             self._sources = {}
+
+
+def _changed(path: str, was: _Identity, now: _Identity) -> PackError:
+    names = ("device", "inode", "size", "mtime_ns")
+    diffs = ", ".join(f"{n} {a} -> {b}" for n, a, b in zip(names, was, now, strict=True) if a != b)
+    return PackError(
+        f"{path}: the pack file changed since it was opened ({diffs}); a pack must not be "
+        "rewritten, truncated or replaced while a Tank or Pack reads it: open it again"
+    )
+
+
+def _npz_headers(path: str) -> tuple[Any, dict[str, tuple[tuple[int, ...], np.dtype]]]:
+    """The metadata text and each member's (shape, dtype) of an npz, from the headers only."""
+    datasets: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    text = None
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            name = info.filename[:-4]
+            with z.open(info) as f:
+                if name == META_KEY:
+                    text = np.load(f, allow_pickle=False).tobytes()
+                    continue
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            datasets[name] = (tuple(shape), np.dtype(dtype))
+    return text, datasets
 
 
 class Pack:
@@ -138,13 +294,8 @@ class Pack:
         if not paths:
             raise bad_argument("data_path", data_path, "a pack file or a non-empty list")
         self._files = [_File(os.fspath(p)) for p in paths]
+        _check_set(self._files)
         first = self._files[0].meta
-        for f in self._files[1:]:
-            if f.meta["columns"] != first["columns"]:
-                raise ArgumentError(
-                    f"data_path: shard {f.path!r} has columns {f.meta['columns']}; "
-                    f"expected those of {self._files[0].path!r}: {first['columns']}"
-                )
         # JSON sorts the column dict; "keys" keeps the CSV order.
         self.columns: dict[str, dict[str, Any]] = {k: first["columns"][k] for k in first["keys"]}
         self.image: dict[str, Any] = first.get("image", {})
@@ -154,6 +305,25 @@ class Pack:
 
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    @property
+    def paths(self) -> list[str]:
+        """The pack's files, in reading order."""
+        return [f.path for f in self._files]
+
+    def check(self, rows: np.ndarray | None = None) -> None:
+        """Raises PackError if a file (holding any of `rows`; None: every file) changed.
+
+        One `os.stat` per file. Tank calls it before and after preparing each part of a
+        batch; direct readers of `pack[key][i]` call it when they want the same guard.
+        """
+        if rows is None or len(self._files) == 1:
+            files = self._files
+        else:
+            shards = np.searchsorted(self._starts, np.asarray(rows), side="right") - 1
+            files = [self._files[int(i)] for i in np.unique(shards)]
+        for f in files:
+            f.check()
 
     @property
     def keys(self) -> list[str]:
@@ -211,6 +381,7 @@ class Column:
 
     def __getitem__(self, index: int) -> Any:
         f, i = self.pack.locate(int(index))
+        f.guard()  # the file is the one opened, as of a millisecond ago at most
         if self.kind == "sequence":
             frames = f.whole(f"{self.key}.frames")
             offsets = f.whole(f"{self.key}.offsets")
@@ -223,3 +394,48 @@ class Column:
         offsets = f.whole(f"{self.key}.offsets")
         value = f.part(self.key, int(offsets[i]), int(offsets[i + 1]))
         return value.tobytes().decode() if self.type.base == "str" else value
+
+
+def _check_set(files: list[_File]) -> None:
+    """Raises PackError unless the files are one pack.
+
+    One pack: the same columns and, when the files carry a run id, every shard of one
+    `generate` run, once. Packs written before run ids existed have none and are read as they are.
+    """
+    first = files[0]
+    for f in files[1:]:
+        if f.meta["columns"] != first.meta["columns"] or f.meta["keys"] != first.meta["keys"]:
+            raise PackError(
+                f"data_path: shard {f.path!r} has columns {f.meta['columns']}; "
+                f"expected those of {first.path!r}: {first.meta['columns']}"
+            )
+    runs = {f.path: f.meta.get("run") for f in files}
+    if not any(runs.values()):
+        return
+    if len(set(runs.values())) > 1:
+        listing = ", ".join(f"{path!r} (run {run})" for path, run in runs.items())
+        raise PackError(
+            f"data_path: the shards come from different generate runs: {listing}; a crash "
+            "between shard renames, or files of two runs under one name, can cause this: "
+            "generate the pack again"
+        )
+    shards = {f.meta.get("shards", 1) for f in files}
+    total = max(shards)
+    seen: dict[int, list[str]] = {}
+    for f in files:
+        seen.setdefault(f.meta.get("shard", 0), []).append(f.path)
+    duplicate = {i: p for i, p in seen.items() if len(p) > 1}
+    missing = sorted(set(range(total)) - set(seen))
+    if len(shards) > 1 or duplicate or missing:
+        found = ", ".join(
+            f"{f.path!r} (shard {f.meta.get('shard', 0)} of {f.meta.get('shards', 1)})"
+            for f in files
+        )
+        problems = [f"shard {i} is missing" for i in missing]
+        problems += [f"shard {i} is given {len(p)} times" for i, p in duplicate.items()]
+        if len(shards) > 1:
+            problems.append(f"the shard counts differ: {sorted(shards)}")
+        raise PackError(
+            f"data_path: not one whole pack of run {next(iter(runs.values()))}: "
+            f"{'; '.join(problems)}; got {found}"
+        )

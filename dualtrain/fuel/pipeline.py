@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dualtrain.errors import ArgumentError
 from dualtrain.fuel.streams import SampleKey, sample_scope
 from dualtrain.memory import aligned_empty
 
@@ -27,20 +28,51 @@ Fn = Callable[..., Any]
 
 
 class Recipe:
-    """What to do with each row: picklable, so worker processes get it whole."""
+    """What to do with each row: picklable, so worker processes get it whole.
 
-    def __init__(self, data: Any, fetch_fn: Fn, prep_fn: Fn | None, seed: int) -> None:
+    Args:
+        data: what fetch_fn reads (a Pack: its `check` guards every part of a batch).
+        fetch_fn, prep_fn: ``fetch_fn(data, index)``, then ``prep_fn(sample)``.
+        seed: the Tank's seed (the sample's key).
+        finish_fn: ``finish_fn(sample)`` after prep_fn (the Tank's layout and scale).
+        dict_samples: the samples must be dicts (for the default collate): a prep_fn (or,
+            without one, a fetch_fn) returning anything else is an ArgumentError naming it.
+    """
+
+    def __init__(
+        self, data: Any, fetch_fn: Fn, prep_fn: Fn | None, seed: int,
+        finish_fn: Fn | None = None, dict_samples: bool = False,
+    ) -> None:  # fmt: skip
         self.data, self.fetch_fn, self.prep_fn, self.seed = data, fetch_fn, prep_fn, seed
+        self.finish_fn, self.dict_samples = finish_fn, dict_samples
+
+    def check(self, rows: np.ndarray) -> None:
+        """Raises if the files holding `rows` changed on disk (a Pack's `check`)."""
+        check = getattr(self.data, "check", None)
+        if check is not None:
+            check(rows)
 
     def sample(self, epoch: int, index: int) -> Any:
         """fetch_fn then prep_fn on row `index`, with the sample in scope."""
         with sample_scope(SampleKey(self.seed, epoch, index)):
             try:
                 datum = self.fetch_fn(self.data, index)
-                return datum if self.prep_fn is None else self.prep_fn(datum)
+                if self.prep_fn is None:
+                    datum = self._returned("fetch_fn", datum)
+                else:  # a prep_fn may turn any fetched value into the sample
+                    datum = self._returned("prep_fn", self.prep_fn(datum))
+                return datum if self.finish_fn is None else self.finish_fn(datum)
             except Exception as e:
                 e.add_note(f"while preparing row {index} of epoch {epoch}")
                 raise
+
+    def _returned(self, name: str, value: Any) -> Any:
+        if self.dict_samples and not isinstance(value, dict):
+            raise ArgumentError(
+                f"{name} must return a dict sample (key -> value) for the default collate; "
+                f"{name} returned a {type(value).__name__}: return a dict, or pass collate_fn"
+            )
+        return value
 
 
 class _Stacked:
@@ -80,7 +112,11 @@ class _Stacked:
 def _run_chunk(
     recipe: Recipe, epoch: int, rows: np.ndarray, first: int, stacked: _Stacked | None
 ) -> list[Any]:
+    # The files are checked before the rows are read (a truncated file is an error, not a
+    # SIGBUS of the mapping) and after (a file rewritten during the read is not served).
+    recipe.check(rows)
     samples = [recipe.sample(epoch, int(i)) for i in rows]
+    recipe.check(rows)
     if stacked is not None:
         for offset, sample in enumerate(samples):
             stacked.put(first + offset, sample)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -9,30 +10,50 @@ from typing import Any
 import numpy as np
 
 from dualtrain import backends
-from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.errors import ArgumentError, DtypeError, PackError, bad_argument
 from dualtrain.fuel import images
 from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.order import EpochOrder
 from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.pipeline import Pipeline, Recipe
+from dualtrain.validate import check_seed
 
 __all__ = ["Tank"]
 
 _STATE_VERSION = 1
 _TARGETS = ("numpy", "torch", "jax")
+_CASTS = ("safe", "same_kind", "unsafe")
+_LAYOUTS = ("NHWC", "NCHW")
 
 
 class Tank:
     """Serves mini-batches of a pack, the same for a seed under any framework and worker count.
 
+    One epoch of a rank serves `MPE` batches. Its rows are a share of the pack, n // world
+    rows (all n with one rank), each once, plus, by the end mode:
+
+    - default (``in_same_size=True``): the last batch filled with rows of the share drawn
+      by the seed, so every batch is full and a few rows come twice (80 rows, batch 32:
+      3 batches, 96 samples). For training.
+    - ``in_same_size=False``: a short last batch (32, 32, 16).
+    - ``drop_last=True``: the incomplete last batch left out (32, 32: 16 rows unseen).
+    - ``pad=True``: evaluation. Every row of the pack once over all ranks (the n % world
+      rows included); the last batch padded to full size with repeated rows, and a boolean
+      column ``"mask"`` (or the name `pad` gives) False on padding. Every batch keeps one
+      shape, and ``batch["mask"].sum()`` over an epoch counts each row once.
+
     Args:
-        data_path: a pack file (.h5, .hdf5, .npz) or a list of its shards.
+        data_path: a pack file (.h5, .hdf5, .npz) or a list of its shards (of one
+            `generate` run: shards of different runs, or a missing or repeated shard, are a
+            PackError).
         data_specf: key -> dtype of each column to serve (``{"image": "uint8", "label":
             "int64"}``); images decode to ``(H, W, C)`` uint8, sequences to ``(T, H, W, C)``.
+            A dtype that cannot hold every stored value (int16 as int8, float64 as float16,
+            int as uint, float as int) is refused unless `cast` allows it.
         batch_size: rows per batch.
         shuffle: a new permutation per (seed, epoch); else pack order.
         in_same_size: every batch full (the last is filled with rows drawn by the seed);
-            else the last batch is short.
+            else the last batch is short. `drop_last` and `pad` replace it.
         fetch_fn: ``fetch_fn(pack, index) -> sample``; the default reads the specified
             columns of the row, decodes images and casts values to their dtypes.
         prep_fn: ``prep_fn(sample) -> sample``, e.g. a Comburant; runs in the workers.
@@ -41,11 +62,23 @@ class Tank:
         seed: the seed of shuffling, filling and augmentation.
         to: "numpy", "torch" or "jax": the framework of the batches.
         device: where batches go (a torch device; a JAX device or sharding); None: the host.
+            A device that is not there (``"cuda"`` without CUDA) fails here.
         workers: 0 prepares batches in the calling thread; k > 0 uses k workers.
         rank, world: this process's share of each epoch (disjoint, equal across ranks).
         worker_mode: "thread" (default: Pillow and NumPy release the GIL, and no sample is
             pickled) or "process" (for Python-heavy prep_fn; functions must be picklable).
         prefetch: batches prepared ahead when workers > 0.
+        drop_last: leave out the incomplete last batch of each epoch.
+        pad: True or a key: pad the last batch and add a boolean mask column under that key
+            (True: ``"mask"``); a pack column of that name is refused.
+        cast: which narrowing of `data_specf` is allowed: "safe" (default: none; NumPy's
+            ``can_cast(stored, wanted, "safe")``), "same_kind" (int64 as int32, float64 as
+            float32; each served value is checked to survive the cast, else PackError), or
+            "unsafe" (NumPy's astype, unchecked). A dict gives it per column.
+        layout: "NHWC" (default) or "NCHW": images ``(C, H, W)`` (sequences
+            ``(T, C, H, W)``) after prep_fn, so batches feed ``dock.Conv`` as they come.
+        scale: None, a finite number, or a dict key -> number: images multiplied by it as
+            float32 after prep_fn (``scale=1 / 255`` gives [0, 1]).
     """
 
     def __init__(
@@ -67,43 +100,80 @@ class Tank:
         world: int = 1,
         worker_mode: str = "thread",
         prefetch: int = 2,
+        drop_last: bool = False,
+        pad: bool | str = False,
+        cast: str | Mapping[str, str] = "safe",
+        layout: str = "NHWC",
+        scale: float | Mapping[str, float] | None = None,
     ) -> None:
-        for name, value, low in (("batch_size", batch_size, 1), ("workers", workers, 0),
-                                 ("prefetch", prefetch, 0)):  # fmt: skip
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise bad_argument(name, value, f"an int >= {low}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise bad_argument("seed", seed, "an int")
+        batch_size = _int("batch_size", batch_size, 1)
+        workers, prefetch = _int("workers", workers, 0), _int("prefetch", prefetch, 0)
+        rank, world = _int("rank", rank, 0), _int("world", world, 1)
+        seed = check_seed("seed", seed)
+        for name, flag in (("shuffle", shuffle), ("in_same_size", in_same_size),
+                           ("drop_last", drop_last)):  # fmt: skip
+            if not isinstance(flag, (bool, np.bool_)):
+                raise bad_argument(name, flag, "a bool")
+        if not (isinstance(pad, (bool, np.bool_)) or (isinstance(pad, str) and pad)):
+            raise bad_argument("pad", pad, "a bool, or the key of the mask column")
+        mask_key = ("mask" if pad is True or pad is np.True_ else pad) if pad else None
+        if mask_key is not None and drop_last:
+            raise ArgumentError("drop_last and pad exclude each other; choose one")
         if to not in _TARGETS:
             raise bad_argument("to", to, "one of 'numpy', 'torch', 'jax'")
         if worker_mode not in ("thread", "process"):
             raise bad_argument("worker_mode", worker_mode, "'thread' or 'process'")
         if to == "numpy" and device is not None:
             raise bad_argument("device", device, "None when to='numpy'")
+        if layout not in _LAYOUTS:
+            raise bad_argument("layout", layout, f"one of {_LAYOUTS}")
         for name, fn in (("fetch_fn", fetch_fn), ("prep_fn", prep_fn), ("collate_fn", collate_fn)):
             if fn is not None and not callable(fn):
                 raise bad_argument(name, fn, "a callable or None")
+        # The device before the files: a missing device fails here, not at the first batch.
+        deliver = None if to == "numpy" else backends.load_part(to, "data").Courier(device)
         self.pack = Pack(data_path)
-        self.spec = _check_spec(self.pack, data_specf)
+        self.spec = _check_spec(self.pack, data_specf, cast)
+        if mask_key is not None and (mask_key in self.pack.columns or mask_key in self.spec):
+            raise bad_argument(
+                "pad", pad, f"a mask key that is not a pack column ({self.pack.keys}): "
+                "pass pad='<another name>'"
+            )  # fmt: skip
+        finish = _Finish(self.pack, self.spec, layout, scale)
         self.batch_size, self.seed, self.to, self.device = batch_size, seed, to, device
+        self.mask_key, self.layout = mask_key, layout
+        last = "pad" if mask_key else "drop" if drop_last else None
         self._order = EpochOrder(
             len(self.pack), batch_size, shuffle=bool(shuffle), full=bool(in_same_size),
-            seed=seed, rank=rank, world=world,
+            seed=seed, rank=rank, world=world, last=last,
         )  # fmt: skip
         fetch = fetch_fn if fetch_fn is not None else _DefaultFetch(self.pack, self.spec)
-        recipe = Recipe(self.pack, fetch, prep_fn, seed)
+        recipe = Recipe(
+            self.pack, fetch, prep_fn, seed, finish_fn=finish if finish.keys else None,
+            dict_samples=collate_fn is None or finish.keys != {},
+        )  # fmt: skip
         self._pipeline = Pipeline(recipe, collate_fn, workers, worker_mode, prefetch)
-        self._deliver = None if to == "numpy" else backends.load_part(to, "data").Courier(device)
+        self._deliver = deliver
         self.epoch = 0
         self.position = 0  # batches of this epoch already served
 
     @property
     def MPE(self) -> int:  # noqa: N802 - Nebulae's name: "miles per epoch"
-        """Batches per epoch for this rank."""
+        """Batches per epoch for this rank (see the class docstring for what they hold)."""
         return self._order.batches
 
+    @property
+    def rows_per_epoch(self) -> int:
+        """Distinct rows of the pack this rank serves in one epoch, each once."""
+        return self._order.rows_per_epoch
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples this rank serves in one epoch: rows plus fill or padding."""
+        return self._order.samples_per_epoch
+
     def __len__(self) -> int:
-        """Rows in the pack."""
+        """Rows in the pack (not batches: `MPE` is batches per epoch)."""
         return len(self.pack)
 
     def _plan(self, key: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
@@ -113,7 +183,16 @@ class Tank:
 
     def next(self) -> Any:
         """The next batch, moving on to the next epoch after the last one."""
+        number = self.position
         batch = self._pipeline.get((self.epoch, self.position), self._plan)
+        if self.mask_key is not None:
+            if not isinstance(batch, dict) or self.mask_key in batch:
+                raise ArgumentError(
+                    f"pad={self.mask_key!r} adds the key {self.mask_key!r} to dict batches; "
+                    f"the batch is a {type(batch).__name__}"
+                    + (" holding that key already" if isinstance(batch, dict) else "")
+                )
+            batch[self.mask_key] = self._order.valid(number)
         self.position += 1
         if self.position == self.MPE:
             self.epoch, self.position = self.epoch + 1, 0
@@ -126,28 +205,36 @@ class Tank:
         for _ in range(self.MPE - self.position):
             yield self.next()
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """Where the Tank stands: enough to resume the identical stream."""
         return {
             "version": _STATE_VERSION, "seed": self.seed, "epoch": self.epoch,
             "position": self.position, "rows": len(self.pack), "batch_size": self.batch_size,
-            "rank": self._order.rank, "world": self._order.world,
+            "rank": self._order.rank, "world": self._order.world, "last": self._order.last,
         }  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resumes from `state_dict()`: the next batch is the one that would have come next."""
+        """Resumes from `state_dict()`: the next batch is the one that would have come next.
+
+        A state saved before the end mode was recorded (no ``"last"``) is taken as this
+        Tank's.
+        """
         mine = self.state_dict()
+        if isinstance(state, Mapping) and "last" not in state:
+            state = {**state, "last": mine["last"]}
         if not isinstance(state, Mapping) or set(state) != set(mine):
             raise bad_argument("state", state, f"a Tank.state_dict() with keys {sorted(mine)}")
-        for key in ("version", "seed", "rows", "batch_size", "rank", "world"):
+        for key in ("version", "seed", "rows", "batch_size", "rank", "world", "last"):
             if state[key] != mine[key]:
                 raise ArgumentError(
                     f"state[{key!r}] must match this Tank's {mine[key]!r}; got {state[key]!r}"
                 )
         epoch, position = state["epoch"], state["position"]
-        if not isinstance(epoch, int) or epoch < 0 or not 0 <= position < self.MPE:
+        if not _is_int(epoch) or epoch < 0 or not _is_int(position):
+            raise bad_argument("state", dict(state), "int epoch >= 0 and position")
+        if not 0 <= position < self.MPE:
             raise bad_argument("state", dict(state), f"epoch >= 0 and 0 <= position < {self.MPE}")
-        self.epoch, self.position = epoch, position
+        self.epoch, self.position = int(epoch), int(position)
 
     def close(self) -> None:
         """Stops the workers and closes the files (a later `next` opens them again)."""
@@ -166,39 +253,170 @@ class Tank:
             pipeline.close()
 
 
-def _check_spec(pack: Pack, spec: Mapping[str, str]) -> dict[str, ColumnType]:
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _int(name: str, value: Any, low: int | None) -> int:
+    """An int (not a bool) >= low; NumPy ints are taken."""
+    if not _is_int(value) or (low is not None and value < low):
+        raise bad_argument(name, value, "an int" if low is None else f"an int >= {low}")
+    return int(value)
+
+
+def _check_spec(
+    pack: Pack, spec: Mapping[str, str], cast: str | Mapping[str, str]
+) -> dict[str, _Served]:
     if not isinstance(spec, Mapping) or not spec:
         raise bad_argument("data_specf", spec, "a non-empty dict of column key -> dtype")
-    out: dict[str, ColumnType] = {}
+    casts = dict(cast) if isinstance(cast, Mapping) else None
+    if casts is None and cast not in _CASTS:
+        raise bad_argument("cast", cast, f"one of {_CASTS}, or a dict key -> one of them")
+    for key, how in (casts or {}).items():
+        if key not in spec or how not in _CASTS:
+            raise bad_argument(f"cast[{key!r}]", how, f"one of {_CASTS}, for a data_specf key")
+    out: dict[str, _Served] = {}
     for key, dtype in spec.items():
         if key not in pack.columns:
             raise bad_argument("data_specf", dict(spec), f"keys among the pack's {pack.keys}")
         ctype = ColumnType.parse(dtype, f"data_specf[{key!r}]")
         kind = pack.columns[key]["kind"]
-        if kind in ("image", "sequence") and ctype.base != "uint8":
-            raise bad_argument(f"data_specf[{key!r}]", dtype, "'uint8' for an image column")
-        out[key] = ctype
+        stored = ColumnType.parse(pack.columns[key]["type"])
+        how = casts.get(key, "safe") if casts is not None else str(cast)
+        if kind in ("image", "sequence"):
+            depth = str(pack.image.get("dtype", "uint8"))  # packs before depths: uint8
+            if ctype.base != depth:
+                raise bad_argument(
+                    f"data_specf[{key!r}]", dtype,
+                    f"{depth!r} for an image column (the pack's depth; scale= gives float32)",
+                )  # fmt: skip
+        elif (ctype.base == "str") != (stored.base == "str"):
+            raise DtypeError(
+                f"data_specf[{key!r}]={dtype!r}: column {key!r} is stored as {stored.name!r}; "
+                "a str column is served as 'str' and a numeric one as a numeric dtype"
+            )
+        elif ctype.base != "str" and not np.can_cast(stored.dtype, ctype.dtype, how):  # type: ignore[arg-type]
+            raise DtypeError(
+                f"data_specf[{key!r}]={dtype!r} narrows column {key!r}, stored as "
+                f"{stored.dtype}: {stored.dtype} -> {ctype.dtype} can lose values. Serve it as "
+                f"{stored.dtype}, or allow it: cast={{{key!r}: 'same_kind'}} (checked per value) "
+                "or 'unsafe' (NumPy's astype)"
+            )
+        checked = how == "same_kind" and not np.can_cast(stored.dtype, ctype.dtype, "safe")
+        out[key] = _Served(ctype, stored.dtype, checked)
     return out
+
+
+class _Served:
+    """How one column is served: its type, stored dtype, and whether each value is checked."""
+
+    def __init__(self, ctype: ColumnType, stored: np.dtype, checked: bool) -> None:
+        self.ctype, self.stored, self.checked = ctype, stored, checked
+
+    @property
+    def base(self) -> str:
+        return self.ctype.base
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.ctype.dtype
 
 
 class _DefaultFetch:
     """Reads the specified columns of a row; decodes images, casts values to their dtypes."""
 
-    def __init__(self, pack: Pack, spec: dict[str, ColumnType]) -> None:
+    def __init__(self, pack: Pack, spec: dict[str, _Served]) -> None:
         self.spec = spec
         self.kinds = {key: pack.columns[key]["kind"] for key in spec}
 
     def __call__(self, pack: Pack, index: int) -> dict[str, Any]:
         sample: dict[str, Any] = {}
-        for key, ctype in self.spec.items():
+        for key, served in self.spec.items():
             value = pack[key][index]
             kind = self.kinds[key]
             if kind == "image":
                 sample[key] = images.decode(value)
             elif kind == "sequence":
                 sample[key] = np.stack([images.decode(frame) for frame in value])
-            elif ctype.base == "str":
+            elif served.base == "str":
                 sample[key] = value
             else:
-                sample[key] = np.asarray(value).astype(ctype.dtype, copy=False)
+                stored = np.asarray(value)
+                out = stored.astype(served.dtype, copy=False)
+                if served.checked:
+                    _check_value(key, index, stored, out)
+                sample[key] = out
         return sample
+
+
+def _check_value(key: str, index: int, stored: np.ndarray, out: np.ndarray) -> None:
+    """A same_kind cast kept the value (ints round-trip; floats do not overflow)."""
+    if out.dtype.kind == "f":
+        lost = np.isinf(out) & np.isfinite(stored)
+    else:
+        lost = out.astype(stored.dtype) != stored
+    if np.any(lost):
+        bad = stored[lost] if stored.ndim else stored
+        raise PackError(
+            f"column {key!r}, row {index}: the stored {stored.dtype} value "
+            f"{np.ravel(bad)[0]!r} does not fit {out.dtype} (cast='same_kind')"
+        )
+
+
+class _Finish:
+    """Puts image columns in the Tank's layout and scale, after prep_fn (picklable)."""
+
+    def __init__(
+        self, pack: Pack, spec: dict[str, _Served], layout: str,
+        scale: float | Mapping[str, float] | None,
+    ) -> None:  # fmt: skip
+        image_keys = [k for k in spec if pack.columns[k]["kind"] in ("image", "sequence")]
+        scales: dict[str, float] = {}
+        if isinstance(scale, Mapping):
+            for key, factor in scale.items():
+                if key not in image_keys:
+                    raise bad_argument("scale", dict(scale), f"keys among the images {image_keys}")
+                scales[key] = _factor(f"scale[{key!r}]", factor)
+        elif scale is not None:
+            if not image_keys:
+                raise bad_argument("scale", scale, "None when data_specf serves no image column")
+            factor = _factor("scale", scale)
+            scales = dict.fromkeys(image_keys, factor)
+        self.nchw = layout == "NCHW"
+        keys = image_keys if self.nchw else list(scales)
+        self.keys = {k: scales.get(k) for k in keys}
+
+    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
+        for key, factor in self.keys.items():
+            if key not in sample:
+                continue
+            x = sample[key]
+            if not isinstance(x, np.ndarray) or x.ndim not in (3, 4):
+                raise ArgumentError(
+                    f"{key!r} must be an (H, W, C) image or (T, H, W, C) sequence array for "
+                    f"the Tank's layout or scale; prep_fn left a {_describe(x)}"
+                )
+            if self.nchw:
+                x = np.moveaxis(x, -1, -3)
+            if factor is None:
+                sample[key] = np.ascontiguousarray(x)
+            else:
+                out = np.empty(x.shape, np.float32)
+                sample[key] = np.multiply(x, np.float32(factor), out=out, dtype=np.float32)
+        return sample
+
+
+def _factor(name: str, value: Any) -> float:
+    if (
+        not isinstance(value, (int, float, np.integer, np.floating))
+        or isinstance(value, (bool, np.bool_))
+        or not math.isfinite(value)
+        or value == 0
+    ):
+        raise bad_argument(name, value, "a finite, non-zero number (1 / 255 gives [0, 1])")
+    return float(value)
+
+
+def _describe(x: Any) -> str:
+    shape = getattr(x, "shape", None)
+    return f"shape {tuple(shape)}" if shape is not None else type(x).__name__

@@ -39,21 +39,47 @@ class Transform:
         return f"{type(self).__name__}({args})"
 
 
-def _range(name: str, value: Any, low: float, around: float | None = None) -> tuple[float, float]:
-    """A (lo, hi) range from a number (around +- value, or 0..value) or a pair."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
-            raise bad_argument(name, value, "a non-negative number or a (low, high) pair")
+def _number(value: Any) -> bool:
+    """A finite int or float, not a bool."""
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, (bool, np.bool_))
+        and math.isfinite(value)
+    )
+
+
+def _range(
+    name: str, value: Any, low: float, around: float | None = None, high: float = math.inf
+) -> tuple[float, float]:
+    """A (lo, hi) range within [low, high] from a number or a (low, high) pair.
+
+    A number v gives around +- v (or -v..v). Anything else (bools, NaN, inf, reversed or
+    out-of-range pairs) is refused here, not at the first sample.
+    """
+    span = f"[{low:g}, {high:g}]"
+    if _number(value):
         lo, hi = (around - value, around + value) if around is not None else (-value, value)
-        return max(lo, low), hi
+        if value < 0 or hi > high:
+            raise bad_argument(
+                name, value, f"a non-negative number with a range within {span}, or a pair"
+            )
+        return max(lo, low), float(hi)
     if (
         isinstance(value, (tuple, list))
         and len(value) == 2
-        and all(isinstance(v, (int, float)) for v in value)
-        and low <= value[0] <= value[1]
+        and all(_number(v) for v in value)
+        and low <= value[0] <= value[1] <= high
     ):
         return float(value[0]), float(value[1])
-    raise bad_argument(name, value, f"a non-negative number or a (low, high) pair, low >= {low}")
+    raise bad_argument(
+        name, value, f"a finite non-negative number or a (low, high) pair within {span}"
+    )
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise bad_argument(name, value, "a bool")
+    return bool(value)
 
 
 class Flip(Transform):
@@ -62,9 +88,11 @@ class Flip(Transform):
     geometric = True
 
     def __init__(self, horizontal: bool = True, vertical: bool = False, p: float = 0.5) -> None:
-        if not 0.0 <= p <= 1.0:
+        if not _number(p) or not 0.0 <= p <= 1.0:
             raise bad_argument("p", p, "a probability in [0, 1]")
-        self.horizontal, self.vertical, self.p = horizontal, vertical, p
+        self.horizontal = _flag("horizontal", horizontal)
+        self.vertical = _flag("vertical", vertical)
+        self.p = float(p)
 
     def draw(self, rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[bool, bool]:
         u = rng.random(2)
@@ -96,8 +124,8 @@ class Crop(Transform):
     def __init__(
         self, area: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3)
     ) -> None:
-        self.area = _range("area", area, 0.0)
-        self.ratio = _range("ratio", ratio, 1e-6)
+        self.area = _range("area", area, 0.0, high=1.0)
+        self.ratio = _range("ratio", ratio, 1e-6, high=1e6)
         if not 0 < self.area[1] <= 1:
             raise bad_argument("area", area, "a (low, high) pair within (0, 1]")
 
@@ -129,7 +157,7 @@ class Rotate(Transform):
     geometric = True
 
     def __init__(self, degrees: float | tuple[float, float] = 10.0) -> None:
-        self.degrees = _range("degrees", degrees, -360.0)
+        self.degrees = _range("degrees", degrees, -360.0, high=360.0)
 
     def draw(self, rng: np.random.Generator, shape: tuple[int, ...]) -> float:
         return float(rng.uniform(*self.degrees))
@@ -141,10 +169,14 @@ class Rotate(Transform):
 
 
 class Brighten(Transform):
-    """Adds a shift drawn in [-delta, delta] (a share of full scale, 255) to every pixel."""
+    """Adds a shift drawn in [-delta, delta] (a share of full scale, 255) to every pixel.
+
+    `delta` is in [0, 1] (or a pair within [-1, 1]): a shift of full scale already turns
+    any image white or black.
+    """
 
     def __init__(self, delta: float | tuple[float, float] = 0.1) -> None:
-        self.delta = _range("delta", delta, -1.0)
+        self.delta = _range("delta", delta, -1.0, high=1.0)
 
     def draw(self, rng: np.random.Generator, shape: tuple[int, ...]) -> int:
         return round(rng.uniform(*self.delta) * 255)
@@ -171,7 +203,8 @@ class _Scaling(Transform):
     """A photometric transform drawing one factor in [1-f, 1+f] (>= 0) or a (low, high)."""
 
     def __init__(self, factor: float | tuple[float, float] = 0.2) -> None:
-        self.factor = _range("factor", factor, 0.0, around=1.0)
+        # 255 as a factor already maps any non-flat image to 0 and 255.
+        self.factor = _range("factor", factor, 0.0, around=1.0, high=256.0)
 
     def draw(self, rng: np.random.Generator, shape: tuple[int, ...]) -> float:
         return float(rng.uniform(*self.factor))

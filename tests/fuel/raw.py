@@ -46,3 +46,63 @@ def expected_row(i: int) -> dict:
         "tags": np.array([j * i for j in range(i % 4)], np.int32),
         "name": f"item {i}",
     }
+
+
+def stored_meta(path: str) -> dict:
+    """The metadata a pack file stores (read directly, one shard at a time)."""
+    import json
+
+    if path.endswith(".npz"):
+        with np.load(path, allow_pickle=False) as f:
+            return json.loads(bytes(f["__fuel__"]).decode())
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return json.loads(f.attrs["__fuel__"])
+
+
+def png16(arr: np.ndarray) -> bytes:
+    """A 16-bit PNG of a uint16 array (H, W) grey or (H, W, 2/3/4), written by hand.
+
+    Pillow writes 16-bit PNGs for grey only; this makes the colour ones it cannot.
+    """
+    import struct
+    import zlib
+
+    arr = np.asarray(arr, np.uint16)
+    height, width = arr.shape[:2]
+    channels = 1 if arr.ndim == 2 else arr.shape[2]
+    colour_type = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
+    rows = b"".join(b"\x00" + arr[y].astype(">u2").tobytes() for y in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def deep_picture(i: int, dtype: str, height: int = 12, width: int = 10) -> np.ndarray:
+    """A one-channel (H, W) picture whose values use the whole range of `dtype`."""
+    rng = np.random.default_rng(i)
+    if dtype == "uint16":
+        return rng.integers(256, 65536, (height, width)).astype(np.uint16)
+    if dtype == "int32":
+        return rng.integers(-(2**31), 2**31, (height, width)).astype(np.int32)
+    return (rng.standard_normal((height, width)) * 1e6).astype(np.float32)
+
+
+def save_deep(path: str, arr: np.ndarray) -> None:
+    """Saves a deep picture: 16-bit PNG for uint16, 32-bit TIFF for int32 and float32."""
+    if path.endswith(".png"):
+        with open(path, "wb") as f:
+            f.write(png16(arr))
+    else:
+        Image.fromarray(arr).save(path, format="TIFF")

@@ -149,3 +149,82 @@ def test_streams_do_not_overlap(seed):
         stream(seed + 1, AUGMENT, 0, 1, 0).random(4),
     ]  # fmt: skip
     assert len({d.tobytes() for d in draws}) == len(draws)
+
+
+# --- issue 11: channel layouts, and parameters checked at construction ----------------------
+
+
+def test_channel_first_images_are_refused_unless_the_layout_is_told():
+    chw = np.zeros((3, 32, 32), np.uint8)
+    with pytest.raises(ShapeError, match="channel-first"):
+        Comburant(Flip(p=1.0))(chw, key=(0, 0, 0))
+    with pytest.raises(ShapeError, match="channel-first"):
+        Comburant(Flip(p=1.0))(np.zeros((5, 3, 32, 32), np.uint8), key=(0, 0, 0))
+    with pytest.raises(ArgumentError, match="key"):
+        Comburant(Flip())(np.zeros((4, 4, 3), np.uint8), key=(0, True, 0))
+    wide = Comburant(Flip(p=1.0), layout="HWC")(chw, key=(0, 0, 0))  # 32 channels: as told
+    assert wide.shape == chw.shape
+    with pytest.raises(ArgumentError, match="layout"):
+        Comburant(Flip(), layout="NCHW")
+
+
+@settings(max_examples=20)
+@given(images, keys)
+def test_chw_layout_augments_as_the_hwc_image_would(image, key):
+    chw = np.ascontiguousarray(image.transpose(2, 0, 1))
+    aug = (Flip(True, True), Crop(), Rotate(30), Brighten(0.3), Contrast(0.5), Saturate(0.5))
+    hwc_out = Comburant(*aug)(image, key=key)
+    chw_out = Comburant(*aug, layout="CHW")(chw, key=key)
+    assert chw_out.shape == chw.shape
+    np.testing.assert_array_equal(chw_out, hwc_out.transpose(2, 0, 1))
+    mask = image[..., 0].copy()
+    _, moved = Comburant(Flip(True, True), layout="CHW")(chw, mask, key=key)
+    _, want = Comburant(Flip(True, True))(image, mask, key=key)
+    np.testing.assert_array_equal(moved, want)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Brighten(2.0),
+        lambda: Brighten(-0.1),
+        lambda: Brighten(float("nan")),
+        lambda: Brighten((-2.0, 0.0)),
+        lambda: Brighten(True),
+        lambda: Contrast(float("inf")),
+        lambda: Contrast(1e9),
+        lambda: Contrast((1.0, float("nan"))),
+        lambda: Saturate(-1),
+        lambda: Saturate((2.0, 1.0)),
+        lambda: Rotate(float("nan")),
+        lambda: Rotate(720),
+        lambda: Rotate((0, True)),
+        lambda: Crop(area=(float("nan"), 1.0)),
+        lambda: Crop(area=(0.0, 0.0)),
+        lambda: Crop(ratio=(0.0, 1.0)),
+        lambda: Crop(ratio=(1.0, float("inf"))),
+        lambda: Flip(p=float("nan")),
+        lambda: Flip(p=True),
+        lambda: Flip(p="0.5"),
+        lambda: Flip(horizontal="yes"),
+        lambda: Flip(vertical=None),
+        lambda: Sampling(True),
+        lambda: Sampling(2.0),
+    ],
+)
+def test_bad_transform_parameters_fail_at_construction(make):
+    with pytest.raises(ArgumentError):
+        make()
+
+
+@given(st.floats(0, 1), images, keys)
+def test_any_accepted_brighten_runs(delta, image, key):
+    out = Comburant(Brighten(delta))(image, key=key)
+    assert out.shape == image.shape
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_key_seeds_outside_the_seed_range_are_refused(seed):
+    image = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(ArgumentError, match="key"):
+        Comburant(Flip())(image, key=(seed, 0, 0))
