@@ -73,10 +73,17 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
 _PARALLEL_BYTES = 1 << 25
 
 
+def _workers(buffers: Mapping[str, Any]) -> int:
+    """Threads for the CRCs of `buffers`: one under `_PARALLEL_BYTES`, else up to 8 cores."""
+    if sum(memoryview(b).nbytes for b in buffers.values()) < _PARALLEL_BYTES:
+        return 1
+    return max(1, min(len(buffers), len(os.sched_getaffinity(0)), 8))
+
+
 def _crc32s(buffers: Mapping[str, Any]) -> dict[str, int]:
     """CRC-32 of each buffer (bytes-like), on as many cores as this process may use."""
-    workers = min(len(buffers), len(os.sched_getaffinity(0)), 8)
-    if workers < 2 or sum(memoryview(b).nbytes for b in buffers.values()) < _PARALLEL_BYTES:
+    workers = _workers(buffers)
+    if workers < 2:
         return {name: zlib.crc32(b) for name, b in buffers.items()}
     with ThreadPoolExecutor(workers, thread_name_prefix="dualtrain-crc") as pool:
         done = dict(zip(buffers, pool.map(zlib.crc32, buffers.values()), strict=True))
@@ -105,18 +112,28 @@ def write_anchor(
     """
     arrays = {k: _little(_contiguous(v)) for k, v in tensors.items()}
     flat = {k: v.reshape(-1).view(np.uint8).data for k, v in arrays.items()}
-    manifest = {**manifest, "crc32": _crc32s(flat)}
-    metadata = {"dualtrain": json.dumps(manifest, default=default)}
-    header = _header(arrays, metadata)
+    # The header holds the CRCs but comes first in the file. Room is reserved for the widest
+    # CRCs (which also checks that the manifest is JSON before anything is written), the
+    # data is written while a pool computes the CRCs, and the header goes last into its room.
+    widest = {**manifest, "crc32": dict.fromkeys(arrays, 2**32 - 1)}
+    room = len(_header(arrays, {"dualtrain": json.dumps(widest, default=default)}))
     # Written here rather than by safetensors.save_file, which writes to a temporary file of
     # its own (``.tmpXXXXXX``, mode 0600) that a killed process leaves behind unrecognised,
     # and reports a full disk as its own error type.
     try:
-        with atomic.atomic_target(path) as tmp, open(tmp, "wb") as f:
-            f.write(header)
+        with (
+            atomic.atomic_target(path) as tmp,
+            open(tmp, "wb") as f,
+            ThreadPoolExecutor(_workers(flat), thread_name_prefix="dualtrain-crc") as pool,
+        ):
+            pending = {k: pool.submit(zlib.crc32, b) for k, b in flat.items()}
+            f.seek(room)
             for name in _order(arrays):
                 if arrays[name].nbytes:
-                    f.write(arrays[name].reshape(-1).view(np.uint8).data)
+                    f.write(flat[name])
+            done = {**manifest, "crc32": {k: v.result() for k, v in pending.items()}}
+            f.seek(0)
+            f.write(_header(arrays, {"dualtrain": json.dumps(done, default=default)}, room))
     except OSError as err:
         if err.filename is None:  # name the file the user asked for, not our temporary one
             err.filename = str(path)
@@ -137,8 +154,11 @@ def _order(arrays: dict[str, np.ndarray]) -> list[str]:
     return sorted(arrays, key=lambda k: (-arrays[k].dtype.itemsize, k))
 
 
-def _header(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
-    """The 8-byte length and the JSON header of a safetensors file, padded to 8 bytes."""
+def _header(arrays: dict[str, np.ndarray], metadata: dict[str, str], size: int = 0) -> bytes:
+    """The 8-byte length and the JSON header of a safetensors file, padded to 8 bytes.
+
+    With `size`, padded with spaces to exactly `size` bytes (the room reserved for it).
+    """
     entries: dict[str, Any] = {"__metadata__": metadata}
     at = 0
     for name in _order(arrays):
@@ -153,7 +173,7 @@ def _header(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
         }
         at += array.nbytes
     text = json.dumps(entries, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
+    text += b" " * ((size - 8 - len(text)) if size else (-len(text) % 8))
     return len(text).to_bytes(8, "little") + text
 
 
