@@ -65,6 +65,9 @@ class Comburant:
         masks = None if mask is None else _frames("mask", mask, is_seq, self.layout)
         if masks is not None and len(masks) != len(frames):
             raise ShapeError(f"mask has {len(masks)} frames; image has {len(frames)}")
+        _same_size("image", frames, frames[0].shape)
+        if masks is not None:
+            _same_size("mask", masks, frames[0].shape)
         for position, t in enumerate(self.transforms):
             rng = stream(sample.seed, AUGMENT, sample.epoch, sample.index, position)
             params = t.draw(rng, frames[0].shape)
@@ -127,9 +130,34 @@ def _frames(name: str, x: Any, is_seq: bool, layout: str | None) -> list[np.ndar
                 "(H, W, C) images: pass Comburant(..., layout='CHW') for channel-first "
                 "arrays, or layout='HWC' if the last axis really holds the channels"
             )
+        if (
+            layout == "CHW"
+            and f.ndim == 3
+            and f.shape[0] not in _CHANNELS
+            and (f.shape[2] in _CHANNELS)
+        ):
+            raise ShapeError(
+                f"{name} of shape {f.shape} looks channel-last (H, W, C), but layout='CHW' "
+                "takes (C, H, W) arrays: drop layout='CHW' for channel-last images"
+            )
     if layout == "CHW":
         frames = [np.moveaxis(f, 0, -1) if f.ndim == 3 else f for f in frames]
     return frames
+
+
+def _same_size(name: str, frames: list[np.ndarray], image: tuple[int, ...]) -> None:
+    """Every frame has the (H, W) of `image`, the first frame's shape.
+
+    A transform draws one crop or angle for all of them, so another size would be cut out
+    of the wrong place.
+    """
+    for i, f in enumerate(frames):
+        if f.shape[:2] != image[:2]:
+            where = f"{name} frame {i}" if len(frames) > 1 else name
+            raise ShapeError(
+                f"{where} has shape {f.shape}, the image (first frame) shape {image}: their "
+                "(H, W) must match (an image, its frames and its mask are one size)"
+            )
 
 
 def _unframe(original: Any, frames: list[np.ndarray], is_seq: bool, layout: str | None) -> Any:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import errno
 import io
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -94,6 +96,12 @@ def read_file_list(
     if not records:
         raise PackError(f"file_list {path!r} is empty; expected a header row of keys")
     header_line, header_cells = records[0]
+    if not any(cell.strip() for cell in header_cells):
+        # csv gives a blank first line as [], which would read as a header of no keys.
+        raise PackError(
+            f"file_list {path!r}, line {header_line}: empty header; the first line must "
+            "name the keys (remove blank lines before it)"
+        )
     bad = _undecoded(header_cells)
     if bad is not None:
         raise PackError(f"file_list {path!r}, line {header_line}: the header {bad}")
@@ -205,6 +213,9 @@ def _read_row(
     bad = _undecoded(cells)
     if bad is not None:
         raise _RowError(listing, line, keys[0], f"the row {bad}")
+    for key, cell in zip(keys, cells, strict=False):
+        if "\x00" in cell:  # no file name holds one, and a str value would be cut at it
+            raise _RowError(listing, line, key, f"cell {cell!r} holds a NUL byte")
     if len(cells) != len(keys):
         raise _RowError(
             listing,
@@ -223,8 +234,9 @@ def _read_row(
                 f"file {file!r} resolves to {os.path.realpath(file)!r}, outside file_dir "
                 f"{root!r}; pass allow_outside=True to FuelGenerator to accept it",
             )  # fmt: skip
-        if not os.path.isfile(file):
-            raise _RowError(listing, line, keys[0], f"file {file!r} does not exist")
+        problem = _not_a_file(file)
+        if problem is not None:
+            raise _RowError(listing, line, keys[0], f"file {file!r} {problem}")
     values: dict[str, Any] = {}
     for key, cell in zip(keys[1:], cells[1:], strict=True):
         try:
@@ -246,6 +258,27 @@ def _check_shapes(listing: FileList, row: Row, shapes: dict[str, tuple[int, ...]
             )  # fmt: skip
     for key, value in fixed.items():
         shapes.setdefault(key, getattr(value, "shape", ()))
+
+
+def _not_a_file(path: str) -> str | None:
+    """Why `path` is not a regular file to read an image from, or None."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"is a broken symbolic link (to {os.readlink(path)!r})"
+        return "does not exist"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a loop of symbolic links"
+        return f"cannot be examined: {e.strerror or e}"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = [(stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket")]  # fmt: skip
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"is {kind}, not a regular file"
 
 
 def _inside(path: str, root: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from dualtrain import atomic
-from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.errors import ArgumentError, PackError, bad_argument
 from dualtrain.fuel import images
 from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.filelist import FileList, Row, SkippedRow, read_file_list
@@ -27,6 +27,7 @@ _PROPERTIES = (
 )  # fmt: skip
 _DEFAULTS = {"is_seq": False, "delimiter": ",", "quotechar": '"', "allow_outside": False}
 _CHUNK = 16  # rows per task handed to a worker thread
+MAX_SIDE = 65535  # the largest height or width stored: JPEG's limit, ample for training data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +206,8 @@ class FuelGenerator:
             delimiter=p["delimiter"], quotechar=p["quotechar"], on_error=on_error,
             allow_outside=p["allow_outside"],
         )  # fmt: skip
+        if not listing.rows:
+            raise _empty(p["file_list"], listing)
         if shards > max(len(listing.rows), 1):
             raise bad_argument("shards", shards, f"at most the {len(listing.rows)} good rows")
         paths = shard_paths(dst_path, shards)
@@ -233,6 +236,8 @@ class FuelGenerator:
                     continue
                 shard = int(np.searchsorted(bounds, index, side="right")) - 1
                 self._append(writers[shard], listing, row, result)
+            if not any(w.rows for w in writers):
+                raise _empty(p["file_list"], listing)
             # Every shard complete on disk before the first takes its final name: a crash
             # during the renames leaves shards of two runs, which readers tell apart by run.
             for w in writers:
@@ -269,6 +274,18 @@ class FuelGenerator:
         writer.append({**values, **row.values})
 
 
+def _empty(file_list: str, listing: FileList) -> PackError:
+    """The error for a run with no row to write: Fuel writes no empty pack."""
+    skipped = listing.skipped
+    why = (
+        f"all {len(skipped)} rows were skipped (the first: line {skipped[0].line}, "
+        f"{skipped[0].reason})"
+        if skipped
+        else "it has a header and no rows"
+    )
+    return PackError(f"file_list {file_list!r}: no row to pack, {why}; no pack is written")
+
+
 def shard_paths(dst_path: str, shards: int) -> list[str]:
     """The file names of a pack in `shards` files (just `dst_path` for one)."""
     if shards == 1:
@@ -285,10 +302,15 @@ def _check_generate(
     for name, value in (("height", height), ("width", width), ("shards", shards)):
         if not _is_int(value) or value < 1:
             raise bad_argument(name, value, "a positive int")
+    for name, value in (("height", height), ("width", width)):
+        if value > MAX_SIDE:
+            raise bad_argument(name, value, f"at most {MAX_SIDE} pixels (JPEG's own limit)")
     if not _is_int(channel) or channel not in images.MODES:
         raise bad_argument("channel", channel, "1, 3 or 4")
     if not isinstance(encode, str) or encode.upper() not in images.ENCODINGS:
         raise bad_argument("encode", encode, "'JPEG', 'PNG' or 'RAW'")
+    if encode.upper() == "JPEG" and channel == 4:
+        raise bad_argument("encode", encode, "'PNG' or 'RAW' for channel=4 (JPEG has no alpha)")
     if not _is_int(quality) or not 1 <= quality <= 95:
         raise bad_argument("quality", quality, "an int in 1..95")
     if on_error not in ("raise", "skip"):

@@ -43,6 +43,7 @@ DEPTHS = ("uint8", "uint16", "int32", "float32")
 # RGB image. Larger images are refused unless generate's max_image_pixels is raised.
 MAX_IMAGE_PIXELS = 1024 * 1024 * 1024 // 4 // 3
 _NPY_MAGIC = b"\x93NUMPY"
+_ORIENTATION = 0x0112  # the EXIF orientation tag
 # The deep one-channel Pillow modes and the depth they hold.
 _DEEP_MODES = {
     "I;16": "uint16",
@@ -80,6 +81,16 @@ def source_depth(img: Any) -> str:
             as signed).
     """
     raw_modes = [_raw_mode(tile) for tile in (img.tile or ())]
+    # TIFF's SampleFormat tag: 2 is signed integer. Pillow opens signed 8-bit samples in
+    # its unsigned mode "L" (-5 would read as 251); signed 16-bit ones it widens to "I".
+    sample_format = getattr(img, "tag_v2", {}).get(339) if img.format == "TIFF" else None
+    formats = sample_format if isinstance(sample_format, tuple) else (sample_format,)
+    if 2 in formats and img.mode not in ("I", "F"):
+        raise ImageError(
+            f"holds signed integer samples (TIFF SampleFormat 2) that Pillow reads as "
+            f"unsigned (mode {img.mode}); no pack depth holds them exactly: convert it to "
+            "int32 (or to unsigned values) first"
+        )
     if img.mode in _DEEP_MODES:
         # Pillow reads unsigned 32-bit TIFF samples into its signed mode "I": values over
         # 2**31 - 1 would come back negative.
@@ -160,11 +171,29 @@ def prepare(
         opened.load()  # corrupt data fails here, not at a later, lazier step
         exif = opened.info.get("exif", b"") if keep_exif else b""
         img: Any = ImageOps.exif_transpose(opened)
+        if exif:
+            exif = _upright_exif(bytes(exif))
+        if img.mode in _DEEP_MODES and img.mode not in ("I;16", "I", "F"):
+            # Pillow resizes byte-swapped 16-bit modes (I;16B, and I;16N/I;16L on a
+            # big-endian host) as if they were native, giving garbage: make them native.
+            img = Image.fromarray(to_array(img)[:, :, 0].astype(np.uint16))
         if depth == "uint8" and img.mode != MODES[channel]:
             img = img.convert(MODES[channel])
         if img.size != (width, height):
             img = img.resize((width, height), Image.Resampling.BICUBIC)
         return img, bytes(exif)
+
+
+def _upright_exif(exif: bytes) -> bytes:
+    """`exif` with its orientation tag set to 1: the stored pixels are already upright."""
+    from PIL import Image
+
+    parsed = Image.Exif()
+    parsed.load(exif)
+    if parsed.get(_ORIENTATION, 1) == 1:
+        return exif
+    parsed[_ORIENTATION] = 1
+    return bytes(parsed.tobytes())
 
 
 def to_array(img: Any) -> np.ndarray:

@@ -119,6 +119,8 @@ def _check_meta(meta: dict[str, Any], path: str) -> None:
     for key, kind in (("image", dict), ("exif", bool)):
         if key in meta and not isinstance(meta[key], kind):
             raise _meta_error(path, key, meta[key], f"a {kind.__name__}")
+    if "image" in meta:
+        _check_image_meta(meta["image"], path)
     shard, shards = meta.get("shard", 0), meta.get("shards", 1)
     if not _count(shards) or shards < 1 or not _count(shard) or shard >= shards:
         raise _meta_error(path, "shard", (shard, shards), "0 <= shard < shards")
@@ -127,3 +129,25 @@ def _check_meta(meta: dict[str, Any], path: str) -> None:
         isinstance(run, str) and len(run) == 32 and all(c in string.hexdigits for c in run)
     ):
         raise _meta_error(path, "run", run, "a str of 32 hex digits")
+
+
+def _check_image_meta(image: dict[str, Any], path: str) -> None:
+    """The stored image settings: the sizes, channels, encoding and depth `generate` writes."""
+    from dualtrain.fuel import images
+
+    for key in ("height", "width"):
+        value = image.get(key)
+        if not _count(value) or value == 0:
+            raise _meta_error(path, f"image[{key!r}]", value, "a positive int")
+    channel = image.get("channel")
+    if not _count(channel) or channel not in images.MODES:
+        raise _meta_error(path, "image['channel']", channel, "1, 3 or 4")
+    if image.get("encode") not in images.ENCODINGS:
+        raise _meta_error(
+            path, "image['encode']", image.get("encode"), f"one of {images.ENCODINGS}"
+        )
+    depth = image.get("dtype", "uint8")  # packs written before depths hold uint8
+    if not isinstance(depth, str) or depth not in images.DEPTHS:
+        raise _meta_error(path, "image['dtype']", depth, f"one of {images.DEPTHS}")
+    if depth != "uint8" and channel != 1:
+        raise _meta_error(path, "image['channel']", channel, f"1 for image['dtype']={depth!r}")

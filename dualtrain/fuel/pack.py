@@ -250,7 +250,8 @@ def _changed(path: str, was: _Identity, now: _Identity) -> PackError:
     diffs = ", ".join(f"{n} {a} -> {b}" for n, a, b in zip(names, was, now, strict=True) if a != b)
     return PackError(
         f"{path}: the pack file changed since it was opened ({diffs}); a pack must not be "
-        "rewritten, truncated or replaced while a Tank or Pack reads it: open it again"
+        "rewritten, truncated or replaced while a Tank or Pack reads it: close() the Tank or "
+        "Pack to read the new file, or open it again"
     )
 
 
@@ -311,12 +312,18 @@ class Pack:
         """The pack's files, in reading order."""
         return [f.path for f in self._files]
 
+    @property
+    def shards(self) -> list[list[int]]:
+        """Each file's [shard index, rows], in reading order (shard 0 for packs before ids)."""
+        return [[int(f.meta.get("shard", 0)), int(f.meta["count"])] for f in self._files]
+
     def check(self, rows: np.ndarray | None = None) -> None:
         """Raises PackError if a file (holding any of `rows`; None: every file) changed.
 
         One `os.stat` per file. Tank calls it before and after preparing each part of a
         batch; direct readers of `pack[key][i]` call it when they want the same guard.
         """
+        self._reopen_if_closed()
         if rows is None or len(self._files) == 1:
             files = self._files
         else:
@@ -332,6 +339,7 @@ class Pack:
 
     def locate(self, index: int) -> tuple[_File, int]:
         """The file holding row `index` and the row's index inside it."""
+        self._reopen_if_closed()
         if not 0 <= index < len(self):
             raise IndexError(f"row {index} is out of range for a pack of {len(self)} rows")
         shard = bisect.bisect_right(self._starts, index) - 1
@@ -352,9 +360,35 @@ class Pack:
         return {**self.__dict__, "_column_cache": {}}
 
     def close(self) -> None:
-        """Closes every open file (a later read opens it again)."""
+        """Closes every open file and forgets it.
+
+        A later read opens the files again, checking that they still make one pack of the
+        same layout (rows per file, columns, image settings): a pack regenerated in place is
+        read after `close`.
+        """
         for f in self._files:
             f.close()
+        self._closed = True
+
+    def _reopen_if_closed(self) -> None:
+        if not getattr(self, "_closed", False):
+            return
+        with _REOPEN_LOCK:
+            if not self._closed:
+                return
+            files = [_File(f.path) for f in self._files]
+            _check_set(files)
+            for old, new in zip(self._files, files, strict=True):
+                was, now = _layout(old.meta), _layout(new.meta)
+                if was != now:
+                    diffs = ", ".join(
+                        f"{k} {was[k]!r} -> {now[k]!r}" for k in was if was[k] != now[k]
+                    )
+                    raise PackError(
+                        f"{new.path}: the pack file was replaced by one of another layout "
+                        f"while it was closed ({diffs}); open it with a new Tank or Pack"
+                    )
+            self._files, self._column_cache, self._closed = files, {}, False
 
     def row(self, index: int) -> dict[str, Any]:
         """Every column of row `index` (see `Column.__getitem__` for the value types)."""
@@ -393,7 +427,24 @@ class Column:
             return f.part(self.key, i, i + 1)[0]
         offsets = f.whole(f"{self.key}.offsets")
         value = f.part(self.key, int(offsets[i]), int(offsets[i + 1]))
-        return value.tobytes().decode() if self.type.base == "str" else value
+        if self.type.base != "str":
+            return value
+        try:
+            return value.tobytes().decode()
+        except UnicodeDecodeError as e:
+            raise PackError(
+                f"{f.path}: column {self.key!r}, row {index}: the stored text is not UTF-8 "
+                f"({e}); the pack is corrupt: generate it again"
+            ) from None
+
+
+_REOPEN_LOCK = threading.Lock()  # one thread reopens a closed Pack's files
+
+
+def _layout(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a reader relies on: a file replaced by one with the same layout reads on."""
+    keys = ("count", "keys", "columns", "image", "exif", "shard", "shards")
+    return {k: meta.get(k) for k in keys}
 
 
 def _check_set(files: list[_File]) -> None:

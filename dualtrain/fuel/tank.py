@@ -133,7 +133,11 @@ class Tank:
         # The device before the files: a missing device fails here, not at the first batch.
         deliver = None if to == "numpy" else backends.load_part(to, "data").Courier(device)
         self.pack = Pack(data_path)
+        if len(self.pack) == 0:
+            raise PackError(f"data_path: the pack {self.pack.paths} is empty (0 rows)")
         self.spec = _check_spec(self.pack, data_specf, cast)
+        if to == "jax":
+            _check_jax_floats(self.spec)
         if mask_key is not None and (mask_key in self.pack.columns or mask_key in self.spec):
             raise bad_argument(
                 "pad", pad, f"a mask key that is not a pack column ({self.pack.keys}): "
@@ -211,20 +215,26 @@ class Tank:
             "version": _STATE_VERSION, "seed": self.seed, "epoch": self.epoch,
             "position": self.position, "rows": len(self.pack), "batch_size": self.batch_size,
             "rank": self._order.rank, "world": self._order.world, "last": self._order.last,
+            # Row i of the stream depends on the shards and their order: resume over the same.
+            "shuffle": self._order.shuffle, "files": self.pack.shards,
         }  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resumes from `state_dict()`: the next batch is the one that would have come next.
 
-        A state saved before the end mode was recorded (no ``"last"``) is taken as this
-        Tank's.
+        Every setting that changes the stream must match this Tank's (seed, rows, batch
+        size, rank, world, end mode, shuffle, the shards and their order), else
+        ArgumentError naming it. A state saved before a setting was recorded (no
+        ``"last"``, ``"shuffle"`` or ``"files"``) is taken as this Tank's for it.
         """
         mine = self.state_dict()
-        if isinstance(state, Mapping) and "last" not in state:
-            state = {**state, "last": mine["last"]}
+        if isinstance(state, Mapping):
+            state = {**{k: mine[k] for k in _LATER_KEYS if k not in state}, **state}
         if not isinstance(state, Mapping) or set(state) != set(mine):
             raise bad_argument("state", state, f"a Tank.state_dict() with keys {sorted(mine)}")
-        for key in ("version", "seed", "rows", "batch_size", "rank", "world", "last"):
+        state = {**state, "files": _as_lists(state["files"])}
+        for key in ("version", "seed", "rows", "batch_size", "rank", "world", "last",
+                    "shuffle", "files"):  # fmt: skip
             if state[key] != mine[key]:
                 raise ArgumentError(
                     f"state[{key!r}] must match this Tank's {mine[key]!r}; got {state[key]!r}"
@@ -251,6 +261,35 @@ class Tank:
         pipeline = getattr(self, "_pipeline", None)
         if pipeline is not None:
             pipeline.close()
+
+
+def _check_jax_floats(spec: dict[str, _Served]) -> None:
+    """Refuses float64 columns when JAX runs without x64.
+
+    JAX would hand them over as float32, turning 1e300 into inf, where every other narrowing
+    Fuel serves is asked for and checked.
+    """
+    if backends.load("jax").supports_x64():
+        return
+    wide = [k for k, served in spec.items() if served.base != "str" and served.dtype == np.float64]
+    if wide:
+        raise DtypeError(
+            f"data_specf serves {wide} as float64, but JAX runs without x64 and would narrow "
+            f"them to float32 unchecked. Serve them as float32 with cast='same_kind' (each "
+            "value checked: one that overflows is a PackError), or enable x64 first: "
+            "jax.config.update('jax_enable_x64', True)"
+        )
+
+
+# State keys added after version 1 states were first written; older states lack them.
+_LATER_KEYS = ("last", "shuffle", "files")
+
+
+def _as_lists(files: Any) -> Any:
+    """A state's shard list with tuples as lists (a state may have been through JSON or not)."""
+    if isinstance(files, (list, tuple)):
+        return [list(f) if isinstance(f, (list, tuple)) else f for f in files]
+    return files
 
 
 def _is_int(value: object) -> bool:
@@ -298,11 +337,10 @@ def _check_spec(
         elif ctype.base != "str" and not np.can_cast(stored.dtype, ctype.dtype, how):  # type: ignore[arg-type]
             raise DtypeError(
                 f"data_specf[{key!r}]={dtype!r} narrows column {key!r}, stored as "
-                f"{stored.dtype}: {stored.dtype} -> {ctype.dtype} can lose values. Serve it as "
-                f"{stored.dtype}, or allow it: cast={{{key!r}: 'same_kind'}} (checked per value) "
-                "or 'unsafe' (NumPy's astype)"
+                f"{stored.dtype}: {stored.dtype} -> {ctype.dtype} can lose values. "
+                + _cast_hint(key, stored.dtype, ctype.dtype)
             )
-        checked = how == "same_kind" and not np.can_cast(stored.dtype, ctype.dtype, "safe")
+        checked = ctype.base != "str" and _needs_check(stored.dtype, ctype.dtype, how)
         out[key] = _Served(ctype, stored.dtype, checked)
     return out
 
@@ -328,6 +366,11 @@ class _DefaultFetch:
     def __init__(self, pack: Pack, spec: dict[str, _Served]) -> None:
         self.spec = spec
         self.kinds = {key: pack.columns[key]["kind"] for key in spec}
+        image = pack.image
+        shape = tuple(image.get(k) for k in ("height", "width", "channel"))
+        # What every stored image must decode to (packs before this metadata: unchecked).
+        self.image_shape = shape if None not in shape else None
+        self.depth = np.dtype(str(image.get("dtype", "uint8")))
 
     def __call__(self, pack: Pack, index: int) -> dict[str, Any]:
         sample: dict[str, Any] = {}
@@ -335,32 +378,90 @@ class _DefaultFetch:
             value = pack[key][index]
             kind = self.kinds[key]
             if kind == "image":
-                sample[key] = images.decode(value)
+                sample[key] = self._decode(pack, key, index, value)
             elif kind == "sequence":
-                sample[key] = np.stack([images.decode(frame) for frame in value])
+                sample[key] = np.stack([self._decode(pack, key, index, f) for f in value])
             elif served.base == "str":
                 sample[key] = value
             else:
                 stored = np.asarray(value)
-                out = stored.astype(served.dtype, copy=False)
                 if served.checked:
+                    # An overflow becomes the PackError below, naming column and row.
+                    with np.errstate(over="ignore", invalid="ignore"):
+                        out = stored.astype(served.dtype, copy=False)
                     _check_value(key, index, stored, out)
+                else:
+                    out = stored.astype(served.dtype, copy=False)
                 sample[key] = out
         return sample
 
+    def _decode(self, pack: Pack, key: str, index: int, data: Any) -> np.ndarray:
+        """A stored image decoded, and checked against the pack's size, channels and depth."""
+        try:
+            out = images.decode(data)
+        except Exception as e:  # whatever Pillow or NumPy raise on corrupt bytes
+            problem = f"cannot be decoded ({type(e).__name__}: {e})"
+        else:
+            if self.image_shape is None or (out.shape, out.dtype) == (self.image_shape, self.depth):
+                return out
+            problem = (
+                f"decodes to shape {out.shape} of {out.dtype}; the pack's metadata says "
+                f"{self.image_shape} of {self.depth}"
+            )
+        path = pack.locate(index)[0].path
+        raise PackError(
+            f"{path}: column {key!r}, row {index}: the stored image {problem}; the pack is "
+            "corrupt: generate it again"
+        )
+
 
 def _check_value(key: str, index: int, stored: np.ndarray, out: np.ndarray) -> None:
-    """A same_kind cast kept the value (ints round-trip; floats do not overflow)."""
-    if out.dtype.kind == "f":
-        lost = np.isinf(out) & np.isfinite(stored)
+    """A cast kept every value: integers exactly, floats without overflow.
+
+    Values are compared, not round-tripped through casts: uint8 200 as int8 is -56, which
+    casts back to 200. Integers are compared as Python ints (exact for every width); an
+    integer served as a float must be that float exactly (2**53 + 1 as float64 is not).
+    """
+    if out.dtype.kind in "iub":
+        info = np.iinfo(out.dtype) if out.dtype.kind != "b" else None
+        low, high = (int(info.min), int(info.max)) if info is not None else (0, 1)
+        lost = [v for v in stored.ravel().tolist() if not low <= int(v) <= high]
+    elif stored.dtype.kind in "iub":
+        lost = [
+            v for v, o in zip(stored.ravel().tolist(), out.ravel().tolist(), strict=True) if v != o
+        ]
     else:
-        lost = out.astype(stored.dtype) != stored
-    if np.any(lost):
-        bad = stored[lost] if stored.ndim else stored
+        lost = np.ravel(stored[np.isinf(out) & np.isfinite(stored)]).tolist()
+    if lost:
         raise PackError(
-            f"column {key!r}, row {index}: the stored {stored.dtype} value "
-            f"{np.ravel(bad)[0]!r} does not fit {out.dtype} (cast='same_kind')"
+            f"column {key!r}, row {index}: the stored {stored.dtype} value {lost[0]!r} does "
+            f"not fit {out.dtype} (it would be served changed)"
         )
+
+
+def _cast_hint(key: str, stored: np.dtype, wanted: np.dtype) -> str:
+    """What to pass instead: only options that work for this pair of dtypes."""
+    serve = [str(stored)]
+    wider = np.promote_types(stored, wanted)
+    if wider != stored and np.can_cast(stored, wider, "safe") and wider.kind == wanted.kind:
+        serve.append(str(wider))
+    hint = f"Serve it as {' or '.join(serve)}, or allow it: "
+    if np.can_cast(stored, wanted, "same_kind"):
+        return hint + f"cast={{{key!r}: 'same_kind'}} (checked per value) or 'unsafe' (unchecked)"
+    return hint + (
+        f"cast={{{key!r}: 'unsafe'}} (NumPy's astype, unchecked: {stored} -> {wanted} is "
+        "not a same-kind cast)"
+    )
+
+
+def _needs_check(stored: np.dtype, wanted: np.dtype, how: str) -> bool:
+    """Whether a cast that `how` allows can change a value, so each one is checked."""
+    if how == "unsafe":
+        return False
+    if stored.kind in "iu" and wanted.kind == "f":
+        # int64 as float64 is "safe" to NumPy, yet 2**53 + 1 has no float64.
+        return stored.itemsize * 8 - (stored.kind == "i") > np.finfo(wanted).nmant + 1
+    return not np.can_cast(stored, wanted, "safe")
 
 
 class _Finish:

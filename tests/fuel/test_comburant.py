@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -228,3 +230,29 @@ def test_key_seeds_outside_the_seed_range_are_refused(seed):
     image = np.zeros((8, 8, 3), np.uint8)
     with pytest.raises(ArgumentError, match="key"):
         Comburant(Flip())(image, key=(seed, 0, 0))
+
+
+# --- adversarial round 2: sizes that do not match, channel-last under layout="CHW" -------
+
+
+@pytest.mark.parametrize("mask_shape", [(7, 9), (8, 10), (9, 9, 1), (4, 9, 3)])
+@pytest.mark.parametrize("transform", [Flip(p=1.0), Crop(area=(0.3, 0.5)), Rotate(30)])
+def test_a_mask_of_another_size_is_a_shape_error_naming_both_shapes(transform, mask_shape):
+    image = np.zeros((8, 9, 3), np.uint8)
+    with pytest.raises(ShapeError, match=rf"{re.escape(str(mask_shape))}.*\(8, 9, 3\)"):
+        Comburant(transform)(image, np.zeros(mask_shape, np.uint8), key=(0, 0, 0))
+
+
+def test_frames_of_different_sizes_are_a_shape_error():
+    x = np.zeros((8, 9, 3), np.uint8)
+    with pytest.raises(ShapeError, match=r"frame 1 .*\(4, 9, 3\)"):
+        Comburant(Flip(p=1.0))([x, x[:4]], key=(0, 0, 0))
+    with pytest.raises(ShapeError, match=r"mask frame 1"):
+        Comburant(Flip(p=1.0))([x, x], [x[..., 0], x[:4, :, 0]], key=(0, 0, 0))
+
+
+@pytest.mark.parametrize("shape", [(8, 9, 3), (8, 9, 1), (2, 8, 9, 4)])
+def test_layout_chw_refuses_a_channel_last_array(shape):
+    with pytest.raises(ShapeError, match="channel-last"):
+        Comburant(Saturate(0.5), layout="CHW")(np.zeros(shape, np.uint8), key=(0, 0, 0))
+    Comburant(Saturate(0.5), layout="CHW")(np.zeros((3, 8, 9), np.uint8), key=(0, 0, 0))

@@ -460,3 +460,132 @@ def test_a_full_disk_reports_the_disk_error_and_leaves_no_temporary_file(tmp_pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["errno", "27"]  # EFBIG, the disk's own error
     assert os.listdir(out) == []
+
+
+# --- adversarial round 2: deep modes, signed TIFFs, EXIF orientation ------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "stored", "depth"),
+    [
+        ("I;16", "<u2", "uint16"),
+        ("I;16L", "<u2", "uint16"),
+        ("I;16B", ">u2", "uint16"),
+        ("I", "<i4", "int32"),
+        ("F", "<f4", "float32"),
+    ],
+)
+def test_every_deep_mode_resizes_to_the_values_of_a_float_reference(mode, stored, depth):
+    # Pillow resized I;16B as if it were native: byte-swapped garbage, not a resampled image.
+    ramp = (np.add.outer(np.arange(6) * 700, np.arange(16) * 1000) + 300).astype(np.uint16)
+    ref = np.asarray(
+        Image.fromarray(ramp.astype(np.float32)).resize((8, 6), Image.Resampling.BICUBIC)
+    )
+    buf = io.BytesIO()
+    Image.frombytes(mode, (16, 6), ramp.astype(stored).tobytes()).save(buf, format="TIFF")
+    img, _ = prepare(buf.getvalue(), 6, 8, 1, keep_exif=False, depth=depth)
+    got = np.asarray(img).astype(np.float64)
+    assert got.shape == (6, 8)
+    assert np.abs(got - ref).max() <= 0.5  # integer depths round; float32 is exact
+
+
+def _signed8_tiff(path: Path, values: np.ndarray) -> None:
+    """A one-strip grey TIFF of int8 samples (SampleFormat 2), which Pillow opens as "L"."""
+    h, w = values.shape
+    data = values.astype(np.int8).tobytes()
+    entries = [(256, w), (257, h), (258, 8), (259, 1), (262, 1), (273, 8), (277, 1),
+               (278, h), (279, len(data)), (339, 2)]  # fmt: skip
+    ifd = struct.pack("<H", len(entries))
+    for tag, val in entries:
+        ifd += struct.pack("<HHI", tag, 4, 1) + struct.pack("<I", val)
+    path.write_bytes(b"II*\x00" + struct.pack("<I", 8 + len(data)) + data + ifd + b"\0" * 4)
+
+
+def test_signed_8_bit_tiffs_are_refused_naming_file_and_line(tmp_path):
+    _signed8_tiff(tmp_path / "s.tif", np.full((4, 5), -5))
+    with Image.open(tmp_path / "s.tif") as opened:
+        assert opened.mode == "L"  # Pillow would read -5 as 251
+    with pytest.raises(PackError, match=r"line 2.*s\.tif.*signed"):
+        _one_column(tmp_path, ["s.tif"]).generate(str(tmp_path / "p.h5"), 4, 5, channel=1)
+    Image.fromarray(picture(0, 4, 5)).save(tmp_path / "ok.png")
+    report = _one_column(tmp_path, ["s.tif", "ok.png"]).generate(
+        str(tmp_path / "p.h5"), 4, 5, on_error="skip"
+    )
+    assert report.rows == 1 and [s.line for s in report.skipped] == [2]
+
+
+def test_kept_exif_says_upright_once_the_pixels_are_rotated(tmp_path):
+    im = Image.fromarray(np.zeros((4, 8, 3), np.uint8))
+    exif = im.getexif()
+    exif[0x0112] = 6  # rotate 90: the pack stores the pixels rotated
+    exif[0x010F] = "maker"
+    im.save(tmp_path / "r.jpg", exif=exif.tobytes())
+    report = _one_column(tmp_path, ["r.jpg"]).generate(str(tmp_path / "p.h5"), 8, 4)
+    stored = Image.Exif()
+    stored.load(bytes(Pack(report.paths)["image.exif"][0]))
+    assert stored.get(0x0112) == 1 and stored.get(0x010F) == "maker"
+
+
+@pytest.mark.parametrize("cell", ["0.png\x00", "0.png\x00x"])
+def test_a_nul_byte_in_any_cell_is_a_skippable_pack_error_naming_the_line(tmp_path, cell):
+    Image.fromarray(picture(0, 4, 4)).save(tmp_path / "0.png")
+    csv_path = tmp_path / "list.csv"
+    csv_path.write_bytes(f"image,name\n{cell},a\n0.png,b\x00c\n0.png,ok\n".encode())
+    gen = FuelGenerator(file_dir=str(tmp_path), file_list=str(csv_path), dtype=["str"])
+    with pytest.raises(PackError, match=r"line 2, column 'image'.*NUL"):
+        gen.generate(str(tmp_path / "p.h5"), 4, 4)
+    report = gen.generate(str(tmp_path / "p.h5"), 4, 4, on_error="skip")
+    assert report.rows == 1
+    assert [(s.line, s.column) for s in report.skipped] == [(2, "image"), (3, "name")]
+
+
+def test_a_fifo_or_a_symlink_loop_is_named_for_what_it_is(tmp_path):
+    os.mkfifo(tmp_path / "fifo.png")
+    os.symlink("loop2", tmp_path / "loop1")
+    os.symlink("loop1", tmp_path / "loop2")
+    os.mkdir(tmp_path / "dir.png")
+    for name, said in [("fifo.png", "FIFO"), ("loop1", "loop of symbolic links"),
+                       ("dir.png", "a folder"), ("none.png", "does not exist")]:  # fmt: skip
+        with pytest.raises(PackError, match=rf"line 2.*{said}"):
+            _one_column(tmp_path, [name]).generate(str(tmp_path / "p.h5"), 4, 4)
+
+
+def test_a_blank_first_line_is_an_empty_header_on_line_1(tmp_path):
+    (tmp_path / "list.csv").write_text("\nimage,label\n0.png,1\n")
+    gen = FuelGenerator(file_dir=str(tmp_path), file_list=str(tmp_path / "list.csv"),
+                        dtype=["int64"])  # fmt: skip
+    with pytest.raises(PackError, match="line 1: empty header"):
+        gen.generate(str(tmp_path / "p.h5"), 4, 4)
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [({"height": 2**31}, "height"), ({"width": 70000}, "width"),
+     ({"channel": 4, "encode": "JPEG"}, "encode"), ({"channel": 4, "encode": "jpeg"}, "encode")],
+)  # fmt: skip
+def test_sizes_and_encodings_that_cannot_work_are_refused_at_the_call(tmp_path, kw, name):
+    Image.fromarray(picture(0, 4, 4)).save(tmp_path / "0.png")
+    args = {"height": 4, "width": 4, **kw}
+    with pytest.raises(ArgumentError, match=rf"^{name} "):
+        _one_column(tmp_path, ["0.png"]).generate(str(tmp_path / "p.h5"), **args)
+
+
+@pytest.mark.parametrize("rows", [[], ["missing.png"]])
+def test_no_empty_pack_is_written(tmp_path, rows):
+    with pytest.raises(PackError, match=r"list\.csv.*no row to pack"):
+        _one_column(tmp_path, rows).generate(str(tmp_path / "p.h5"), 4, 4, on_error="skip")
+    assert _packs_left(tmp_path) == []
+
+
+def test_a_tank_on_an_empty_pack_says_it_is_empty(tmp_path):
+    from dualtrain.fuel.columns import ColumnType
+    from dualtrain.fuel.writer import PackWriter
+
+    columns = {"image": ColumnType.parse("vuint8"), "label": ColumnType.parse("int64")}
+    meta = {"image": {"height": 4, "width": 4, "channel": 3, "encode": "PNG", "dtype": "uint8"}}
+    writer = PackWriter(str(tmp_path / "e.h5"), columns, "image", is_seq=False,
+                        keep_exif=False, meta=meta)  # fmt: skip
+    writer.finish()
+    writer.publish()
+    with pytest.raises(PackError, match=r"empty \(0 rows\)"):
+        Tank(str(tmp_path / "e.h5"), {"label": "int64"}, 2)

@@ -139,7 +139,7 @@ def test_state_is_tiny_and_checked(pack):
     tank = Tank(pack, SPEC, 5, seed=2)
     tank.next()
     state = tank.state_dict()
-    assert state["epoch"] == 0 and state["position"] == 1 and len(state) == 9
+    assert state["epoch"] == 0 and state["position"] == 1 and len(state) == 11
     other = Tank(pack, SPEC, 4, seed=2)
     with pytest.raises(ArgumentError, match="batch_size"):
         other.load_state_dict(state)

@@ -86,6 +86,13 @@ BAD_META = {
     "wrong shape": lambda m: m["columns"]["box"].update(shape=[4]),
     "wrong dtype": lambda m: m["columns"]["label"].update(type="int32"),
     "image not a dict": lambda m: m.update(image=[8, 8]),
+    "image dtype a list": lambda m: m["image"].update(dtype=["uint8"]),
+    "image height -1": lambda m: m["image"].update(height=-1),
+    "image encode GIF": lambda m: m["image"].update(encode="GIF"),
+    "image channel 2": lambda m: m["image"].update(channel=2),
+    "deep colour image": lambda m: m["image"].update(dtype="uint16"),
+    "image channel lies": lambda m: m["image"].update(channel=1),
+    "image size lies": lambda m: m["image"].update(width=9),
     "shard beyond shards": lambda m: m.update(shard=3, shards=2),
     "bad run": lambda m: m.update(run="not-a-run-id"),
     "version 99": lambda m: m.update(version=99),
@@ -319,3 +326,60 @@ def test_direct_reads_of_a_truncated_pack_are_a_pack_error_not_a_crash(made, tmp
     )  # fmt: skip
     assert run.returncode == 0, (run.returncode, run.stdout, run.stderr[-2000:])
     assert "changed since it was opened" in run.stdout
+
+
+def _edit_dataset(path: str, name: str, edit) -> None:
+    with h5py.File(path, "r+") as f:
+        values = f[name][()]
+        edit(values)
+        f[name][...] = values
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "column", "row"),
+    [
+        ("image", lambda a: a.__setitem__(slice(10, 40), 0), "image", 0),  # corrupt bytes
+        ("image.offsets", lambda o: o.__setitem__(1, o[1] + 5), "image", 1),  # shifted
+        ("name", lambda a: a.__setitem__(0, 0xFF), "name", 0),  # not UTF-8
+    ],
+)
+def test_corrupt_stored_values_are_a_pack_error_naming_file_column_and_row(
+    made, tmp_path, name, edit, column, row
+):
+    (path,) = copies(made, "one", tmp_path)
+    _edit_dataset(path, name, edit)
+    tank = Tank(path, {"image": "uint8", "name": "str"}, 4, shuffle=False)
+    with pytest.raises(PackError, match=rf"one\.h5: column {column!r}, row {row}"):
+        tank.next()
+    tank.close()
+
+
+def test_an_image_depth_that_lies_is_a_pack_error_at_read(made, tmp_path):
+    (path,) = copies(made, "one", tmp_path)
+    edit_meta(path, lambda m: m["image"].update(dtype="uint16", channel=1))
+    tank = Tank(path, {"image": "uint16"}, 4, shuffle=False)
+    with pytest.raises(PackError, match=r"one\.h5: column 'image', row 0.*uint8.*uint16"):
+        tank.next()
+    tank.close()
+
+
+def test_close_forgets_the_file_so_next_reads_a_replaced_pack(made, tmp_path):
+    (path,) = copies(made, "one", tmp_path)
+    tank = Tank(path, {"label": "int64", "name": "str"}, 4, shuffle=False)
+    first = tank.next()["name"]
+    shutil.copy(made["one"][0], path + ".new")  # the same pack, regenerated: a new file
+    os.replace(path + ".new", path)
+    with pytest.raises(PackError, match="changed since it was opened"):
+        tank.next()
+    tank.close()
+    assert tank.next()["name"] == ["item 4", "item 5", "item 6", "item 7"]  # reopened
+    assert first == ["item 0", "item 1", "item 2", "item 3"]
+    tank.close()
+    other = str(tmp_path / "other.h5")
+    FuelGenerator(file_dir=os.path.dirname(made["one"][0]),
+                  file_list=os.path.join(os.path.dirname(made["one"][0]), "list.csv"),
+                  dtype=DTYPES).generate(other, 8, 6, encode="PNG", workers=0)  # fmt: skip
+    os.replace(other, path)  # another layout (width 6): re-validated, refused
+    with pytest.raises(PackError, match=r"another layout.*image"):
+        tank.next()
+    tank.close()

@@ -357,3 +357,131 @@ def test_a_device_that_is_not_there_fails_at_construction(pack):
     if not torch.cuda.is_available():
         with pytest.raises(ArgumentError, match="CUDA is not available"):
             Tank(pack, {"label": "int64"}, 4, to="torch", device="cuda")
+
+
+# --- adversarial round 2: casts compare values, hints that work -------------------------
+
+INTS = ["uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"]
+NUMBERS = [*INTS, "float16", "float32", "float64"]
+
+
+def _extremes(dtype: str) -> list:
+    """Each dtype's edge values: its own min and max, and the edges of narrower dtypes."""
+    if dtype.startswith("float"):
+        info = np.finfo(dtype)
+        edges = [float(info.max), float(info.min), 0.5, -0.0, 70000.0, 1e-8, 2.0**24 + 1]
+        return [v for v in edges if abs(v) <= float(info.max)]
+    own = np.iinfo(dtype)
+    edges = {int(own.min), int(own.max), 0, 1}
+    for other in INTS:
+        o = np.iinfo(other)
+        edges |= {int(o.min), int(o.max), int(o.max) + 1, 2**53 + 1}
+    return sorted(v for v in edges if own.min <= v <= own.max)
+
+
+@pytest.fixture(scope="module")
+def extremes(tmp_path_factory):
+    """One column per numeric dtype, each row an edge value of that dtype (repeated last)."""
+    folder = tmp_path_factory.mktemp("extremes")
+    from PIL import Image
+
+    Image.fromarray(picture(0, 4, 4)).save(os.path.join(folder, "0.png"))
+    columns = {d: _extremes(d) for d in NUMBERS}
+    n = max(len(v) for v in columns.values())
+    rows = [["image", *NUMBERS]]
+    rows += [["0.png", *(repr(columns[d][min(i, len(columns[d]) - 1)]) for d in NUMBERS)]
+             for i in range(n)]  # fmt: skip
+    write_csv(os.path.join(folder, "list.csv"), rows)
+    gen = FuelGenerator(file_dir=str(folder), file_list=str(folder / "list.csv"),
+                        dtype=["vuint8", *NUMBERS])  # fmt: skip
+    return gen.generate(str(folder / "x.h5"), 4, 4, encode="PNG", workers=0).paths, n
+
+
+@settings(max_examples=60, deadline=None)
+@given(stored=st.sampled_from(NUMBERS), wanted=st.sampled_from(NUMBERS),
+       how=st.sampled_from(["safe", "same_kind"]))  # fmt: skip
+def test_served_values_are_the_stored_ones_or_a_pack_error_naming_column_and_row(
+    extremes, stored, wanted, how
+):
+    # uint8 200 as int8 is -56, which casts back to 200: a round-trip check let it through.
+    paths, n = extremes
+    try:
+        tank = Tank(paths, {stored: wanted}, 1, shuffle=False, cast=how)
+    except DtypeError:
+        assert not np.can_cast(stored, wanted, how)
+        return
+    values = _extremes(stored)
+    for row in range(n):
+        want = values[min(row, len(values) - 1)]
+        try:
+            got = tank.next()[stored][0]
+        except PackError as e:  # the row served next does not fit: named, and really lost
+            assert f"{stored!r}, row {row}:" in str(e)
+            kept = np.array(want, stored)
+            if np.dtype(wanted).kind == "f":
+                with np.errstate(over="ignore"):
+                    lost = stored.startswith(("int", "uint")) or np.isinf(kept.astype(wanted))
+                assert lost
+            else:
+                info = np.iinfo(wanted)
+                assert not info.min <= int(kept) <= info.max
+            return  # a Tank stops at a bad row: later rows are not served past it
+        kept = np.array(want, stored)
+        if stored.startswith("float"):
+            # a float narrowing rounds, never overflows to inf
+            assert got == kept.astype(wanted) and np.isfinite(got)
+        else:  # integers exactly, compared as Python numbers (int == float is exact)
+            assert got.item() == int(kept)
+
+
+WRAPS = [("uint8", "int8"), ("uint32", "int32"), ("uint64", "int64"), ("int64", "float64")]
+
+
+@pytest.mark.parametrize(("stored", "wanted"), WRAPS)
+def test_same_kind_refuses_unsigned_wraparound_and_inexact_floats(extremes, stored, wanted):
+    paths, n = extremes
+    tank = Tank(paths, {stored: wanted}, n, shuffle=False, cast="same_kind")
+    with pytest.raises(PackError, match=rf"'{stored}', row \d+: .*does not fit {wanted}"):
+        tank.next()
+
+
+REFUSED = [("int8", "uint8"), ("int64", "uint64"), ("int16", "int8"), ("float64", "float32")]
+
+
+@pytest.mark.parametrize(("stored", "wanted"), REFUSED)
+def test_a_refused_cast_suggests_what_works(extremes, stored, wanted):
+    paths, _ = extremes
+    with pytest.raises(DtypeError) as e:
+        Tank(paths, {stored: wanted}, 1)
+    match = __import__("re").search(r"cast=(\{.*?\})", str(e.value))
+    assert match, str(e.value)
+    Tank(paths, {stored: wanted}, 1, cast=eval(match.group(1)))  # the hint is accepted
+
+
+def test_a_state_resumes_only_a_tank_with_the_same_shuffle_and_shard_order(pack):
+    tank = Tank(pack, {"name": "str"}, 8, seed=5)
+    tank.next()
+    state = tank.state_dict()
+    with pytest.raises(ArgumentError, match=r"state\['shuffle'\]"):
+        Tank(pack, {"name": "str"}, 8, seed=5, shuffle=False).load_state_dict(state)
+    with pytest.raises(ArgumentError, match=r"state\['files'\]"):
+        Tank(pack[::-1], {"name": "str"}, 8, seed=5).load_state_dict(state)
+    old = {k: v for k, v in state.items() if k not in ("shuffle", "files", "last")}
+    resumed = Tank(pack, {"name": "str"}, 8, seed=5)
+    resumed.load_state_dict(old)  # states written before these keys still load
+    assert resumed.next()["name"] == tank.next()["name"]
+    import json
+
+    again = Tank(pack, {"name": "str"}, 8, seed=5)
+    again.load_state_dict(json.loads(json.dumps(state)))  # through JSON: lists stay equal
+    assert again.position == 1
+
+
+def test_float64_under_jax_without_x64_is_refused_at_construction(typed):
+    jax = pytest.importorskip("jax")
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on: float64 is served as it is")
+    with pytest.raises(DtypeError, match=r"\['wide'\] as float64.*x64"):
+        Tank(typed, {"wide": "float64"}, 2, to="jax")
+    batch = Tank(typed, {"wide": "float32"}, 2, shuffle=False, to="jax", cast="same_kind").next()
+    assert str(batch["wide"].dtype) == "float32"
