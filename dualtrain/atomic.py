@@ -11,7 +11,8 @@ Every file dualtrain writes for the user (checkpoints, packs) goes through here,
 
       .<final name>.<host>-<pid>-<token>.dt-tmp
 
-  where ``host`` is a short hash of the writer's host name and ``pid`` its process id. The
+  where ``host`` is a short hash of the writer's host name and ``pid`` its process id (a
+  final name too long to fit in it is written ``<hash>~<end of the name>``). The
   next write to the same folder (`atomic_target`, or `sweep_stale` called by a writer)
   removes every such file whose writer ran on this host and is gone. A live writer's
   files, another host's files (a shared folder), and files of unknown form are never
@@ -88,7 +89,7 @@ def temp_path(final: str | os.PathLike) -> Path:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{final.name}.{_host()}-{os.getpid()}-"
+    prefix = f".{_short(final.name)}.{_host()}-{os.getpid()}-"
     while True:
         tmp = final.parent / f"{prefix}{secrets.token_hex(4)}{TEMP_SUFFIX}"
         try:
@@ -97,6 +98,27 @@ def temp_path(final: str | os.PathLike) -> Path:
             continue
         os.close(fd)
         return tmp
+
+
+# A file name's limit on common filesystems (ext4, xfs, btrfs, APFS, NTFS: 255 bytes).
+_NAME_MAX = 255
+# What the temporary name adds to the final one: ".", ".<host>-<pid>-<token>", the suffix.
+_WRAPPER = 1 + 1 + 8 + 1 + 10 + 1 + 8 + len(TEMP_SUFFIX)
+
+
+def _short(name: str) -> str:
+    """`name` as the temporary name holds it: whole when it fits, else shortened.
+
+    A final name near the limit would make the temporary name too long (ENAMETOOLONG on a
+    name the user never gave); it is then cut to ``<hash>~<end of the name>``: the hash
+    keeps two long names apart and the end keeps the extension, which sweeps match on.
+    """
+    room = _NAME_MAX - _WRAPPER
+    if len(name.encode()) <= room:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    tail = name.encode()[-(room - 9) :].decode("utf-8", errors="ignore")
+    return f"{digest}~{tail}"
 
 
 def is_temp(path: str | os.PathLike) -> bool:
@@ -190,7 +212,9 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def commit(tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = True) -> None:
+def commit(
+    tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = True, replace: bool = True
+) -> None:
     """Gives `tmp` the umask's permissions and renames it over `final`, atomically.
 
     Args:
@@ -200,10 +224,14 @@ def commit(tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = Tru
             final name holds the whole file even after a power loss (a killed process
             needs no fsync: the kernel still writes its pages). A disk error that the
             filesystem reports only at sync time is raised here, before the rename.
+        replace: replace a file at `final`. If False, `final` is created only if no file
+            has that name, atomically (a hard link, then `tmp` is removed), so that two
+            writers choosing the same new name never replace each other's file.
 
     Raises:
         OSError: the disk's error (ENOSPC, EIO, ...); `final` is left as it was and `tmp`
             is left for the caller to `discard`.
+        FileExistsError: `replace` is False and `final` exists; `tmp` is left as above.
     """
     tmp, final = Path(tmp), Path(final)
     fd = os.open(tmp, os.O_RDONLY)
@@ -214,9 +242,31 @@ def commit(tmp: str | os.PathLike, final: str | os.PathLike, durable: bool = Tru
             os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, final)
+    if replace:
+        os.replace(tmp, final)
+    else:
+        _link(tmp, final)
     if durable:
         _fsync_dir(final.parent)
+
+
+def _link(tmp: Path, final: Path) -> None:
+    """Moves `tmp` to `final` unless `final` exists (FileExistsError), atomically."""
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        raise
+    except OSError as err:
+        # No hard links here (some network and FAT filesystems): check, then rename. Two
+        # writers may still race between the two, as they would without this option.
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        if os.path.lexists(final):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(final)) from err
+        os.replace(tmp, final)
+        return
+    with contextlib.suppress(OSError):
+        tmp.unlink()
 
 
 def discard(tmp: str | os.PathLike) -> None:
@@ -226,7 +276,9 @@ def discard(tmp: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def atomic_target(final: str | os.PathLike, durable: bool = True) -> Iterator[Path]:
+def atomic_target(
+    final: str | os.PathLike, durable: bool = True, replace: bool = True
+) -> Iterator[Path]:
     """Yields a temporary path to write `final` to; renames it to `final` when the block ends.
 
     First sweeps the stale temporary files of dead writers from `final`'s folder. If the
@@ -236,6 +288,7 @@ def atomic_target(final: str | os.PathLike, durable: bool = True) -> Iterator[Pa
     Args:
         final: the file to write.
         durable: see `commit`.
+        replace: see `commit` (False: FileExistsError if `final` exists, nothing left).
 
     Yields:
         The temporary file's path (it exists, empty; writers may truncate it).
@@ -245,7 +298,7 @@ def atomic_target(final: str | os.PathLike, durable: bool = True) -> Iterator[Pa
     sweep_stale(final.parent)
     try:
         yield tmp
-        commit(tmp, final, durable)
+        commit(tmp, final, durable, replace)
     except BaseException:
         discard(tmp)
         raise

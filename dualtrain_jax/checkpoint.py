@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dualtrain.aerolog.time_machine import CheckpointError
+from dualtrain.errors import ArgumentError
 from dualtrain_jax.craft import JaxModule
 from dualtrain_jax.optimizer_state import (  # optimizer state: TimeMachine reaches it here
     check_native,
@@ -20,6 +21,7 @@ from dualtrain_jax.optimizer_state import (  # optimizer state: TimeMachine reac
 
 __all__ = [
     "check_native",
+    "check_optimizer_argument",
     "check_neutral",
     "export_native",
     "export_optimizer",
@@ -31,6 +33,24 @@ __all__ = [
     "shapes",
     "specs",
 ]
+
+
+def check_optimizer_argument(optimizer: Any) -> None:
+    """Refuses, before any file is read, an `optimizer` that cannot be an optax state."""
+    if optimizer is None:
+        return
+    import optax
+
+    if isinstance(optimizer, optax.GradientTransformation):
+        raise ArgumentError(
+            "optimizer must be an optax state: pass tx.init(params) (of the optimizer you "
+            f"resume with), not the transformation; got optimizer={type(optimizer).__name__}"
+        )
+    if hasattr(optimizer, "param_groups") or type(optimizer).__module__.startswith("torch"):
+        raise ArgumentError(
+            "optimizer must be an optax state for a JAX module (tx.init(module.params)); got "
+            f"a torch optimizer, optimizer={type(optimizer).__name__}"
+        )
 
 
 def export_tensors(module: JaxModule) -> dict[str, np.ndarray]:

@@ -380,7 +380,11 @@ def check_neutral(
 
     def fill(path: str, template: dict[str, Any], slot: str) -> dict[str, Any]:
         out = dict(template)
-        for k, value in state.slots.get(slot, {}).items():
+        stored = state.slots.get(slot, {})
+        for k in template:  # loaded, none stored: a fresh optimizer's zeros, not stale ones
+            if k in loaded and k not in stored:
+                out[k] = jnp.zeros_like(template[k])
+        for k, value in stored.items():
             if k not in template or k not in loaded:
                 continue
             array = np.asarray(value)

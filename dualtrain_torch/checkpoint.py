@@ -9,6 +9,7 @@ import torch
 
 from dualtrain import convert
 from dualtrain.aerolog.time_machine import BOOKKEEPING
+from dualtrain.errors import ArgumentError
 from dualtrain_torch.craft import CraftModule, load_canonical
 from dualtrain_torch.optimizer_state import (  # optimizer state: TimeMachine reaches it here
     check_native,
@@ -23,6 +24,7 @@ from dualtrain_torch.optimizer_state import (  # optimizer state: TimeMachine re
 
 __all__ = [
     "check_native",
+    "check_optimizer_argument",
     "check_neutral",
     "check_scheduler",
     "export_native",
@@ -36,6 +38,16 @@ __all__ = [
     "shapes",
     "specs",
 ]
+
+
+def check_optimizer_argument(optimizer: Any) -> None:
+    """Refuses, before any file is read, an `optimizer` that is not a torch optimizer."""
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        what = "an optax state" if type(optimizer).__module__.startswith("optax") else "a"
+        raise ArgumentError(
+            "optimizer must be a torch.optim.Optimizer over the module's parameters for a "
+            f"torch module; got {what} {type(optimizer).__name__}"
+        )
 
 
 def _saved_names(module: CraftModule) -> set[str]:

@@ -10,6 +10,7 @@ Adagrad onto ``dualtrain.aerolog.optim_state``'s families.
 from __future__ import annotations
 
 import collections
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -263,16 +264,46 @@ def check_native(
                     f"from the optimizer's {group_names}"
                 )
         new_groups.append(new)
-    new_state = dict(current["state"])  # parameters not loaded keep what they have
-    for name, values in entry.get("state", {}).items():
+    stored_state = entry.get("state", {})
+    if not isinstance(stored_state, dict):
+        raise CheckpointError(f"malformed optimizer entry: 'state' is {type(stored_state)}")
+    # Parameters not loaded keep what they have; loaded ones get exactly what is stored,
+    # no state where none was stored (a rollback to a fresh optimizer drops the moments).
+    index_name = {i: n for n, i in name_index.items()}
+    new_state = {i: v for i, v in current["state"].items() if index_name.get(i) not in loaded}
+    for name, values in stored_state.items():
         if name in loaded and name in name_index:
+            if not isinstance(values, dict):
+                raise CheckpointError(f"malformed optimizer entry: state of {name} is {values!r}")
             new_state[name_index[name]] = {k: _decode(v, tensors) for k, v in values.items()}
     new_dict = {"state": new_state, "param_groups": new_groups}
+    return _all_or_nothing(optimizer, new_dict)
+
+
+def _all_or_nothing(
+    optimizer: torch.optim.Optimizer, new_dict: dict[str, Any]
+) -> Callable[[], torch.optim.Optimizer]:
+    """`optimizer.load_state_dict(new_dict)` as a filler that leaves it whole if it fails.
+
+    ``load_state_dict`` builds new ``state`` and ``param_groups`` objects and sets them last,
+    so the old ones, kept here, are the optimizer as it was (no copy of its tensors).
+    """
+    old = {"state": optimizer.state, "param_groups": optimizer.param_groups}
+
+    def undo() -> None:
+        optimizer.__setstate__(dict(old))
 
     def apply() -> torch.optim.Optimizer:
-        optimizer.load_state_dict(new_dict)
+        try:
+            optimizer.load_state_dict(new_dict)
+        except Exception as err:
+            undo()
+            raise CheckpointError(
+                f"its {type(optimizer).__name__} state does not load: {err!r}"
+            ) from err
         return optimizer
 
+    apply.undo = undo  # type: ignore[attr-defined]
     return apply
 
 
@@ -306,11 +337,28 @@ def check_scheduler(
             f"it holds a {entry.get('class')} scheduler; the scheduler given is a {cls}"
         )
     state = _decode(entry.get("state"), tensors)
+    # load_state_dict updates the scheduler's __dict__ with the stored dict: keys other than
+    # the scheduler's own state (its optimizer, say) would replace its attributes.
+    own = scheduler.state_dict()
+    if not isinstance(state, dict) or set(state) != set(own):
+        keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(
+            f"its {cls} scheduler state has keys {keys}; a {cls} has {sorted(own)}"
+        )
+    before = copy.deepcopy(own)
+
+    def undo() -> None:
+        scheduler.load_state_dict(copy.deepcopy(before))
 
     def apply() -> Any:
-        scheduler.load_state_dict(state)
+        try:
+            scheduler.load_state_dict(state)
+        except Exception as err:
+            undo()
+            raise CheckpointError(f"its {cls} scheduler state does not load: {err!r}") from err
         return scheduler
 
+    apply.undo = undo  # type: ignore[attr-defined]
     return apply
 
 
@@ -428,13 +476,16 @@ def check_neutral(
         + (["momentum_buffer"] if variant.get("momentum") else []),
         "adagrad": ["sum"],
     }[family]
-    plan = []
+    plan: list[tuple[torch.Tensor, dict[str, torch.Tensor] | None]] = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             name = names.get(id(p))
             if name is None:
                 raise CheckpointError(f"optimizer {cls} holds a parameter that is not the module's")
-            if name not in loaded or not any(name in state.slots[s] for s in needed):
+            if name not in loaded:
+                continue  # a skipped parameter keeps its state
+            if not any(name in state.slots[s] for s in needed):
+                plan.append((p, None))  # none stored: none kept (a fresh optimizer's)
                 continue
             values = {}
             for slot in needed:
@@ -461,11 +512,25 @@ def check_neutral(
                 values["step"] = torch.tensor(float(state.step), dtype=_scalar_dtype())
             plan.append((p, values))
 
+    missing = object()
+    old = [(p, optimizer.state.get(p, missing)) for p, _ in plan]
+
+    def undo() -> None:
+        for p, values in old:
+            if values is missing:
+                optimizer.state.pop(p, None)
+            else:
+                optimizer.state[p] = values
+
     def apply() -> torch.optim.Optimizer:
         for p, values in plan:
-            optimizer.state[p] = values
+            if values is None:
+                optimizer.state.pop(p, None)
+            else:
+                optimizer.state[p] = values
         return optimizer
 
+    apply.undo = undo  # type: ignore[attr-defined]
     return apply
 
 

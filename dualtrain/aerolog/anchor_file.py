@@ -37,6 +37,10 @@ from dualtrain.errors import DualtrainError
 __all__ = ["Anchor", "CheckpointError", "write_anchor"]
 
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
+# The header's own CRC-32 (8 hex digits), in its metadata beside the manifest: it covers the
+# whole header but itself (every tensor's dtype, shape and offsets, and the manifest), so a
+# flipped bit in the manifest (a learning rate, the step, a renamed key) is caught too.
+HEADER_CRC = "dualtrain_crc32"
 
 # safetensors' dtype codes and the NumPy dtypes they read as.
 _DTYPES: dict[str, np.dtype] = {
@@ -95,6 +99,7 @@ def write_anchor(
     tensors: dict[str, np.ndarray],
     manifest: dict[str, Any],
     default: Callable[[Any], Any] | None = None,
+    replace: bool = True,
 ) -> None:
     """Writes `tensors` with `manifest` (plus ``crc32``) to `path`, atomically.
 
@@ -105,8 +110,10 @@ def write_anchor(
         manifest: JSON data stored under the header's ``dualtrain`` key; a ``crc32`` entry
             ``{name: CRC-32}`` is added.
         default: `json.dumps`' fallback for values JSON cannot hold.
+        replace: replace a file already at `path`; if False, FileExistsError instead.
 
     Raises:
+        FileExistsError: `replace` is False and `path` exists (nothing is left behind).
         OSError: the disk's own error (ENOSPC, EFBIG, EACCES, ...); no temporary file is
             left and `path` is as it was.
     """
@@ -122,7 +129,7 @@ def write_anchor(
     # and reports a full disk as its own error type.
     try:
         with (
-            atomic.atomic_target(path) as tmp,
+            atomic.atomic_target(path, replace=replace) as tmp,
             open(tmp, "wb") as f,
             ThreadPoolExecutor(_workers(flat), thread_name_prefix="dualtrain-crc") as pool,
         ):
@@ -172,9 +179,24 @@ def _header(arrays: dict[str, np.ndarray], metadata: dict[str, str], size: int =
             "data_offsets": [at, at + array.nbytes],
         }
         at += array.nbytes
+    # The CRC's room is the same whatever its value, so the room reserved before is exact.
+    metadata[HEADER_CRC] = f"{_header_crc(entries):08x}"
     text = json.dumps(entries, separators=(",", ":")).encode()
     text += b" " * ((size - 8 - len(text)) if size else (-len(text) % 8))
     return len(text).to_bytes(8, "little") + text
+
+
+def _header_crc(header: dict[str, Any]) -> int:
+    """CRC-32 of `header` (parsed or about to be written) without its own CRC entry.
+
+    Computed on the compact JSON of the parsed header, which is the text the writer wrote:
+    a change of any value changes it.
+    """
+    metadata = header.get("__metadata__")
+    if isinstance(metadata, dict):
+        rest = {k: v for k, v in metadata.items() if k != HEADER_CRC}
+        header = {k: (rest if k == "__metadata__" else v) for k, v in header.items()}
+    return zlib.crc32(json.dumps(header, separators=(",", ":")).encode())
 
 
 class _Entry:
@@ -235,6 +257,11 @@ class Anchor:
             raise self.error(f"is not a safetensors file: its header is not JSON ({err})") from err
         if not isinstance(header, dict):
             raise self.error("is not a safetensors file: its header is not a JSON object")
+        raw = header.get("__metadata__")
+        stored_crc = raw.get(HEADER_CRC) if isinstance(raw, dict) else None
+        self.header_crc = stored_crc is not None
+        if stored_crc is not None and stored_crc != f"{_header_crc(header):08x}":
+            raise self.error("is corrupt: its header (manifest included) fails its CRC-32 check")
         metadata = header.pop("__metadata__", None) or {}
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise self.error("has a malformed __metadata__: not an object of strings")
@@ -282,8 +309,12 @@ class Anchor:
             )
         return _Entry(dtype, tuple(shape), start + offsets[0], start + offsets[1])
 
-    def manifest(self, expected: str) -> dict[str, Any]:
-        """The JSON manifest, checked to be an object of format `expected`."""
+    def manifest(self, expected: str, legacy: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The JSON manifest, checked to be an object of format `expected`.
+
+        An anchor of format `expected` must carry the header's CRC-32 and a CRC-32 per
+        tensor; one of a `legacy` format (written before them) is read without them.
+        """
         if "dualtrain" not in self.metadata:
             raise self.error("is a safetensors file but not a dualtrain checkpoint")
         try:
@@ -292,9 +323,12 @@ class Anchor:
             raise self.error(f"has a manifest that is not valid JSON ({err})") from err
         if not isinstance(manifest, dict):
             raise self.error("has a manifest that is not a JSON object")
-        if manifest.get("format") != expected:
+        if manifest.get("format") not in (expected, *legacy):
             raise self.error(f"has format {manifest.get('format')!r}; this reads {expected!r}")
         crcs = manifest.get("crc32")
+        if manifest["format"] == expected and (not self.header_crc or crcs is None):
+            lacks = "its header's CRC-32" if not self.header_crc else "its tensors' CRC-32s"
+            raise self.error(f"is corrupt: format {expected!r} but {lacks} ({HEADER_CRC}, crc32)")
         if crcs is not None and not (
             isinstance(crcs, dict)
             and set(crcs) == set(self.entries)

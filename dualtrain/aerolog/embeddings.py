@@ -11,6 +11,7 @@ manifest. Written to a temporary name and renamed, like every anchor.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,11 @@ import numpy as np
 from dualtrain.aerolog.anchor_file import Anchor, CheckpointError, write_anchor
 from dualtrain.errors import bad_argument
 
-__all__ = ["CHUNK", "FORMAT", "load_rows", "save_rows"]
+__all__ = ["CHUNK", "FORMAT", "LEGACY_FORMATS", "load_rows", "save_rows"]
 
-FORMAT = "dualtrain-embeddings/1"
+FORMAT = "dualtrain-embeddings/2"
+# Anchors of this format (before the header's CRC-32 and the optimizer's name) still load.
+LEGACY_FORMATS = ("dualtrain-embeddings/1",)
 CHUNK = 1 << 16  # rows per tensor: 32 MiB of a 128-wide float32 table
 MODES = ("lazy", "exact")
 
@@ -39,6 +42,22 @@ def _session(rows: Any) -> Any:
             "what dualtrain_torch.attach or dualtrain_jax.attach returned",
         )
     return session
+
+
+def _optimizer_name(rows: Any) -> str:
+    """What optimizer trains `rows`: torch's class, or the structure of optax's state.
+
+    Two optimizers with the same slot names (RMSprop's and SGD's ``momentum_buffer``) keep
+    different things in them; the name tells them apart at load.
+    """
+    optimizer = getattr(rows, "optimizer", None)
+    if optimizer is not None:
+        return f"torch.optim.{type(optimizer).__name__}"
+    treedef = getattr(getattr(rows, "plan", None), "_treedef", None)
+    if treedef is None:
+        return type(rows).__name__
+    # Without object addresses (a function in a node's data), which differ between runs.
+    return "optax state " + re.sub(r" at 0x[0-9a-fA-F]+", "", str(treedef))
 
 
 def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Path:
@@ -64,6 +83,7 @@ def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Pat
         "mode": session.mode,
         "step": session.t,
         "hyper": rows.hyper,
+        "optimizer": _optimizer_name(rows),
         "extra": extra or {},
     }
     # Hyper-parameters JSON cannot hold (a tensor lr, a schedule) are recorded by repr.
@@ -77,7 +97,7 @@ def _is_count(value: Any, least: int) -> bool:
 
 def _checked(anchor: Anchor) -> dict[str, Any]:
     """The manifest, each key of the type and range `save_rows` writes."""
-    manifest = anchor.manifest(FORMAT)
+    manifest = anchor.manifest(FORMAT, LEGACY_FORMATS)
     checks = {
         "num_rows": (lambda v: _is_count(v, 1), "a positive int"),
         "dim": (lambda v: _is_count(v, 1), "a positive int"),
@@ -175,6 +195,21 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
             f"{path} holds a {manifest['num_rows']} x {manifest['dim']} table; this store is "
             f"{store.num_rows} x {store.dim}"
         )
+    recorded = manifest.get("optimizer")
+    if recorded is not None:  # anchors of the older format do not say
+        backend = type(rows).__module__.split(".")[0]
+        if not isinstance(recorded, str):
+            raise anchor.error(f"has a malformed manifest: 'optimizer' is {recorded!r}")
+        if manifest.get("backend") == backend and recorded != _optimizer_name(rows):
+            raise CheckpointError(
+                f"{path} holds the state of {recorded}; these rows are trained by "
+                f"{_optimizer_name(rows)} (resume with the optimizer that wrote it)"
+            )
+        if set(store.state) != set(manifest["slots"]):
+            raise CheckpointError(
+                f"{path} holds the state {manifest['slots']} of {recorded}; this optimizer "
+                f"({_optimizer_name(rows)}) keeps {sorted(store.state)}"
+            )
     missing = sorted(set(store.state) - set(manifest["slots"]))
     if missing:
         raise CheckpointError(

@@ -32,7 +32,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from dualtrain.errors import DualtrainError
+from dualtrain.errors import ArgumentError, DualtrainError
 
 __all__ = [
     "FAMILIES",
@@ -263,6 +263,8 @@ def check_optimizer(
         raise CheckpointError(f"{path}: {why}") from why
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from err
+    except ArgumentError:  # the caller's own argument, not the file: said as it is
+        raise
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
         raise CheckpointError(f"{path} has a malformed optimizer entry: {err!r}") from err
 

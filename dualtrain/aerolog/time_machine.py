@@ -3,9 +3,9 @@
 A checkpoint ("anchor") is one safetensors file: parameters and state under their neutral
 names in canonical layout, optimizer state in its framework's native form
 (``aerolog.optim_state``), and a JSON manifest in the file's header, with a CRC-32 of every
-tensor (``aerolog.anchor_file``). It is written to a temporary name and renamed
-(``dualtrain.atomic``), so a crash never leaves half an anchor; `to` checks the whole file
-and how it fits the model before it changes anything. There is no pickle anywhere.
+tensor and one of the header itself (``aerolog.anchor_file``). It is written to a temporary
+name and renamed (``dualtrain.atomic``), so a crash never leaves half an anchor; `to` checks
+the whole file and how it fits the model before it changes anything. There is no pickle.
 """
 
 from __future__ import annotations
@@ -33,8 +33,15 @@ from dualtrain.errors import bad_argument
 
 __all__ = ["BOOKKEEPING", "CheckpointError", "Restored", "TimeMachine", "anchor_stem"]
 
-FORMAT = "dualtrain-checkpoint/1"
+FORMAT = "dualtrain-checkpoint/2"
+# Anchors of this format (before the header's CRC-32) still load, with the checks they allow.
+LEGACY_FORMATS = ("dualtrain-checkpoint/1",)
 _SUFFIX = ".safetensors"
+# A numbered anchor's name: its number is ASCII digits without a leading zero. Only `drop`
+# writes names of this form (a name the user gives may not have it), so numbering and
+# retention only ever see the anchors `drop` numbered.
+_NUMBERED = re.compile(r"(?P<stem>.+)-(?P<n>[1-9][0-9]*)" + re.escape(_SUFFIX))
+_NUMBERED_FORM = re.compile(r".+-[0-9]+" + re.escape(_SUFFIX))
 
 # Framework bookkeeping that one realization keeps and the other has no place for: torch's
 # BatchNorm counts its training batches in ``num_batches_tracked``; JAX's keeps no count (with
@@ -99,13 +106,9 @@ class TimeMachine:
         save_path: str | os.PathLike | None = None,
         max_anchors: int = -1,
     ) -> None:
-        if (
-            isinstance(max_anchors, bool)
-            or not isinstance(max_anchors, int)
-            or max_anchors == 0
-            or max_anchors < -1
-        ):
+        if not _integral(max_anchors) or max_anchors == 0 or max_anchors < -1:
             raise bad_argument("max_anchors", max_anchors, "a positive int, or -1 to keep all")
+        max_anchors = int(max_anchors)
         self.ckpt_path = Path(ckpt_path) if ckpt_path is not None else None
         self.save_path = Path(save_path) if save_path is not None else None
         self.max_anchors = max_anchors
@@ -152,7 +155,12 @@ class TimeMachine:
         if extra is not None and not isinstance(extra, dict):
             raise bad_argument("extra", extra, "a dict of JSON-serializable data, or None")
         path, stem = self._target(craft, file)
-        tensors = _select(part.export_tensors(craft), save_scope)
+        everything = part.export_tensors(craft)
+        tensors = _select(everything, save_scope)
+        if not tensors:
+            raise bad_argument(
+                "save_scope", save_scope, f"a name or prefix of the module's ({_few(everything)})"
+            )
         manifest: dict[str, Any] = {
             "format": FORMAT,
             "backend": craft.dualtrain_backend,
@@ -182,15 +190,36 @@ class TimeMachine:
             json.dumps(manifest, default=_jsonable)
         except (TypeError, ValueError) as err:
             raise bad_argument("extra", extra, "JSON-serializable data") from err
-        write_anchor(path, tensors, manifest, default=_jsonable)
-        if stem is not None:  # retention governs the anchors drop names itself, never a named file
-            self._retain(stem)
+        if stem is None:
+            write_anchor(path, tensors, manifest, default=_jsonable)
+            return path.absolute()
+        # A numbered anchor never replaces a file: another process numbering the same scope
+        # in this folder may have taken n meanwhile, so the next free number is taken.
+        for _ in range(1000):
+            try:
+                write_anchor(path, tensors, manifest, default=_jsonable, replace=False)
+                break
+            except FileExistsError:
+                path, _ = self._target(craft, file)  # the same stem, the next number
+        else:  # pragma: no cover - a thousand writers racing for one scope
+            raise CheckpointError(f"no free anchor number for {stem} in {self.save_path}")
+        self._retain(stem)  # retention governs the anchors drop numbers itself, never a named file
         return path.absolute()
 
     def _target(self, craft: Any, file: str | os.PathLike) -> tuple[Path, str | None]:
         """Where `drop` writes, and the stem of a numbered anchor (None for a named file)."""
-        if file:
-            return self._target_file(file), None
+        if not _absent(file):
+            path = self._target_file(file)
+            if _NUMBERED_FORM.fullmatch(path.name):
+                raise bad_argument(
+                    "file",
+                    os.fspath(file),
+                    "a name without the numbered-anchor form <name>-<digits>.safetensors, which "
+                    "drop() keeps for the anchors it numbers (and retention deletes); e.g. "
+                    f"{path.name[: -len(_SUFFIX)].rpartition('-')[0]}_"
+                    f"{path.name[: -len(_SUFFIX)].rpartition('-')[2]}",
+                )
+            return path, None
         if self.save_path is None:
             raise bad_argument("file", file, "a path, since the TimeMachine has no save_path")
         stem = anchor_stem(_scope(craft))
@@ -246,14 +275,22 @@ class TimeMachine:
         part = _adapter(craft)
         if ckpt_scope is not None and not isinstance(ckpt_scope, str):
             raise bad_argument("ckpt_scope", ckpt_scope, "a str or None")
+        part.check_optimizer_argument(optimizer)
         path = self._source(_scope(craft), file)
         anchor = Anchor(path)
         manifest = _checked(anchor)
-        model = _select(part.specs(craft), ckpt_scope)
-        saved = _select(
-            {k: (anchor.entries[k].shape, anchor.entries[k].dtype) for k in manifest["names"]},
-            ckpt_scope,
-        )
+        specs = part.specs(craft)
+        model = _select(specs, ckpt_scope)
+        stored = {k: (anchor.entries[k].shape, anchor.entries[k].dtype) for k in manifest["names"]}
+        saved = _select(stored, ckpt_scope)
+        if ckpt_scope is not None and not saved:
+            raise CheckpointError(
+                f"ckpt_scope {ckpt_scope!r} matches no tensor of {path} ({_few(stored)})"
+            )
+        if ckpt_scope is not None and not model:
+            raise bad_argument(
+                "ckpt_scope", ckpt_scope, f"a name or prefix of the module's ({_few(specs)})"
+            )
         skipped = _compare(model, saved, frozen, path)
         wanted = [k for k in saved if k in model and k not in skipped]
         extra_names, opt_names, sched_names = [], [], []
@@ -288,10 +325,23 @@ class TimeMachine:
             fill_scheduler = check_scheduler(
                 part, craft, scheduler, manifest, {k: tensors[k] for k in sched_names}, path
             )
-        if fill_optimizer is not None:
-            restored.optimizer = fill_optimizer()
-        if fill_scheduler is not None:
-            fill_scheduler()
+        # Each filler restores its own object if it fails; one that succeeded is undone when
+        # a later one fails, so a refusal here too leaves everything as it was.
+        undo: list[Any] = []
+        try:
+            if fill_optimizer is not None:
+                restored.optimizer = fill_optimizer()
+                undo.append(getattr(fill_optimizer, "undo", None))
+            if fill_scheduler is not None:
+                fill_scheduler()
+                undo.append(getattr(fill_scheduler, "undo", None))
+        except Exception as err:
+            for step_back in reversed(undo):
+                if step_back is not None:
+                    step_back()
+            if isinstance(err, CheckpointError):
+                raise CheckpointError(f"{path}: {err}") from err
+            raise CheckpointError(f"{path} holds state that does not load: {err!r}") from err
         part.import_tensors(craft, {k: tensors[k] for k in wanted})
         if restore_rng and "__rng__" in tensors:
             part.import_rng(tensors["__rng__"])
@@ -312,9 +362,10 @@ class TimeMachine:
         """
         from dualtrain.aerolog.embeddings import save_rows
 
-        if not file:
+        if _absent(file):
             raise bad_argument("file", file, "the embedding anchor's name or path")
-        return save_rows(rows, self._target_file(file), extra).absolute()
+        path, _ = self._target(None, file)
+        return save_rows(rows, path, extra).absolute()
 
     def to_embeddings(self, rows: Any, file: str | os.PathLike = "") -> dict[str, Any]:
         """Loads an embedding anchor, written under either framework, into `rows`' store.
@@ -335,7 +386,7 @@ class TimeMachine:
 
     def _source(self, scope: str | None, file: str | os.PathLike) -> Path:
         """The anchor `to` reads: `file`, `ckpt_path` itself, or the scope's newest."""
-        if file:
+        if not _absent(file):
             base = self.ckpt_path if self.ckpt_path is not None else self.save_path
             if base is not None and base.is_file():
                 base = base.parent
@@ -345,6 +396,12 @@ class TimeMachine:
                 path = named
         elif self.ckpt_path is not None and self.ckpt_path.is_file():
             path = self.ckpt_path
+        elif (
+            self.ckpt_path is not None
+            and self.ckpt_path.name.endswith(_SUFFIX)
+            and not self.ckpt_path.exists()
+        ):
+            raise CheckpointError(f"ckpt_path {self.ckpt_path} does not exist (no such file)")
         else:
             folder = self.ckpt_path if self.ckpt_path is not None else self.save_path
             if folder is None:
@@ -357,35 +414,52 @@ class TimeMachine:
                 )
             found = _anchors(folder, anchor_stem(scope))
             if not found:
+                missing = "" if folder.is_dir() else "; there is no such folder"
                 raise CheckpointError(
                     f"no anchor of scope {scope!r} in {folder} "
-                    f"(looked for {anchor_stem(scope)}-<n>{_SUFFIX})"
+                    f"(looked for {anchor_stem(scope)}-<n>{_SUFFIX}{missing})"
                 )
             path = found[-1][1]
         if not path.is_file():
-            raise CheckpointError(f"no checkpoint at {path}")
+            what = "is a folder, not an anchor file" if path.is_dir() else "does not exist"
+            raise CheckpointError(f"no checkpoint at {path}: it {what}")
         return path
 
 
 def _inside(base: Path | None, file: str | os.PathLike) -> Path:
     """`file` under `base`, refused if, relative, it leads out of `base` (``..``)."""
     try:
-        path = Path(file)
+        text = os.fspath(file)
     except TypeError as err:
         raise bad_argument("file", file, "a str or os.PathLike") from err
-    if not path.is_absolute():
-        rel = os.path.normpath(path)
-        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
-            where = f"inside {base}" if base is not None else "inside the current folder"
-            raise bad_argument(
-                "file",
-                os.fspath(file),
-                f"a name that stays {where} (no '..' out), or an absolute path",
-            )
-        path = base / rel if base is not None else Path(rel)
-    if path.name in ("", ".", ".."):
-        raise bad_argument("file", os.fspath(file), "a file name, not a folder")
-    return path
+    if not isinstance(text, str):
+        raise bad_argument("file", file, "a str or os.PathLike naming a str path")
+    where = f"inside {base}" if base is not None else "inside the current folder"
+    # Normalised first: "sub/..", "." and "./" name the folder itself, not a file in it.
+    rel = os.path.normpath(text)
+    if not os.path.isabs(rel) and (rel == os.pardir or rel.startswith(os.pardir + os.sep)):
+        raise bad_argument(
+            "file", text, f"a name that stays {where} (no '..' out), or an absolute path"
+        )
+    if text.endswith(("/", os.sep)) or rel in (os.curdir, os.sep, "//"):
+        raise bad_argument("file", text, f"a file name {where}, not a folder")
+    if os.path.isabs(rel):
+        return Path(rel)
+    return base / rel if base is not None else Path(rel)
+
+
+def _absent(file: Any) -> bool:
+    """`file` left out: "" or None (a `Path("")` names the current folder and is refused)."""
+    return file is None or (isinstance(file, str) and file == "")
+
+
+def _few(names: Any, n: int = 5) -> str:
+    """A few of `names` for a message: ``'a', 'b', ... (12 in all)``."""
+    listed = sorted(names)
+    shown = ", ".join(repr(k) for k in listed[:n])
+    if not listed:
+        return "it holds none"
+    return f"it holds {shown}" + (f", ... ({len(listed)} in all)" if len(listed) > n else "")
 
 
 def _with_suffix(path: Path) -> Path:
@@ -479,7 +553,7 @@ def _is_int(value: Any) -> bool:
 
 def _checked(anchor: Anchor) -> dict[str, Any]:
     """A Craft anchor's manifest, checked against itself and against the file's tensors."""
-    manifest = anchor.manifest(FORMAT)
+    manifest = anchor.manifest(FORMAT, LEGACY_FORMATS)
     names, tensors = manifest.get("names"), manifest.get("tensors")
     if not isinstance(names, dict):
         raise anchor.error("has a malformed manifest: 'names' is not an object")
@@ -522,24 +596,35 @@ def _manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:
     `expected` is the format the caller reads (Craft anchors or embedding anchors).
     """
     anchor = Anchor(path)
-    return _checked(anchor) if expected == FORMAT else anchor.manifest(expected)
+    if expected == FORMAT:
+        return _checked(anchor)
+    from dualtrain.aerolog.embeddings import LEGACY_FORMATS as EMBEDDING_LEGACY
+
+    return anchor.manifest(expected, EMBEDDING_LEGACY)
 
 
 def _anchors(folder: Path, stem: str) -> list[tuple[int, Path]]:
     """The numbered anchors ``<stem>-<n>.safetensors`` in `folder`, by n.
 
-    Names are matched exactly (no glob), so a stem with ``[``, ``*`` or ``?`` is its own.
+    Names are matched exactly (no glob), so a stem with ``[``, ``*`` or ``?`` is its own; the
+    number is ASCII digits without a leading zero, and only regular files count (a folder or
+    a dangling link of that name is neither loaded nor deleted).
     """
-    pattern = re.compile(re.escape(stem) + r"-(\d+)" + re.escape(_SUFFIX))
     try:
-        names = os.listdir(folder)
+        entries = list(os.scandir(folder))
     except OSError:
         return []
     found = []
-    for name in names:
-        match = pattern.fullmatch(name)
-        if match:
-            found.append((int(match.group(1)), folder / name))
+    for entry in entries:
+        match = _NUMBERED.fullmatch(entry.name)
+        if match is None or match["stem"] != stem:
+            continue
+        try:
+            regular = entry.is_file()
+        except OSError:
+            regular = False
+        if regular:
+            found.append((int(match["n"]), folder / entry.name))
     return sorted(found)
 
 

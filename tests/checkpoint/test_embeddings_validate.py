@@ -10,6 +10,7 @@ import pytest
 import safetensors.numpy
 
 from dualtrain import CheckpointError, EmbeddingStore, TimeMachine
+from dualtrain.aerolog.anchor_file import write_anchor
 
 torch = pytest.importorskip("torch")
 from dualtrain_torch import attach  # noqa: E402
@@ -32,7 +33,8 @@ def contents(path):
 
 
 def write(path, tensors, manifest):
-    safetensors.numpy.save_file(tensors, str(path), metadata={"dualtrain": json.dumps(manifest)})
+    """Written as drop_embeddings writes (header and tensor CRCs of what is given)."""
+    write_anchor(path, tensors, {k: v for k, v in manifest.items() if k != "crc32"})
 
 
 def target():
@@ -109,3 +111,34 @@ def test_an_anchor_chunked_differently_loads(tmp_path, saved):
     TimeMachine().to_embeddings(rows, other)
     original, _ = contents(saved)
     np.testing.assert_array_equal(store.table, original["weight.0"])
+
+
+# ---- adversarial review: the optimizer is recorded; the header has a CRC-32 -------------
+
+
+def test_an_anchor_of_another_optimizer_is_refused_by_name(tmp_path):
+    store = EmbeddingStore(20, 3, seed=1)
+    rows = attach(store, torch.optim.RMSprop, lr=0.1, momentum=0.9, mode="exact")
+    rows.fetch(np.array([1, 2])).sum().backward()
+    rows.step()
+    path = TimeMachine(save_path=tmp_path).drop_embeddings(rows, "rms")
+    other = EmbeddingStore(20, 3, seed=2)
+    table = other.table.copy()
+    sgd = attach(other, torch.optim.SGD, lr=0.1, momentum=0.9, mode="exact")
+    with pytest.raises(CheckpointError, match=r"torch\.optim\.RMSprop; .*torch\.optim\.SGD"):
+        TimeMachine().to_embeddings(sgd, path)
+    np.testing.assert_array_equal(other.table, table)
+    assert not other.state["momentum_buffer"].any()
+
+
+def test_a_flipped_bit_in_an_embedding_manifest_is_refused(tmp_path, saved):
+    raw = bytearray(saved.read_bytes())
+    at = raw.index(b'\\"step\\": 1') + len(b'\\"step\\": ')
+    raw[at] ^= 0x02  # step 1 -> 3
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(bytes(raw))
+    store, rows = target()
+    table = store.table.copy()
+    with pytest.raises(CheckpointError, match=r"header .* fails its CRC-32"):
+        TimeMachine().to_embeddings(rows, bad)
+    np.testing.assert_array_equal(store.table, table)

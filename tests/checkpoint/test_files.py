@@ -154,3 +154,47 @@ def test_a_full_disk_reports_enospc_and_leaves_no_temp_file(tiny_disk):
     with pytest.raises(OSError) as caught:
         tm.drop(big)  # a numbered anchor: retention must not run either
     assert caught.value.errno == errno.ENOSPC and os.listdir(tiny_disk) == ["a.safetensors"]
+
+
+# ---- adversarial review: long names, numbered anchors never replace a file --------------
+
+
+def test_a_final_name_near_the_limit_gets_a_shorter_temporary_name(tmp_path):
+    name = "a" * 228  # + ".safetensors": 240 bytes, a legal name
+    path = TimeMachine(save_path=tmp_path).drop(tcraft.realize(Net()), name)
+    assert path.name == name + ".safetensors"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    tmp = atomic.temp_path(tmp_path / ("\u00fc" * 120 + ".safetensors"))  # 252 bytes
+    assert len(tmp.name.encode()) <= 255 and atomic.is_temp(tmp)
+    final, pid, _ = atomic.writer_of(tmp)
+    assert pid == os.getpid() and final.endswith(".safetensors")
+    stale = tmp.with_name(tmp.name.replace(f"-{os.getpid()}-", f"-{dead_pid()}-"))
+    tmp.rename(stale)
+    assert atomic.sweep_stale(tmp_path, "*.safetensors") == [stale]
+
+
+def test_a_numbered_anchor_never_replaces_a_file(tmp_path):
+    final = tmp_path / "f.safetensors"
+    final.write_bytes(b"theirs")
+    with pytest.raises(FileExistsError), atomic.atomic_target(final, replace=False) as tmp:
+        tmp.write_bytes(b"mine")
+    assert final.read_bytes() == b"theirs"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.safetensors"]
+
+    class Racing(TimeMachine):
+        """Another process takes the number this one chose, between choice and rename."""
+
+        raced = False
+
+        def _target(self, craft, file):
+            path, stem = super()._target(craft, file)
+            if not self.raced:
+                self.raced = True
+                path.write_bytes(b"the other process's anchor")
+            return path, stem
+
+    module = tcraft.realize(Net())
+    path = Racing(save_path=tmp_path).drop(module)
+    assert path.name == "Net-2.safetensors"
+    assert (tmp_path / "Net-1.safetensors").read_bytes() == b"the other process's anchor"
+    assert not [p for p in tmp_path.iterdir() if atomic.is_temp(p)]

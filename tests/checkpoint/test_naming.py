@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -88,3 +90,46 @@ def test_embedding_anchors_take_the_same_names(tmp_path):
         tm.to_embeddings(rows, "../emb")
     with pytest.raises(ArgumentError, match="file must be an embedding anchor's name"):
         tm.to_embeddings(rows)
+
+
+# ---- adversarial review: drop's numbered names are its own; names never leave the folder ----
+
+
+@pytest.mark.parametrize("name", ["MLP-3", "MLP-0099", "MLP-7.safetensors", "x-1-2", "Net-0"])
+def test_a_name_of_the_numbered_form_is_refused_at_drop(tmp_path, trained, name):
+    tm = TimeMachine(save_path=tmp_path, max_anchors=2)
+    with pytest.raises(ArgumentError, match="file must be a name without the numbered-anchor"):
+        tm.drop(trained, name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_numbering_and_retention_see_only_drops_own_anchors(tmp_path, trained):
+    tm = TimeMachine(save_path=tmp_path, max_anchors=2)
+    tm.drop(trained, "Net-\u0663")  # an Arabic-Indic digit: a name, not a number
+    (tmp_path / "Net-0099.safetensors").write_bytes(b"not drop's")  # a leading zero: not drop's
+    names = [tm.drop(trained).name for _ in range(3)]
+    assert names == ["Net-1.safetensors", "Net-2.safetensors", "Net-3.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "Net-0099.safetensors",
+        "Net-2.safetensors",
+        "Net-3.safetensors",
+        "Net-\u0663.safetensors",
+    ]
+    assert (
+        TimeMachine(ckpt_path=tmp_path).to(tcraft.realize(Net())).file.name == "Net-3.safetensors"
+    )
+
+
+@pytest.mark.parametrize("name", [".", "./", "sub/..", "a/./..", "sub/", Path("")])
+def test_a_name_of_the_folder_itself_is_refused(tmp_path, trained, name):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    tm = TimeMachine(ckpt_path=folder, save_path=folder)
+    with pytest.raises(ArgumentError, match=r"file must be a file name inside .*runs"):
+        tm.drop(trained, name)
+    with pytest.raises(ArgumentError, match="file must be"):
+        tm.to(trained, name)
+    with pytest.raises(ArgumentError, match="file must be"):
+        tm.drop_embeddings(object(), name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    assert list(folder.iterdir()) == []

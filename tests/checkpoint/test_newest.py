@@ -93,3 +93,30 @@ def test_any_two_scopes_number_and_retain_their_own_anchors(first, second, keep,
             assert TimeMachine(ckpt_path=folder).to(module).manifest["scope"] == scope
             assert TimeMachine(ckpt_path=folder).to(module).step == drops
         assert len(list(Path(folder).iterdir())) == len(mod) * min(keep, drops)
+
+
+def test_only_regular_files_are_numbered_anchors(tmp_path):
+    """A folder or a dangling link named like an anchor is neither loaded nor deleted."""
+    module = tcraft.realize(Net())
+    tm = TimeMachine(ckpt_path=tmp_path, save_path=tmp_path, max_anchors=1)
+    tm.drop(module, step=1)
+    (tmp_path / "Net-5.safetensors").mkdir()
+    os.symlink(tmp_path / "nowhere", tmp_path / "Net-9.safetensors")
+    assert tm.to(module).step == 1
+    assert tm.drop(module, step=2).name == "Net-2.safetensors"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "Net-2.safetensors",
+        "Net-5.safetensors",
+        "Net-9.safetensors",
+    ]
+    assert tm.to(module).step == 2
+
+
+def test_a_missing_anchor_file_says_it_is_missing(tmp_path):
+    module = tcraft.realize(Net())
+    with pytest.raises(CheckpointError, match=r"ckpt_path .*gone\.safetensors does not exist"):
+        TimeMachine(ckpt_path=tmp_path / "gone.safetensors").to(module)
+    with pytest.raises(CheckpointError, match="there is no such folder"):
+        TimeMachine(ckpt_path=tmp_path / "gone").to(module)
+    with pytest.raises(CheckpointError, match=r"x\.safetensors: it does not exist"):
+        TimeMachine(ckpt_path=tmp_path).to(module, "x")

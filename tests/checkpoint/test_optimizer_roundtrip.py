@@ -18,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from dualtrain import CheckpointError, TimeMachine
 from dualtrain.aerolog.anchor_file import Anchor, write_anchor
+from dualtrain.aerolog.time_machine import FORMAT
 from dualtrain.errors import ArgumentError
 
 torch = pytest.importorskip("torch")
@@ -273,7 +274,7 @@ def test_optax_states_resume_bit_for_bit(tmp_path, name):
     module = jcraft.realize(NET, seed=1)
     opt_state = jax_train(module, tx, tx.init(module.params), 3)
     anchor = TimeMachine().drop(module, tmp_path / "j", optimizer=opt_state, step=3)
-    entry = Anchor(anchor).manifest("dualtrain-checkpoint/1")["optimizer"]
+    entry = Anchor(anchor).manifest(FORMAT)["optimizer"]
     assert entry["form"] == "native" and entry["framework"] == "jax"
     expected_state = jax_train(module, tx, opt_state, 2)
 
@@ -556,7 +557,7 @@ def test_save_scope_stores_the_slots_of_its_parameters_only(tmp_path):
     optimizer = torch.optim.Adam(module.parameters(), 0.01)
     torch_train(module, optimizer, 1)
     anchor = TimeMachine().drop(module, tmp_path / "s", save_scope="fc1", optimizer=optimizer)
-    names = Anchor(anchor).manifest("dualtrain-checkpoint/1")["tensors"]
+    names = Anchor(anchor).manifest(FORMAT)["tensors"]
     slots = sorted(n for n in names if n.startswith("optimizer"))
     assert all(".fc1." in n for n in slots) and len(slots) == 6
     with pytest.raises(ArgumentError, match="LBFGS keeps one state"):
@@ -575,7 +576,7 @@ def test_anchors_of_the_previous_format_still_load(tmp_path):
     torch_train(module, optimizer, 2)
     plain = TimeMachine().drop(module, tmp_path / "plain")
     anchor = Anchor(plain)
-    manifest = anchor.manifest("dualtrain-checkpoint/1")
+    manifest = anchor.manifest(FORMAT)
     tensors = {name: np.array(anchor.array(name)) for name in anchor.entries}
     params = dict(module.named_parameters())
     for name, p in params.items():
@@ -618,7 +619,7 @@ def test_a_malformed_optimizer_entry_is_a_checkpoint_error_and_changes_nothing(
     optimizer = torch.optim.Adam(module.parameters(), 0.01)
     torch_train(module, optimizer, 1)
     anchor = Anchor(TimeMachine().drop(module, tmp_path / "a", optimizer=optimizer))
-    manifest = anchor.manifest("dualtrain-checkpoint/1")
+    manifest = anchor.manifest(FORMAT)
     tensors = {name: np.array(anchor.array(name)) for name in anchor.entries}
     manifest.pop("crc32")
     manifest["optimizer"][where] = bad
@@ -642,3 +643,96 @@ def test_a_malformed_optimizer_entry_is_a_checkpoint_error_and_changes_nothing(
             assert not target.state
         else:
             assert_close(canonical_jax(other), before)
+
+
+# ---- adversarial review: a rollback restores the state exactly as stored ---------------
+
+
+def test_rolling_back_to_a_fresh_optimizer_anchor_keeps_no_stale_moments(tmp_path):
+    """Loaded parameters with no stored state get none; skipped ones keep theirs."""
+    module = tcraft.realize(NET, seed=1)
+    optimizer = torch.optim.Adam(module.parameters(), 0.01)
+    fresh = TimeMachine().drop(module, tmp_path / "fresh", optimizer=optimizer)
+    torch_train(module, optimizer, 3)
+    TimeMachine().to(module, fresh, optimizer=optimizer)
+    assert not optimizer.state
+    twin = tcraft.realize(NET, seed=1)
+    twin_opt = torch.optim.Adam(twin.parameters(), 0.01)
+    torch_train(module, optimizer, 2)
+    torch_train(twin, twin_opt, 2)
+    assert_same_bits(torch_bits(module), torch_bits(twin))
+    # Only fc1 is loaded: fc2's state (stepped since) is kept, fc1's cleared.
+    torch_train(module, optimizer, 1)
+    TimeMachine().to(module, fresh, optimizer=optimizer, ckpt_scope="fc1")
+    kept = {n for n, p in module.named_parameters() if p in optimizer.state}
+    assert kept == {n for n, _ in module.named_parameters() if not n.startswith("fc1.")}
+    # Across frameworks: a JAX state loaded from a fresh torch Adam anchor is a fresh state.
+    jm = jcraft.realize(NET, seed=1)
+    tx = optax.adam(0.01)
+    trained = jax_train(jm, tx, tx.init(jm.params), 2)
+    back = TimeMachine().to(jm, fresh, optimizer=trained).optimizer
+    for leaf in jax.tree_util.tree_leaves(back[0].mu):
+        assert not np.asarray(leaf).any()
+
+
+def test_the_callers_optimizer_argument_is_blamed_not_the_file(tmp_path):
+    module = tcraft.realize(NET, seed=1)
+    optimizer = torch.optim.Adam(module.parameters(), 0.01)
+    anchor = TimeMachine().drop(module, tmp_path / "a", optimizer=optimizer)
+    with pytest.raises(ArgumentError, match=r"optimizer must be a torch\.optim\.Optimizer.*list"):
+        TimeMachine().to(module, anchor, optimizer=list(module.parameters()))
+    jm = jcraft.realize(NET, seed=1)
+    janchor = TimeMachine().drop(jm, tmp_path / "j", optimizer=optax.adam(0.1).init(jm.params))
+    with pytest.raises(ArgumentError, match=r"pass tx.init\(params\)"):
+        TimeMachine().to(jm, janchor, optimizer=optax.adam(0.1))
+    with pytest.raises(ArgumentError, match="got a torch optimizer, optimizer=Adam"):
+        TimeMachine().to(jm, janchor, optimizer=optimizer)
+    assert TimeMachine(max_anchors=np.int64(3)).max_anchors == 3
+
+
+def _rewritten(src, dst, change):
+    anchor = Anchor(src)
+    manifest = anchor.manifest(FORMAT)
+    tensors = {name: np.array(anchor.array(name)) for name in anchor.entries}
+    manifest.pop("crc32")
+    change(manifest)
+    write_anchor(dst, tensors, manifest)
+    return dst
+
+
+@pytest.mark.parametrize("case", ["scheduler key", "scheduler fails", "optimizer fails"])
+def test_a_state_that_fails_to_load_changes_nothing(tmp_path, case):
+    """Validated before it is applied, and applied all or nothing: a CheckpointError."""
+    module = tcraft.realize(NET, seed=1)
+    optimizer = torch.optim.Adam(module.parameters(), 0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: 0.9**e)
+    torch_train(module, optimizer, 1, scheduler)
+    src = TimeMachine().drop(
+        module, tmp_path / "a", optimizer=optimizer, scheduler=scheduler, step=3
+    )
+
+    def change(manifest):
+        state = manifest["scheduler"]["state"]["dict"]
+        if case == "scheduler key":  # would replace the scheduler's optimizer attribute
+            state["optimizer"] = None
+        elif case == "scheduler fails":  # LambdaLR indexes its lambdas by this list
+            state["lr_lambdas"] = [None, {"dict": {}}]
+        else:  # a param group of another form: torch's load_state_dict raises
+            manifest["optimizer"]["state"]["fc1.weight"]["step"] = [1, 2]
+            manifest["optimizer"]["param_groups"][0]["hyper"] = {"dict": {"lr": "x"}}
+
+    bad = _rewritten(src, tmp_path / "bad.safetensors", change)
+    other = tcraft.realize(NET, seed=2)
+    opt = torch.optim.Adam(other.parameters(), 0.02)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.5**e)
+    torch_train(other, opt, 2, sched)
+    before = torch_bits(other), json.dumps(opt.state_dict(), default=str)
+    sched_before = json.dumps(sched.state_dict(), default=str)
+    opt_object, groups = opt.state, opt.param_groups
+    with pytest.raises(CheckpointError, match=r"bad\.safetensors"):
+        TimeMachine().to(other, bad, optimizer=opt, scheduler=sched)
+    assert_same_bits(torch_bits(other), before[0])
+    assert json.dumps(opt.state_dict(), default=str) == before[1]
+    assert opt.state is opt_object and opt.param_groups is groups
+    assert json.dumps(sched.state_dict(), default=str) == sched_before
+    assert sched.optimizer is opt

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from dualtrain import CheckpointError, TimeMachine
 from dualtrain.aerolog.anchor_file import write_anchor
-from dualtrain.errors import ShapeError
+from dualtrain.errors import ArgumentError, ShapeError
 from tests.checkpoint.crafts import Net, assert_same, jax_values, torch_values, train_torch
 
 torch = pytest.importorskip("torch")
@@ -27,7 +27,7 @@ def header_and_data(path):
 
 
 def rewrite(src, dst, change_tensors=None, change_manifest=None):
-    """A copy of anchor `src` at `dst` with tensors and/or manifest changed (plain safetensors)."""
+    """A copy of anchor `src` at `dst` with tensors and/or manifest changed (CRCs recomputed)."""
     with safetensors.safe_open(str(src), framework="numpy") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (no __iter__)
         manifest = json.loads(f.metadata()["dualtrain"])
@@ -35,7 +35,8 @@ def rewrite(src, dst, change_tensors=None, change_manifest=None):
         change_tensors(tensors)
     if change_manifest:
         change_manifest(manifest)
-    safetensors.numpy.save_file(tensors, str(dst), metadata={"dualtrain": json.dumps(manifest)})
+    manifest.pop("crc32", None)  # recomputed: the change is what the test is about
+    write_anchor(dst, tensors, manifest)
     return dst
 
 
@@ -303,3 +304,101 @@ def test_write_anchor_keeps_zero_d_arrays_zero_d(tmp_path):
     write_anchor(tmp_path / "z.safetensors", {"s": np.array(3, np.int64)}, {"format": "x"})
     header, _ = header_and_data(tmp_path / "z.safetensors")
     assert header["s"]["shape"] == []
+
+
+# ---- adversarial review: the header and manifest carry a CRC-32 too --------------------
+
+
+def _optimizer_state(opt):
+    sd = opt.state_dict()
+    return json.dumps(
+        {
+            "groups": sd["param_groups"],
+            "state": {
+                str(k): {kk: np.asarray(vv).tolist() for kk, vv in s.items()}
+                for k, s in sd["state"].items()
+            },
+        },
+        default=str,
+    )
+
+
+def _trained_with_optimizer(seed, lr):
+    module = tcraft.realize(Net(hidden=4), seed=seed)
+    opt = torch.optim.Adam(module.parameters(), lr)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    module.train()
+    for _ in range(2):
+        opt.zero_grad()
+        module(torch.from_numpy(np.ones((4, 3), np.float32))).square().mean().backward()
+        opt.step()
+        sched.step()
+    return module, opt, sched
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("full")
+    module, opt, sched = _trained_with_optimizer(1, 1e-2)
+    path = TimeMachine().drop(module, folder / "full", optimizer=opt, scheduler=sched, step=5)
+    state = torch_values(module), _optimizer_state(opt), json.dumps(sched.state_dict())
+    return path.read_bytes(), state, folder
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_one_flipped_bit_anywhere_loads_the_same_state_or_changes_nothing(full, data):
+    """Law: flip one bit (header and manifest included): `to` restores exactly the model,
+    optimizer, scheduler and step saved, or raises CheckpointError with nothing changed."""
+    raw, (values, opt_state, sched_state), folder = full
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    in_header = data.draw(st.booleans(), label="in header")
+    at = data.draw(st.integers(0, header_end - 1) if in_header else st.integers(0, len(raw) - 1))
+    path = folder / "flipped.safetensors"
+    path.write_bytes(flip(raw, at, 1 << data.draw(st.integers(0, 7), label="bit")))
+    module, opt, sched = _trained_with_optimizer(7, 1e-3)
+    before = torch_values(module), _optimizer_state(opt), json.dumps(sched.state_dict())
+    try:
+        restored = TimeMachine().to(module, path, optimizer=opt, scheduler=sched)
+    except CheckpointError:
+        after = torch_values(module), _optimizer_state(opt), json.dumps(sched.state_dict())
+        assert_same(after[0], before[0])
+        assert after[1:] == before[1:]
+    else:
+        assert_same(torch_values(module), values)
+        assert _optimizer_state(opt) == opt_state
+        assert json.dumps(sched.state_dict()) == sched_state
+        assert restored.step == 5
+
+
+def test_an_anchor_of_this_format_without_its_crcs_is_refused(tmp_path, anchor):
+    """Renaming the CRC keys must not turn the checks off; the old format loads without."""
+    with safetensors.safe_open(str(anchor), framework="numpy") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (no __iter__)
+        manifest = json.loads(f.metadata()["dualtrain"])
+    module = tcraft.realize(Net(), seed=5)
+    bare = tmp_path / "bare.safetensors"
+    safetensors.numpy.save_file(tensors, str(bare), metadata={"dualtrain": json.dumps(manifest)})
+    with pytest.raises(CheckpointError, match="but its header's CRC-32"):
+        TimeMachine().to(module, bare)
+    old = {**manifest, "format": "dualtrain-checkpoint/1"}
+    old.pop("crc32")
+    safetensors.numpy.save_file(tensors, str(bare), metadata={"dualtrain": json.dumps(old)})
+    assert list(TimeMachine().to(module, bare, frozen=True)) == []
+    np.testing.assert_array_equal(torch_values(module)["fc1.bias"], tensors["fc1.bias"])
+
+
+# ---- adversarial review: a scope that matches nothing is refused -------------------------
+
+
+@pytest.mark.parametrize("scope", ["fc", "", "fc1.", "FC1", "nonexistent"])
+def test_a_scope_matching_nothing_is_refused_naming_it(tmp_path, anchor, scope):
+    module = tcraft.realize(Net(), seed=5)
+    with pytest.raises(ArgumentError, match=rf"save_scope must be .*'bn\.bias'.*{scope!r}"):
+        TimeMachine(save_path=tmp_path).drop(module, "s", save_scope=scope)
+    assert not (tmp_path / "s.safetensors").exists()
+    before = torch_values(module)
+    for frozen in (True, False):
+        with pytest.raises(CheckpointError, match=rf"ckpt_scope {scope!r} matches no .*'bn\.bias'"):
+            TimeMachine().to(module, anchor, ckpt_scope=scope, frozen=frozen)
+    assert_same(torch_values(module), before)

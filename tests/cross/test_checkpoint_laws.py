@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import dualtrain
-from dualtrain import CheckpointError, Craft, TimeMachine, dock
+from dualtrain import ArgumentError, CheckpointError, Craft, TimeMachine, dock
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
@@ -179,15 +179,12 @@ def test_retention_counts_anchors_on_disk_across_restarts(tmp_path):
     assert tm.drop(module).name == "MLP-4.safetensors"
     assert len(list(tmp_path.iterdir())) == 2
     # A file you name is yours: it is neither counted nor pruned, and prunes nothing.
+    # A name of the numbered form is drop's own: refused (retention would delete it).
     tm.drop(module, "MLP-final")
-    tm.drop(module, "MLP-99")
+    with pytest.raises(ArgumentError, match="numbered-anchor form"):
+        tm.drop(module, "MLP-99")
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == [
-        "MLP-3.safetensors",
-        "MLP-4.safetensors",
-        "MLP-99.safetensors",
-        "MLP-final.safetensors",
-    ]
+    assert names == ["MLP-3.safetensors", "MLP-4.safetensors", "MLP-final.safetensors"]
 
 
 def test_tied_weights_are_stored_once(tmp_path):
