@@ -1,8 +1,54 @@
-"""dualtrain's JAX adapter: imports jax (and optax) and dualtrain, never torch."""
+"""dualtrain's JAX adapter: imports jax (and optax) and dualtrain, never torch.
+
+The names below mirror the other adapter's (tests/test_facades.py) and load lazily (PEP 562):
+``import dualtrain_jax`` imports no submodule; each name imports its module on first use,
+so the model half never pulls in what only the embedding store needs.
+"""
 
 from __future__ import annotations
 
-from dualtrain_jax.backend import JaxBackend
-from dualtrain_jax.embeddings import JaxRows, attach
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["JaxBackend", "JaxRows", "attach"]
+if TYPE_CHECKING:
+    from dualtrain_jax.backend import JaxBackend
+    from dualtrain_jax.craft import Nozzle, Prober, Rudder, coat, realize, shell
+    from dualtrain_jax.embeddings import JaxRows, attach
+
+# public name -> the submodule that defines it
+_HOMES = {
+    "JaxBackend": "dualtrain_jax.backend",
+    "Nozzle": "dualtrain_jax.craft",
+    "Prober": "dualtrain_jax.craft",
+    "Rudder": "dualtrain_jax.craft",
+    "JaxRows": "dualtrain_jax.embeddings",
+    "attach": "dualtrain_jax.embeddings",
+    "coat": "dualtrain_jax.craft",
+    "realize": "dualtrain_jax.craft",
+    "shell": "dualtrain_jax.craft",
+}
+
+__all__ = [
+    "JaxBackend",
+    "JaxRows",
+    "Nozzle",
+    "Prober",
+    "Rudder",
+    "attach",
+    "coat",
+    "realize",
+    "shell",
+]  # the keys of _HOMES
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dualtrain.craft import Craft, binding
+from dualtrain.deprecation import positional_deprecated
 from dualtrain.errors import bad_argument
 from dualtrain.interop import convert
 from dualtrain_jax.layers import LAYERS
@@ -20,28 +21,39 @@ __all__ = ["JaxModule", "Nozzle", "Prober", "Rudder", "coat", "realize", "shell"
 class JaxModule:
     """A realized Craft: ``params`` and ``state`` dicts keyed by neutral names, and `apply`.
 
-    It is a pytree (leaves: params, then state; the Craft is static), so it passes through
-    ``jit``, ``grad`` and ``vmap``. ``apply`` is pure; ``__call__`` runs inference with the
-    module's own values, in the mode the `Rudder`/`Prober`/`Nozzle` context sets.
+    It is a lossless pytree: the leaves are params, then state; the static fields (the
+    Craft and the `train` mode) travel in the tree's definition, so ``jit``, ``grad``,
+    ``vmap`` and ``tree_map`` hand the function a module in the same mode.
+
+    Mutability: the module is a mutable holder of immutable arrays. `Rudder`/`Prober`/
+    `Nozzle`, ``__call__`` in training mode and ``TimeMachine.to`` rebind its fields on the
+    same object (new arrays, never written in place); a JAX transformation works on a copy
+    (flatten -> unflatten), so what it rebinds reaches the caller only by being returned.
 
     Attributes:
         params: trainable arrays, e.g. ``{"fc.weight": (in, out), ...}``.
         state: non-trainable arrays (BatchNorm running statistics).
         craft: the description.
+        train: the mode ``__call__`` runs in (set by the contexts).
     """
 
     dualtrain_backend = "jax"
 
-    def __init__(self, craft: Craft, params: dict[str, Any], state: dict[str, Any]) -> None:
+    def __init__(
+        self, craft: Craft, params: dict[str, Any], state: dict[str, Any], train: bool = False
+    ) -> None:
         self.craft, self.params, self.state = craft, params, state
-        self.train = False
+        self.train = train
 
-    def tree_flatten(self) -> tuple[tuple[Any, Any], Craft]:
-        return (self.params, self.state), self.craft
+    def tree_flatten(self) -> tuple[tuple[Any, Any], tuple[Craft, bool]]:
+        # Every static field goes into the definition: anything left out would come back
+        # at its default after jit/vmap/tree_map (the train mode did, once).
+        return (self.params, self.state), (self.craft, bool(self.train))
 
     @classmethod
-    def tree_unflatten(cls, craft: Craft, children: tuple[Any, Any]) -> JaxModule:
-        return cls(craft, *children)
+    def tree_unflatten(cls, static: tuple[Craft, bool], children: tuple[Any, Any]) -> JaxModule:
+        craft, train = static
+        return cls(craft, *children, train=train)
 
     def apply(
         self,
@@ -76,11 +88,12 @@ class JaxModule:
 
     def replace(self, **changes: Any) -> JaxModule:
         """A copy with `params` and/or `state` replaced."""
-        out = JaxModule(
-            self.craft, changes.get("params", self.params), changes.get("state", self.state)
+        return JaxModule(
+            self.craft,
+            changes.get("params", self.params),
+            changes.get("state", self.state),
+            train=self.train,
         )
-        out.train = self.train
-        return out
 
     def __repr__(self) -> str:
         count = sum(int(np.prod(v.shape)) for v in self.params.values())
@@ -89,16 +102,20 @@ class JaxModule:
         )
 
 
-def realize(craft: Craft, seed: int = 0, dtype: Any = "float32", device: Any = None) -> JaxModule:
+@positional_deprecated("dualtrain_jax.realize", ("seed", "dtype", "device"))
+def realize(craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = None) -> JaxModule:
     """The Craft as a JAX module, initialized like `dualtrain_torch.realize` for the seed.
 
     Args:
         craft: the model description.
         seed: initialization seed, an int in [0, 2**64); the same seed gives the same
             weights under torch.
-        dtype: floating dtype (float16, bfloat16, float32, float64; float64 needs
-            ``jax.enable_x64``).
         device: a JAX device or sharding for the arrays; default JAX's default device.
+        dtype: floating dtype (float16, bfloat16, float32, float64; float64 needs
+            ``jax.enable_x64``); None means float32.
+
+    Positional `seed`, `dtype`, `device` (the previous release's order) still work with a
+    ``DeprecationWarning``; they become keyword-only in the next release.
 
     Raises:
         TypeError: the Craft holds a torch-native layer (the message names it).
@@ -113,6 +130,7 @@ def realize(craft: Craft, seed: int = 0, dtype: Any = "float32", device: Any = N
             f"{type(craft).__name__} holds torch-native layers {foreign}; "
             "realize it with dualtrain_torch"
         )
+    dtype = "float32" if dtype is None else dtype
     specs = craft.param_specs()
     values = convert(craft.init(seed, dtype), to="jax", device=device)
     params = {k: v for k, v in values.items() if specs[k].trainable}

@@ -1,8 +1,54 @@
-"""dualtrain's PyTorch adapter: imports torch and dualtrain, never JAX."""
+"""dualtrain's PyTorch adapter: imports torch and dualtrain, never JAX.
+
+The names below mirror the other adapter's (tests/test_facades.py) and load lazily (PEP 562):
+``import dualtrain_torch`` imports no submodule; each name imports its module on first use,
+so the model half never pulls in what only the embedding store needs.
+"""
 
 from __future__ import annotations
 
-from dualtrain_torch.backend import TorchBackend
-from dualtrain_torch.embeddings import TorchRows, attach
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["TorchBackend", "TorchRows", "attach"]
+if TYPE_CHECKING:
+    from dualtrain_torch.backend import TorchBackend
+    from dualtrain_torch.craft import Nozzle, Prober, Rudder, coat, realize, shell
+    from dualtrain_torch.embeddings import TorchRows, attach
+
+# public name -> the submodule that defines it
+_HOMES = {
+    "TorchBackend": "dualtrain_torch.backend",
+    "Nozzle": "dualtrain_torch.craft",
+    "Prober": "dualtrain_torch.craft",
+    "Rudder": "dualtrain_torch.craft",
+    "TorchRows": "dualtrain_torch.embeddings",
+    "attach": "dualtrain_torch.embeddings",
+    "coat": "dualtrain_torch.craft",
+    "realize": "dualtrain_torch.craft",
+    "shell": "dualtrain_torch.craft",
+}
+
+__all__ = [
+    "Nozzle",
+    "Prober",
+    "Rudder",
+    "TorchBackend",
+    "TorchRows",
+    "attach",
+    "coat",
+    "realize",
+    "shell",
+]  # the keys of _HOMES
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,6 +12,7 @@ from torch import nn
 from dualtrain.craft import Craft, binding, dock
 from dualtrain.craft.checks import check
 from dualtrain.craft.craft import is_torch_module
+from dualtrain.deprecation import positional_deprecated
 from dualtrain.errors import ShapeError, bad_argument
 from dualtrain.interop import convert
 from dualtrain.validate import check_float_dtype
@@ -92,7 +93,8 @@ def _module_for(part: Any, modules: dict[int, nn.Module]) -> nn.Module:
     return out
 
 
-def realize(craft: Craft, seed: int = 0, device: Any = None, dtype: Any = "float32") -> CraftModule:
+@positional_deprecated("dualtrain_torch.realize", ("seed", "device", "dtype"))
+def realize(craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = None) -> CraftModule:
     """The Craft as a torch module, initialized like `dualtrain_jax.realize` for the seed.
 
     Args:
@@ -100,7 +102,11 @@ def realize(craft: Craft, seed: int = 0, device: Any = None, dtype: Any = "float
         seed: initialization seed, an int in [0, 2**64); the same seed gives the same
             weights under JAX.
         device: where the module lives (``"cpu"``, ``"cuda:0"``); default CPU.
-        dtype: floating dtype of parameters and state (float16, bfloat16, float32, float64).
+        dtype: floating dtype of parameters and state (float16, bfloat16, float32, float64);
+            None means float32.
+
+    Positional `seed`, `device`, `dtype` (the previous release's order) still work with a
+    ``DeprecationWarning``; they become keyword-only in the next release.
 
     Raises:
         TypeError: the Craft holds a JAX-native layer (the message names it).
@@ -117,6 +123,7 @@ def realize(craft: Craft, seed: int = 0, device: Any = None, dtype: Any = "float
             f"{type(craft).__name__} holds JAX-native layers {foreign}; "
             "realize it with dualtrain_jax"
         )
+    dtype = "float32" if dtype is None else dtype
     values = craft.init(seed, dtype)  # checks seed, dtype and names before building
     module = CraftModule(craft, {}).to(dtype=getattr(torch, check_float_dtype("dtype", dtype).name))
     load_canonical(module, values)
