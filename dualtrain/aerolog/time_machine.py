@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import numbers
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,17 @@ import numpy as np
 
 from dualtrain import backends
 from dualtrain.aerolog.anchor_file import Anchor, CheckpointError, write_anchor
+from dualtrain.aerolog.anchor_names import (
+    _SUFFIX,
+    _absent,
+    _check_unnumbered,
+    _inside,
+    _keep_newest,
+    _newest,
+    _next_numbered,
+    _with_suffix,
+    anchor_stem,
+)
 from dualtrain.aerolog.optim_state import (
     check_optimizer,
     check_scheduler,
@@ -36,12 +46,6 @@ __all__ = ["BOOKKEEPING", "CheckpointError", "Restored", "TimeMachine", "anchor_
 FORMAT = "dualtrain-checkpoint/2"
 # Anchors of this format (before the header's CRC-32) still load, with the checks they allow.
 LEGACY_FORMATS = ("dualtrain-checkpoint/1",)
-_SUFFIX = ".safetensors"
-# A numbered anchor's name: its number is ASCII digits without a leading zero. Only `drop`
-# writes names of this form (a name the user gives may not have it), so numbering and
-# retention only ever see the anchors `drop` numbered.
-_NUMBERED = re.compile(r"(?P<stem>.+)-(?P<n>[1-9][0-9]*)" + re.escape(_SUFFIX))
-_NUMBERED_FORM = re.compile(r".+-[0-9]+" + re.escape(_SUFFIX))
 
 # Framework bookkeeping that one realization keeps and the other has no place for: torch's
 # BatchNorm counts its training batches in ``num_batches_tracked``; JAX's keeps no count (with
@@ -67,22 +71,6 @@ class Restored(list):
     extra: dict[str, Any]
     optimizer: Any
     manifest: dict[str, Any]
-
-
-def anchor_stem(scope: str) -> str:
-    r"""The file-name stem of a scope's numbered anchors (``<stem>-<n>.safetensors``).
-
-    The scope as it is, except that ``%``, ``/``, ``\``, control characters and a leading
-    ``.`` are written ``%XX`` (their UTF-8 bytes in hex), so every scope gets its own
-    stem, in the folder itself: ``exp/run`` -> ``exp%2Frun``; ``net[1]`` stays ``net[1]``.
-    """
-    out = []
-    for i, ch in enumerate(scope):
-        if ch in "%/\\" or ord(ch) < 0x20 or ord(ch) == 0x7F or (i == 0 and ch == "."):
-            out.append("".join(f"%{b:02X}" for b in ch.encode()))
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def _scope(craft: Any) -> str:
@@ -210,28 +198,17 @@ class TimeMachine:
         """Where `drop` writes, and the stem of a numbered anchor (None for a named file)."""
         if not _absent(file):
             path = self._target_file(file)
-            if _NUMBERED_FORM.fullmatch(path.name):
-                raise bad_argument(
-                    "file",
-                    os.fspath(file),
-                    "a name without the numbered-anchor form <name>-<digits>.safetensors, which "
-                    "drop() keeps for the anchors it numbers (and retention deletes); e.g. "
-                    f"{path.name[: -len(_SUFFIX)].rpartition('-')[0]}_"
-                    f"{path.name[: -len(_SUFFIX)].rpartition('-')[2]}",
-                )
+            _check_unnumbered(path, file)
             return path, None
         if self.save_path is None:
             raise bad_argument("file", file, "a path, since the TimeMachine has no save_path")
         stem = anchor_stem(_scope(craft))
-        numbers = [n for n, _ in _anchors(self.save_path, stem)]
-        return self.save_path / f"{stem}-{max(numbers, default=0) + 1}{_SUFFIX}", stem
+        return _next_numbered(self.save_path, stem), stem
 
     def _retain(self, stem: str) -> None:
         if self.max_anchors == -1 or self.save_path is None:
             return
-        anchors = _anchors(self.save_path, stem)
-        for _, path in anchors[: max(0, len(anchors) - self.max_anchors)]:
-            path.unlink(missing_ok=True)
+        _keep_newest(self.save_path, stem, self.max_anchors)
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -412,45 +389,11 @@ class TimeMachine:
                 raise bad_argument(
                     "file", file, f"an embedding anchor's name (in {folder}), or a ckpt_path file"
                 )
-            found = _anchors(folder, anchor_stem(scope))
-            if not found:
-                missing = "" if folder.is_dir() else "; there is no such folder"
-                raise CheckpointError(
-                    f"no anchor of scope {scope!r} in {folder} "
-                    f"(looked for {anchor_stem(scope)}-<n>{_SUFFIX}{missing})"
-                )
-            path = found[-1][1]
+            path = _newest(folder, scope)
         if not path.is_file():
             what = "is a folder, not an anchor file" if path.is_dir() else "does not exist"
             raise CheckpointError(f"no checkpoint at {path}: it {what}")
         return path
-
-
-def _inside(base: Path | None, file: str | os.PathLike) -> Path:
-    """`file` under `base`, refused if, relative, it leads out of `base` (``..``)."""
-    try:
-        text = os.fspath(file)
-    except TypeError as err:
-        raise bad_argument("file", file, "a str or os.PathLike") from err
-    if not isinstance(text, str):
-        raise bad_argument("file", file, "a str or os.PathLike naming a str path")
-    where = f"inside {base}" if base is not None else "inside the current folder"
-    # Normalised first: "sub/..", "." and "./" name the folder itself, not a file in it.
-    rel = os.path.normpath(text)
-    if not os.path.isabs(rel) and (rel == os.pardir or rel.startswith(os.pardir + os.sep)):
-        raise bad_argument(
-            "file", text, f"a name that stays {where} (no '..' out), or an absolute path"
-        )
-    if text.endswith(("/", os.sep)) or rel in (os.curdir, os.sep, "//"):
-        raise bad_argument("file", text, f"a file name {where}, not a folder")
-    if os.path.isabs(rel):
-        return Path(rel)
-    return base / rel if base is not None else Path(rel)
-
-
-def _absent(file: Any) -> bool:
-    """`file` left out: "" or None (a `Path("")` names the current folder and is refused)."""
-    return file is None or (isinstance(file, str) and file == "")
 
 
 def _few(names: Any, n: int = 5) -> str:
@@ -460,10 +403,6 @@ def _few(names: Any, n: int = 5) -> str:
     if not listed:
         return "it holds none"
     return f"it holds {shown}" + (f", ... ({len(listed)} in all)" if len(listed) > n else "")
-
-
-def _with_suffix(path: Path) -> Path:
-    return path if path.name.endswith(_SUFFIX) else path.with_name(path.name + _SUFFIX)
 
 
 def _adapter(craft: Any) -> Any:
@@ -601,31 +540,6 @@ def _manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:
     from dualtrain.aerolog.embeddings import LEGACY_FORMATS as EMBEDDING_LEGACY
 
     return anchor.manifest(expected, EMBEDDING_LEGACY)
-
-
-def _anchors(folder: Path, stem: str) -> list[tuple[int, Path]]:
-    """The numbered anchors ``<stem>-<n>.safetensors`` in `folder`, by n.
-
-    Names are matched exactly (no glob), so a stem with ``[``, ``*`` or ``?`` is its own; the
-    number is ASCII digits without a leading zero, and only regular files count (a folder or
-    a dangling link of that name is neither loaded nor deleted).
-    """
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:
-        return []
-    found = []
-    for entry in entries:
-        match = _NUMBERED.fullmatch(entry.name)
-        if match is None or match["stem"] != stem:
-            continue
-        try:
-            regular = entry.is_file()
-        except OSError:
-            regular = False
-        if regular:
-            found.append((int(match["n"]), folder / entry.name))
-    return sorted(found)
 
 
 def _jsonable(value: Any) -> Any:

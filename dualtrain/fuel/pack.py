@@ -33,6 +33,7 @@ import numpy as np
 from dualtrain.errors import PackError, bad_argument
 from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.layout import META_KEY, format_of, meta_from_json
+from dualtrain.fuel.packcheck import _check_datasets, _check_offsets, _check_set, _layout
 
 __all__ = ["Column", "Pack"]
 
@@ -62,7 +63,7 @@ class _File:
         self.identity = _identity(os.stat(self.path))
         self.meta, self.datasets = self._read_meta()
         self.check()  # the file did not change while its metadata was read
-        self._check_datasets()
+        _check_datasets(self.path, self.meta, self.datasets)
 
     def _read_meta(self) -> tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], np.dtype]]]:
         """The metadata and each dataset's (shape, dtype), without reading any data."""
@@ -86,41 +87,6 @@ class _File:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
         return meta_from_json(str(text), self.path), datasets
-
-    def _check_datasets(self) -> None:
-        """Every dataset the metadata names exists with the shape and dtype it implies."""
-        count = self.meta["count"]
-        for key, entry in self.meta["columns"].items():
-            ctype = ColumnType.parse(entry["type"])
-            stored = np.dtype(np.uint8) if entry["kind"] != "value" else ctype.dtype
-            if not ctype.variable:
-                self._expect(key, (count, *entry["shape"]), stored)
-                continue
-            if entry["kind"] == "sequence":
-                self._expect(f"{key}.frames", (count + 1,), np.dtype(np.int64))
-                self._expect(f"{key}.offsets", None, np.dtype(np.int64))
-            else:
-                self._expect(f"{key}.offsets", (count + 1,), np.dtype(np.int64))
-            self._expect(key, None, stored)
-        if self.meta.get("exif"):
-            first = self.meta["keys"][0]
-            self._expect(f"{first}.exif.offsets", (count + 1,), np.dtype(np.int64))
-            self._expect(f"{first}.exif", None, np.dtype(np.uint8))
-
-    def _expect(self, name: str, shape: tuple[int, ...] | None, dtype: np.dtype) -> None:
-        """Dataset `name` has `shape` (None: any 1-D shape) and `dtype`."""
-        found = self.datasets.get(name)
-        if found is None:
-            raise PackError(f"{self.path}: dataset {name!r} is missing")
-        got_shape, got_dtype = tuple(found[0]), np.dtype(found[1])
-        ok_shape = len(got_shape) == 1 if shape is None else got_shape == shape
-        if not ok_shape or got_dtype != dtype:
-            want = "1-D" if shape is None else str(shape)
-            raise PackError(
-                f"{self.path}: dataset {name!r} has shape {got_shape} and dtype {got_dtype}; "
-                f"the metadata implies shape {want} and dtype {dtype} "
-                f"(count={self.meta['count']})"
-            )
 
     def check(self) -> None:
         """Raises PackError when the file on disk is no longer the one this Pack opened.
@@ -165,24 +131,9 @@ class _File:
                 if arr is None:
                     arr = np.asarray(self._open()[name][()])
                     if name.endswith((".offsets", ".frames")):
-                        self._check_offsets(name, arr)
+                        _check_offsets(self.path, self.datasets, name, arr)
                     self._cache[name] = arr
         return arr
-
-    def _check_offsets(self, name: str, offsets: np.ndarray) -> None:
-        """Offsets start at 0, never decrease and end within the values they index."""
-        base, kind = name.rsplit(".", 1)
-        if kind == "frames":
-            limit = self.datasets[f"{base}.offsets"][0][0] - 1
-        else:
-            limit = self.datasets[base][0][0]
-        if offsets.size == 0 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
-            raise PackError(f"{self.path}: dataset {name!r} does not start at 0 and rise")
-        if offsets[-1] > limit:
-            raise PackError(
-                f"{self.path}: dataset {name!r} ends at {int(offsets[-1])}, beyond the "
-                f"{limit} entries it indexes"
-            )
 
     def part(self, name: str, start: int, stop: int) -> np.ndarray:
         """``dataset[start:stop]``, without a copy where the dataset is mapped."""
@@ -439,54 +390,3 @@ class Column:
 
 
 _REOPEN_LOCK = threading.Lock()  # one thread reopens a closed Pack's files
-
-
-def _layout(meta: dict[str, Any]) -> dict[str, Any]:
-    """What a reader relies on: a file replaced by one with the same layout reads on."""
-    keys = ("count", "keys", "columns", "image", "exif", "shard", "shards")
-    return {k: meta.get(k) for k in keys}
-
-
-def _check_set(files: list[_File]) -> None:
-    """Raises PackError unless the files are one pack.
-
-    One pack: the same columns and, when the files carry a run id, every shard of one
-    `generate` run, once. Packs written before run ids existed have none and are read as they are.
-    """
-    first = files[0]
-    for f in files[1:]:
-        if f.meta["columns"] != first.meta["columns"] or f.meta["keys"] != first.meta["keys"]:
-            raise PackError(
-                f"data_path: shard {f.path!r} has columns {f.meta['columns']}; "
-                f"expected those of {first.path!r}: {first.meta['columns']}"
-            )
-    runs = {f.path: f.meta.get("run") for f in files}
-    if not any(runs.values()):
-        return
-    if len(set(runs.values())) > 1:
-        listing = ", ".join(f"{path!r} (run {run})" for path, run in runs.items())
-        raise PackError(
-            f"data_path: the shards come from different generate runs: {listing}; a crash "
-            "between shard renames, or files of two runs under one name, can cause this: "
-            "generate the pack again"
-        )
-    shards = {f.meta.get("shards", 1) for f in files}
-    total = max(shards)
-    seen: dict[int, list[str]] = {}
-    for f in files:
-        seen.setdefault(f.meta.get("shard", 0), []).append(f.path)
-    duplicate = {i: p for i, p in seen.items() if len(p) > 1}
-    missing = sorted(set(range(total)) - set(seen))
-    if len(shards) > 1 or duplicate or missing:
-        found = ", ".join(
-            f"{f.path!r} (shard {f.meta.get('shard', 0)} of {f.meta.get('shards', 1)})"
-            for f in files
-        )
-        problems = [f"shard {i} is missing" for i in missing]
-        problems += [f"shard {i} is given {len(p)} times" for i, p in duplicate.items()]
-        if len(shards) > 1:
-            problems.append(f"the shard counts differ: {sorted(shards)}")
-        raise PackError(
-            f"data_path: not one whole pack of run {next(iter(runs.values()))}: "
-            f"{'; '.join(problems)}; got {found}"
-        )

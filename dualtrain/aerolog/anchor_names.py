@@ -1,0 +1,136 @@
+"""Anchor names: where numbered anchors live and which one is the newest.
+
+The file-name stem of a scope's numbered anchors (``<stem>-<n>.safetensors``), the checks on
+the names `TimeMachine` is given (relative names stay inside their folder; a name the user
+gives may not take the numbered form), numbering, finding a scope's numbered anchors on disk
+(the newest last), and retention of the newest few.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from dualtrain.aerolog.anchor_file import CheckpointError
+from dualtrain.errors import bad_argument
+
+__all__ = ["anchor_stem"]
+
+_SUFFIX = ".safetensors"
+# A numbered anchor's name: its number is ASCII digits without a leading zero. Only `drop`
+# writes names of this form (a name the user gives may not have it), so numbering and
+# retention only ever see the anchors `drop` numbered.
+_NUMBERED = re.compile(r"(?P<stem>.+)-(?P<n>[1-9][0-9]*)" + re.escape(_SUFFIX))
+_NUMBERED_FORM = re.compile(r".+-[0-9]+" + re.escape(_SUFFIX))
+
+
+def anchor_stem(scope: str) -> str:
+    r"""The file-name stem of a scope's numbered anchors (``<stem>-<n>.safetensors``).
+
+    The scope as it is, except that ``%``, ``/``, ``\``, control characters and a leading
+    ``.`` are written ``%XX`` (their UTF-8 bytes in hex), so every scope gets its own
+    stem, in the folder itself: ``exp/run`` -> ``exp%2Frun``; ``net[1]`` stays ``net[1]``.
+    """
+    out = []
+    for i, ch in enumerate(scope):
+        if ch in "%/\\" or ord(ch) < 0x20 or ord(ch) == 0x7F or (i == 0 and ch == "."):
+            out.append("".join(f"%{b:02X}" for b in ch.encode()))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _check_unnumbered(path: Path, file: str | os.PathLike) -> None:
+    """Refuses a name the user gives in the numbered-anchor form, which only `drop` writes."""
+    if _NUMBERED_FORM.fullmatch(path.name):
+        raise bad_argument(
+            "file",
+            os.fspath(file),
+            "a name without the numbered-anchor form <name>-<digits>.safetensors, which "
+            "drop() keeps for the anchors it numbers (and retention deletes); e.g. "
+            f"{path.name[: -len(_SUFFIX)].rpartition('-')[0]}_"
+            f"{path.name[: -len(_SUFFIX)].rpartition('-')[2]}",
+        )
+
+
+def _next_numbered(folder: Path, stem: str) -> Path:
+    """The next numbered anchor of `stem` in `folder`: one past the highest on disk."""
+    numbers = [n for n, _ in _anchors(folder, stem)]
+    return folder / f"{stem}-{max(numbers, default=0) + 1}{_SUFFIX}"
+
+
+def _newest(folder: Path, scope: str) -> Path:
+    """The highest-numbered anchor of `scope` in `folder`; CheckpointError if it has none."""
+    found = _anchors(folder, anchor_stem(scope))
+    if not found:
+        missing = "" if folder.is_dir() else "; there is no such folder"
+        raise CheckpointError(
+            f"no anchor of scope {scope!r} in {folder} "
+            f"(looked for {anchor_stem(scope)}-<n>{_SUFFIX}{missing})"
+        )
+    return found[-1][1]
+
+
+def _keep_newest(folder: Path, stem: str, keep: int) -> None:
+    """Deletes all but the newest `keep` numbered anchors of `stem` in `folder`."""
+    anchors = _anchors(folder, stem)
+    for _, path in anchors[: max(0, len(anchors) - keep)]:
+        path.unlink(missing_ok=True)
+
+
+def _inside(base: Path | None, file: str | os.PathLike) -> Path:
+    """`file` under `base`, refused if, relative, it leads out of `base` (``..``)."""
+    try:
+        text = os.fspath(file)
+    except TypeError as err:
+        raise bad_argument("file", file, "a str or os.PathLike") from err
+    if not isinstance(text, str):
+        raise bad_argument("file", file, "a str or os.PathLike naming a str path")
+    where = f"inside {base}" if base is not None else "inside the current folder"
+    # Normalised first: "sub/..", "." and "./" name the folder itself, not a file in it.
+    rel = os.path.normpath(text)
+    if not os.path.isabs(rel) and (rel == os.pardir or rel.startswith(os.pardir + os.sep)):
+        raise bad_argument(
+            "file", text, f"a name that stays {where} (no '..' out), or an absolute path"
+        )
+    if text.endswith(("/", os.sep)) or rel in (os.curdir, os.sep, "//"):
+        raise bad_argument("file", text, f"a file name {where}, not a folder")
+    if os.path.isabs(rel):
+        return Path(rel)
+    return base / rel if base is not None else Path(rel)
+
+
+def _absent(file: Any) -> bool:
+    """`file` left out: "" or None (a `Path("")` names the current folder and is refused)."""
+    return file is None or (isinstance(file, str) and file == "")
+
+
+def _with_suffix(path: Path) -> Path:
+    return path if path.name.endswith(_SUFFIX) else path.with_name(path.name + _SUFFIX)
+
+
+def _anchors(folder: Path, stem: str) -> list[tuple[int, Path]]:
+    """The numbered anchors ``<stem>-<n>.safetensors`` in `folder`, by n.
+
+    Names are matched exactly (no glob), so a stem with ``[``, ``*`` or ``?`` is its own; the
+    number is ASCII digits without a leading zero, and only regular files count (a folder or
+    a dangling link of that name is neither loaded nor deleted).
+    """
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    found = []
+    for entry in entries:
+        match = _NUMBERED.fullmatch(entry.name)
+        if match is None or match["stem"] != stem:
+            continue
+        try:
+            regular = entry.is_file()
+        except OSError:
+            regular = False
+        if regular:
+            found.append((int(match["n"]), folder / entry.name))
+    return sorted(found)
