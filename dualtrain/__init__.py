@@ -7,13 +7,14 @@ backend by name or handed an array of that framework.
 
 from __future__ import annotations
 
-from dualtrain.aerolog import CheckpointError, TimeMachine
 from dualtrain.backends import Backend, available, backend_of, load
+from dualtrain.checkpoint import TimeMachine
 from dualtrain.craft import Craft, autopad, dock
 from dualtrain.embeddings import EmbeddingStore
 from dualtrain.errors import (
     ArgumentError,
     BackendError,
+    CheckpointError,
     DtypeError,
     DualtrainError,
     OutOfRangeError,
@@ -24,8 +25,7 @@ from dualtrain.errors import (
 from dualtrain.fuel import Comburant, FuelGenerator, Tank
 from dualtrain.interop import CopyCount, convert, count_copies
 from dualtrain.memory import aligned_copy, aligned_empty, is_aligned
-
-__version__ = "0.1.0"
+from dualtrain.version import __version__
 
 __all__ = [
     "ArgumentError",

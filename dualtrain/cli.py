@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from dualtrain import __version__
+from dualtrain.version import __version__
 
 __all__ = ["main"]
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 __all__ = [
     "ArgumentError",
     "BackendError",
+    "CheckpointError",
     "DtypeError",
     "DualtrainError",
+    "NotRealizedError",
     "PackError",
     "PrecisionWarning",
     "ShapeError",
@@ -60,3 +62,11 @@ class OutOfRangeError(ArgumentError, IndexError):
 
     It is also an IndexError, what torch and NumPy raise for the same mistake.
     """
+
+
+class CheckpointError(DualtrainError, ValueError):
+    """A checkpoint does not fit the model, or is not a (whole, intact) dualtrain checkpoint."""
+
+
+class NotRealizedError(DualtrainError, RuntimeError):
+    """A Craft or dock layer was called outside a realized module."""

@@ -7,8 +7,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from dualtrain.aerolog.time_machine import CheckpointError
-from dualtrain.errors import ArgumentError
+from dualtrain.errors import ArgumentError, CheckpointError
 from dualtrain_jax.craft import JaxModule
 from dualtrain_jax.optimizer_state import (  # optimizer state: TimeMachine reaches it here
     check_native,

@@ -6,7 +6,7 @@ array leaves in the file as ``optimizer<path>`` (``optimizer[0].mu['fc.weight']`
 loaded into the structure of the optax state you pass (``tx.init(params)`` of the optimizer
 you resume with), refused where the two structures differ. The neutral view
 (`neutral_view`) maps optax's sgd, adam/adamw, rmsprop and adagrad states onto
-``dualtrain.aerolog.optim_state``'s families.
+``dualtrain.checkpoint.optim_state``'s families.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dualtrain.aerolog.optim_state import FAMILIES, NotPortableError, OptimizerState
-from dualtrain.aerolog.time_machine import CheckpointError
-from dualtrain.errors import ArgumentError
+from dualtrain.checkpoint.optim_state import FAMILIES, NotPortableError, OptimizerState
+from dualtrain.errors import ArgumentError, CheckpointError
 from dualtrain_jax.craft import JaxModule
 
 __all__ = [

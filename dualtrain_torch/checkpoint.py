@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from dualtrain import convert
-from dualtrain.aerolog.time_machine import BOOKKEEPING
+from dualtrain.checkpoint.time_machine import BOOKKEEPING
 from dualtrain.errors import ArgumentError
 from dualtrain_torch.craft import CraftModule, load_canonical
 from dualtrain_torch.optimizer_state import (  # optimizer state: TimeMachine reaches it here

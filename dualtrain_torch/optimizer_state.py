@@ -5,7 +5,7 @@ survives a reordering), tensors to the file as ``optimizer.<key>.<name>`` and ev
 (param_groups' hyper-parameters, scalars, lists) to the manifest's JSON. LR schedulers are in
 ``dualtrain_torch.scheduler_state``, whose state-dict encoding this module shares. The neutral
 view (`neutral_view`) maps SGD, Adam, AdamW, RMSprop and Adagrad onto
-``dualtrain.aerolog.optim_state``'s families.
+``dualtrain.checkpoint.optim_state``'s families.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import numpy as np
 import torch
 
 from dualtrain import convert
-from dualtrain.aerolog.optim_state import FAMILIES, VARIANTS, NotPortableError, OptimizerState
-from dualtrain.aerolog.time_machine import CheckpointError
-from dualtrain.errors import ArgumentError
+from dualtrain.checkpoint.optim_state import FAMILIES, VARIANTS, NotPortableError, OptimizerState
+from dualtrain.errors import ArgumentError, CheckpointError
 from dualtrain_torch.scheduler_state import _decode, _Encoder, _UnstorableError
 
 __all__ = [

@@ -16,8 +16,7 @@ import numpy as np
 import torch
 
 from dualtrain import convert
-from dualtrain.aerolog.time_machine import CheckpointError
-from dualtrain.errors import ArgumentError
+from dualtrain.errors import ArgumentError, CheckpointError
 
 __all__ = ["check_scheduler", "export_scheduler"]
 

@@ -13,13 +13,9 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from dualtrain.errors import DualtrainError
+from dualtrain.errors import NotRealizedError
 
 __all__ = ["Binding", "NotRealizedError", "active", "current"]
-
-
-class NotRealizedError(DualtrainError, RuntimeError):
-    """A Craft or dock layer was called outside a realized module."""
 
 
 class Binding(Protocol):

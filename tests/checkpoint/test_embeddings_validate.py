@@ -10,7 +10,7 @@ import pytest
 import safetensors.numpy
 
 from dualtrain import CheckpointError, EmbeddingStore, TimeMachine
-from dualtrain.aerolog.anchor_file import write_anchor
+from dualtrain.checkpoint.anchor_file import write_anchor
 
 torch = pytest.importorskip("torch")
 from dualtrain_torch import attach  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dualtrain import CheckpointError, TimeMachine
-from dualtrain.aerolog.anchor_names import anchor_stem
+from dualtrain.checkpoint.anchor_names import anchor_stem
 from tests.checkpoint.crafts import Net
 
 tcraft = pytest.importorskip("dualtrain_torch.craft")

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dualtrain import CheckpointError, TimeMachine
-from dualtrain.aerolog.anchor_file import Anchor, write_anchor
-from dualtrain.aerolog.time_machine import FORMAT
+from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
+from dualtrain.checkpoint.time_machine import FORMAT
 from dualtrain.errors import ArgumentError
 
 torch = pytest.importorskip("torch")

@@ -11,7 +11,7 @@ import safetensors.numpy
 from hypothesis import given, settings, strategies as st
 
 from dualtrain import CheckpointError, TimeMachine
-from dualtrain.aerolog.anchor_file import write_anchor
+from dualtrain.checkpoint.anchor_file import write_anchor
 from dualtrain.errors import ArgumentError, ShapeError
 from tests.checkpoint.crafts import Net, assert_same, jax_values, torch_values, train_torch
 

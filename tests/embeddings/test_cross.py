@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 
 import dualtrain
-from dualtrain.aerolog import CheckpointError
+from dualtrain.checkpoint import CheckpointError
 from dualtrain_jax import attach as jax_attach
 from dualtrain_torch import attach as torch_attach
 from tests.embeddings.runs import batches, run_jax, run_torch, store
@@ -62,7 +62,7 @@ def test_a_run_saved_under_torch_resumes_under_jax(tmp_path, mode):
 
 
 def test_big_tables_are_saved_in_chunks(tmp_path):
-    from dualtrain.aerolog.embeddings import CHUNK
+    from dualtrain.checkpoint.embeddings import CHUNK
 
     s = dualtrain.EmbeddingStore(CHUNK + 5, 2)
     rows = torch_attach(s, torch.optim.SGD, lr=0.1, momentum=0.9)

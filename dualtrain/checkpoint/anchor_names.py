@@ -13,8 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from dualtrain.aerolog.anchor_file import CheckpointError
-from dualtrain.errors import bad_argument
+from dualtrain.errors import CheckpointError, bad_argument
 
 __all__ = ["anchor_stem"]
 

@@ -32,7 +32,7 @@ import ml_dtypes
 import numpy as np
 
 from dualtrain import atomic
-from dualtrain.errors import DualtrainError
+from dualtrain.errors import CheckpointError
 
 __all__ = ["Anchor", "CheckpointError", "write_anchor"]
 
@@ -60,10 +60,6 @@ _DTYPES: dict[str, np.dtype] = {
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
 }
-
-
-class CheckpointError(DualtrainError, ValueError):
-    """A checkpoint does not fit the model, or is not a (whole, intact) dualtrain checkpoint."""
 
 
 def _contiguous(array: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from dualtrain.errors import ArgumentError, DualtrainError
+from dualtrain.errors import ArgumentError, CheckpointError, DualtrainError
 
 __all__ = [
     "FAMILIES",
@@ -200,8 +200,6 @@ def optimizer_tensor_names(
     manifest: dict[str, Any], backend: str, loaded: set[str], path: Any
 ) -> list[str]:
     """The optimizer tensors `check_optimizer` needs for a craft of `backend`."""
-    from dualtrain.aerolog.time_machine import CheckpointError
-
     entry = _entry(manifest, path)
     try:
         if entry.get("form") != "native":  # written before the native form: neutral tensors
@@ -240,8 +238,6 @@ def check_optimizer(
         CheckpointError: the state does not fit `optimizer`, or cannot cross to its
             framework; the message names the optimizer and why.
     """
-    from dualtrain.aerolog.time_machine import CheckpointError
-
     entry = _entry(manifest, path)
     backend = craft.dualtrain_backend
     try:
@@ -273,8 +269,6 @@ def scheduler_tensor_names(manifest: dict[str, Any], path: Any) -> list[str]:
     """The scheduler tensors `check_scheduler` needs."""
     entry = manifest.get("scheduler")
     if not isinstance(entry, dict):
-        from dualtrain.aerolog.time_machine import CheckpointError
-
         raise CheckpointError(f"{path} holds no scheduler state; it was dropped without one")
     tensors = entry.get("tensors", {})
     if not isinstance(tensors, dict):
@@ -284,8 +278,6 @@ def scheduler_tensor_names(manifest: dict[str, Any], path: Any) -> list[str]:
 
 def _listed(names: list[str], manifest: dict[str, Any], path: Any, what: str) -> list[str]:
     """`names`, each checked to be one of the file's tensors (the manifest lists them)."""
-    from dualtrain.aerolog.time_machine import CheckpointError
-
     listed = set(manifest.get("tensors", []))
     missing = [name for name in names if name not in listed]
     if missing:
@@ -304,8 +296,6 @@ def check_scheduler(
     path: Any,
 ) -> Callable[[], Any]:
     """Validates the anchor's scheduler state against `scheduler`; returns its loader."""
-    from dualtrain.aerolog.time_machine import CheckpointError
-
     entry = manifest["scheduler"]
     if craft.dualtrain_backend != "torch":
         raise CheckpointError(
@@ -321,7 +311,6 @@ def check_scheduler(
 
 
 def _entry(manifest: dict[str, Any], path: Any) -> dict[str, Any]:
-    from dualtrain.aerolog.time_machine import CheckpointError
 
     entry = manifest.get("optimizer")
     if entry is None:
@@ -332,7 +321,6 @@ def _entry(manifest: dict[str, Any], path: Any) -> dict[str, Any]:
 
 
 def _legacy(entry: dict[str, Any], tensors: dict[str, Any], path: Any) -> OptimizerState:
-    from dualtrain.aerolog.time_machine import CheckpointError
 
     try:
         return OptimizerState.from_tensors(
@@ -368,8 +356,6 @@ def _only(state: OptimizerState, loaded: set[str]) -> OptimizerState:
 
 def _validated(expected: dict[str, dict[str, Any]], tensors: dict[str, Any]) -> dict[str, Any]:
     """`tensors` checked against their manifest shapes and dtypes (0-d ones reshaped back)."""
-    from dualtrain.aerolog.time_machine import CheckpointError
-
     out = {}
     for name, value in tensors.items():
         info = expected.get(name)

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain.aerolog.anchor_file import Anchor, CheckpointError, write_anchor
-from dualtrain.errors import bad_argument
+from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
+from dualtrain.errors import CheckpointError, bad_argument
 
 __all__ = ["CHUNK", "FORMAT", "LEGACY_FORMATS", "load_rows", "save_rows"]
 

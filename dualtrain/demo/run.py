@@ -21,12 +21,13 @@ from rich.console import Console
 from rich.table import Table
 
 from dualtrain import backends
-from dualtrain.aerolog import TimeMachine
+from dualtrain.checkpoint import TimeMachine
 from dualtrain.craft import Craft, dock
+from dualtrain.demo.table import loss_table
 from dualtrain.interop import convert, count_copies
 from dualtrain.memory import aligned_empty
 
-__all__ = ["TRAIN_CONTRACT", "DemoNet", "loss_table", "make_data", "run"]
+__all__ = ["TRAIN_CONTRACT", "DemoNet", "make_data", "run"]
 
 TRAIN_CONTRACT = """
 ``train(craft, x, y, *, lr, steps, seed) -> (losses, module)``, in each adapter's ``demo``
@@ -83,8 +84,8 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
     craft = DemoNet(x.shape[1], classes=int(y.max()) + 1)
     losses, modules, seconds = _show_training(console, craft, x, y, lr, steps, seed)
     crossing = _show_checkpoint(console, modules, x)
-    from dualtrain.demo_embeddings import run_embeddings  # both draw loss_table from here
-    from dualtrain.demo_fuel import run_fuel
+    from dualtrain.demo.embeddings import run_embeddings  # rich and Pillow only when run
+    from dualtrain.demo.fuel import run_fuel
 
     fuel = run_fuel(console, seed)
     embeddings = run_embeddings(console, seed)
@@ -158,18 +159,6 @@ def _show_training(
         f"torch {seconds['torch']:.2f} s, JAX {seconds['jax']:.2f} s (JAX includes its jit)"
     )
     return losses, modules, seconds
-
-
-def loss_table(title: str, unit: str, losses: dict[str, list[float]], rows: int) -> Table:
-    """Torch's and JAX's losses side by side at about `rows` evenly spaced steps."""
-    steps = len(losses["torch"])
-    table = Table(title=title)
-    for column in (unit, "torch loss", "JAX loss", "|difference|"):
-        table.add_column(column, justify="right")
-    for i in sorted({*range(0, steps, max(1, steps // rows)), steps - 1}):
-        a, b = losses["torch"][i], losses["jax"][i]
-        table.add_row(str(i), f"{a:.6f}", f"{b:.6f}", f"{abs(a - b):.1e}")
-    return table
 
 
 def _show_checkpoint(console: Console, modules: dict[str, Any], x: np.ndarray) -> float:

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from dualtrain import backends
 from dualtrain.craft import Craft, dock
-from dualtrain.demo import loss_table
+from dualtrain.demo.table import loss_table
 from dualtrain.fuel import Brighten, Comburant, Flip, FuelGenerator, Tank
 
 __all__ = ["ImageNet16", "make_images", "run_fuel"]

@@ -12,7 +12,7 @@ import numpy as np
 from rich.console import Console
 
 from dualtrain import backends
-from dualtrain.demo import loss_table
+from dualtrain.demo.table import loss_table
 
 __all__ = ["EMBED_CONTRACT", "make_ratings", "run_embeddings"]
 

@@ -2,8 +2,8 @@
 
 A checkpoint ("anchor") is one safetensors file: parameters and state under their neutral
 names in canonical layout, optimizer state in its framework's native form
-(``aerolog.optim_state``), and a JSON manifest in the file's header, with a CRC-32 of every
-tensor and one of the header itself (``aerolog.anchor_file``). It is written to a temporary
+(``checkpoint.optim_state``), and a JSON manifest in the file's header, with a CRC-32 of every
+tensor and one of the header itself (``checkpoint.anchor_file``). It is written to a temporary
 name and renamed (``dualtrain.atomic``), so a crash never leaves half an anchor; `to` checks
 the whole file and how it fits the model before it changes anything. There is no pickle.
 """
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from dualtrain import backends
-from dualtrain.aerolog.anchor_file import Anchor, CheckpointError, write_anchor
-from dualtrain.aerolog.anchor_names import (
+from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
+from dualtrain.checkpoint.anchor_names import (
     _SUFFIX,
     _absent,
     _check_unnumbered,
@@ -31,7 +31,7 @@ from dualtrain.aerolog.anchor_names import (
     _with_suffix,
     anchor_stem,
 )
-from dualtrain.aerolog.optim_state import (
+from dualtrain.checkpoint.optim_state import (
     check_optimizer,
     check_scheduler,
     optimizer_tensor_names,
@@ -39,7 +39,8 @@ from dualtrain.aerolog.optim_state import (
     record_scheduler,
     scheduler_tensor_names,
 )
-from dualtrain.errors import bad_argument
+from dualtrain.errors import CheckpointError, bad_argument
+from dualtrain.version import __version__
 
 __all__ = ["BOOKKEEPING", "CheckpointError", "Restored", "TimeMachine", "anchor_stem"]
 
@@ -327,7 +328,7 @@ class TimeMachine:
     def drop_embeddings(
         self, rows: Any, file: str | os.PathLike, extra: dict[str, Any] | None = None
     ) -> Path:
-        """Writes an embedding store with its optimizer state (see ``aerolog.embeddings``).
+        """Writes an embedding store with its optimizer state (see ``checkpoint.embeddings``).
 
         Args:
             rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
@@ -337,7 +338,7 @@ class TimeMachine:
         Returns:
             The anchor's absolute path.
         """
-        from dualtrain.aerolog.embeddings import save_rows
+        from dualtrain.checkpoint.embeddings import save_rows
 
         if _absent(file):
             raise bad_argument("file", file, "the embedding anchor's name or path")
@@ -354,7 +355,7 @@ class TimeMachine:
         Returns:
             The anchor's manifest (step, mode, hyper-parameters, extra).
         """
-        from dualtrain.aerolog.embeddings import load_rows
+        from dualtrain.checkpoint.embeddings import load_rows
 
         return load_rows(rows, self._source(None, file))
 
@@ -537,7 +538,7 @@ def _manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:
     anchor = Anchor(path)
     if expected == FORMAT:
         return _checked(anchor)
-    from dualtrain.aerolog.embeddings import LEGACY_FORMATS as EMBEDDING_LEGACY
+    from dualtrain.checkpoint.embeddings import LEGACY_FORMATS as EMBEDDING_LEGACY
 
     return anchor.manifest(expected, EMBEDDING_LEGACY)
 
@@ -549,6 +550,4 @@ def _jsonable(value: Any) -> Any:
 
 
 def _version() -> str:
-    from dualtrain import __version__
-
     return __version__

@@ -1,0 +1,14 @@
+"""Checkpoints: TimeMachine anchors of Crafts and embedding stores, moved between frameworks.
+
+`anchor_file` is the file (safetensors layout, manifest, CRC-32s, atomic write), `anchor_names`
+its naming, numbering and retention, `optim_state` the neutral optimizer schema,
+`time_machine` the user's entry and `embeddings` the anchors of an `EmbeddingStore`.
+"""
+
+from __future__ import annotations
+
+from dualtrain.checkpoint.optim_state import OptimizerState
+from dualtrain.checkpoint.time_machine import Restored, TimeMachine
+from dualtrain.errors import CheckpointError
+
+__all__ = ["CheckpointError", "OptimizerState", "Restored", "TimeMachine"]
