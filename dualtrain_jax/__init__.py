@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from dualtrain_jax.backend import JaxBackend
     from dualtrain_jax.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_jax.embeddings import JaxRows, attach
+    from dualtrain_jax.transfer import Transfer
 
 # public name -> the submodule that defines it
 _HOMES = {
@@ -22,6 +23,7 @@ _HOMES = {
     "Prober": "dualtrain_jax.craft",
     "Rudder": "dualtrain_jax.craft",
     "JaxRows": "dualtrain_jax.embeddings",
+    "Transfer": "dualtrain_jax.transfer",
     "attach": "dualtrain_jax.embeddings",
     "coat": "dualtrain_jax.craft",
     "realize": "dualtrain_jax.craft",
@@ -34,6 +36,7 @@ __all__ = [
     "Nozzle",
     "Prober",
     "Rudder",
+    "Transfer",
     "attach",
     "coat",
     "realize",

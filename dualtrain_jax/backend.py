@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from dualtrain.backends import BackendTraits
-from dualtrain.errors import bad_argument
+from dualtrain_jax import transfer
 
 __all__ = ["JaxBackend", "make_backend"]
 
@@ -41,7 +41,7 @@ class JaxBackend(BackendTraits):
         try:
             return _HOST_SHARDINGS[x.sharding]
         except KeyError:
-            sharding = x.sharding
+            sharding: Any = x.sharding  # jaxlib types its devices without .platform
             _HOST_SHARDINGS[sharding] = len(sharding.device_set) == 1 and all(
                 d.platform == "cpu" for d in sharding.device_set
             )
@@ -67,11 +67,7 @@ class JaxBackend(BackendTraits):
         return int(x.unsafe_buffer_pointer())
 
     def parse_device(self, device: Any) -> Any:
-        try:
-            return _device(device)
-        except (RuntimeError, ValueError, IndexError, TypeError) as err:
-            known = ", ".join(repr(_name(d)) for d in jax.devices())
-            raise bad_argument("device", device, f"a device JAX has here ({known})") from err
+        return transfer.parse_device(device)
 
     def to_host(self, x: jax.Array) -> np.ndarray:
         return np.array(x)
@@ -100,7 +96,7 @@ class JaxBackend(BackendTraits):
         return jnp.from_dlpack(x, copy=copy)
 
     def device_put(self, x: jax.Array, device: Any) -> jax.Array:
-        return jax.device_put(x, _device(device))
+        return transfer.shared(device).put(x)  # the adapter's one host -> device road
 
     def same_device(self, x: jax.Array, device: Any) -> bool:
         return device is None or x.devices() == {_device(device)}
@@ -124,26 +120,9 @@ class JaxBackend(BackendTraits):
         return x.at[idx].set(values)
 
 
-def _torch_name(platform: str) -> str:
-    return "cuda" if platform in ("gpu", "cuda", "rocm") else platform
-
-
-def _device(device: Any) -> Any:
-    """A jax Device or Sharding from a Device, a Sharding, or text like ``"cuda:0"``."""
-    if isinstance(device, (jax.Device, jax.sharding.Sharding)):
-        return device
-    if not isinstance(device, str):
-        device = str(device)  # a torch.device names the same place: "cpu", "cuda:0"
-    platform, _, index = device.partition(":")
-    platform = "gpu" if platform in ("cuda", "gpu", "rocm") else platform
-    number = int(index or 0)
-    if number < 0 or not (index or "0").isdigit():
-        raise ValueError(f"bad device index {index!r}")
-    return jax.devices(platform)[number]
-
-
-def _name(device: Any) -> str:
-    return "cpu" if device.platform == "cpu" else f"{_torch_name(device.platform)}:{device.id}"
+# Kept under their old names: the transfer module holds the device vocabulary now.
+_device = transfer.resolve
+_name = transfer.device_name
 
 
 def make_backend() -> JaxBackend:

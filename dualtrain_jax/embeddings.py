@@ -22,6 +22,7 @@ import optax
 
 from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession
 from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
+from dualtrain_jax.transfer import Transfer
 
 __all__ = ["JaxRows", "attach"]
 
@@ -47,7 +48,8 @@ def attach(
         store: the rows and (after this call) their optimizer-state tables.
         transformation: e.g. ``optax.adam(1e-3)``; must be row-wise (see the module doc).
         mode: "lazy" or "exact", as for ``dualtrain_torch.attach``.
-        device: a JAX device for the update; default the first.
+        device: where rows are updated ("cpu", "gpu", "cuda:N", a jax.Device); default
+            the first device.
 
     Returns:
         A `JaxRows`: ``emb = rows.fetch(ids)``; ``g = jax.grad(loss)(emb)``; ``rows.step(g)``.
@@ -217,6 +219,7 @@ class JaxRows(Attachment):
         mode: "lazy" or "exact".
         slots: the state tables' names (optax's mu, nu, trace, sum_of_squares under torch's
             names exp_avg, exp_avg_sq, momentum_buffer, sum).
+        transfer: the `dualtrain_jax.transfer.Transfer` that takes rows to `device`.
     """
 
     def __init__(self, store: EmbeddingStore, transformation: Any, mode: str, device: Any) -> None:
@@ -232,7 +235,9 @@ class JaxRows(Attachment):
                 "enable it or make the store float32"
             )
         self.transformation = transformation
-        self.device = device if device is not None else jax.devices()[0]
+        # Rows reach the device through the adapter's one Transfer (a bad device fails here).
+        self.transfer = Transfer(device if device is not None else jax.devices()[0])
+        self.device = self.transfer.device
         self.dim = store.dim
         self.plan = _plan(transformation, store.dim, store.dtype)
         self.slots = self.plan.slots
@@ -246,11 +251,11 @@ class JaxRows(Attachment):
         """The rows of `ids` as device arrays [*ids.shape, dim] (one per id array given)."""
         batch = self.session.begin(ids)
         # Staging is 64-byte aligned, so on the CPU this hand-over is zero-copy.
-        self._dev = {k: jax.device_put(v, self.device) for k, v in batch.rows.items()}
+        self._dev = self.transfer(batch.rows)
         # Exact mode: rows take the steps they missed before the forward pass sees them.
         w, slots = self._catch_up(batch, self._dev["weight"], [self._dev[k] for k in self.slots])
         self._dev = {"weight": w, **dict(zip(self.slots, slots, strict=False))}
-        self._inverse = jax.device_put(batch.lookup.inverse.astype(np.int32), self.device)
+        self._inverse = self.transfer(batch.lookup.inverse.astype(np.int32))
         out, start = [], 0
         for shape in batch.lookup.shapes:
             count = int(np.prod(shape, dtype=np.int64))
@@ -309,7 +314,7 @@ class JaxRows(Attachment):
         padded = np.full(w.shape[0], np.iinfo(np.int64).max, np.int64)
         padded[: last.size] = last
         for tau in taus:
-            w, slots = self.plan.replay(w, slots, tau - 1, jnp.asarray(padded < tau))
+            w, slots = self.plan.replay(w, slots, tau - 1, self.transfer(padded < tau))
         return w, slots
 
     @property

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from dualtrain_torch.backend import TorchBackend
     from dualtrain_torch.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_torch.embeddings import TorchRows, attach
+    from dualtrain_torch.transfer import Transfer
 
 # public name -> the submodule that defines it
 _HOMES = {
@@ -22,6 +23,7 @@ _HOMES = {
     "Prober": "dualtrain_torch.craft",
     "Rudder": "dualtrain_torch.craft",
     "TorchRows": "dualtrain_torch.embeddings",
+    "Transfer": "dualtrain_torch.transfer",
     "attach": "dualtrain_torch.embeddings",
     "coat": "dualtrain_torch.craft",
     "realize": "dualtrain_torch.craft",
@@ -34,6 +36,7 @@ __all__ = [
     "Rudder",
     "TorchBackend",
     "TorchRows",
+    "Transfer",
     "attach",
     "coat",
     "realize",

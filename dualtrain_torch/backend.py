@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from dualtrain.backends import BackendTraits
-from dualtrain.errors import bad_argument
 from dualtrain.layout import CARRIED_NAMES
+from dualtrain_torch import transfer
 
 __all__ = ["TorchBackend", "make_backend"]
 
@@ -74,22 +74,7 @@ class TorchBackend(BackendTraits):
         return None
 
     def parse_device(self, device: Any) -> torch.device:
-        cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        known = ", ".join(["'cpu'", *(f"'cuda:{i}'" for i in range(cuda))])
-        expected = f"a device torch has here ({known})"
-        try:
-            parsed = torch.device(device)
-        except (RuntimeError, TypeError, ValueError) as err:
-            raise bad_argument("device", device, expected) from err
-        if parsed.type == "cuda":
-            if not 0 <= (parsed.index or 0) < cuda:
-                raise bad_argument("device", device, expected)
-        elif parsed.type != "cpu":
-            try:  # mps, xpu, meta, ...: torch knows whether it can allocate there
-                torch.empty(0, device=parsed)
-            except (RuntimeError, AssertionError) as err:
-                raise bad_argument("device", device, expected) from err
-        return parsed
+        return transfer.parse_device(device)
 
     def to_host(self, x: torch.Tensor) -> np.ndarray:
         return self.to_numpy(self.exportable(x).cpu())
@@ -113,7 +98,7 @@ class TorchBackend(BackendTraits):
         return torch.from_dlpack(x, copy=copy)
 
     def device_put(self, x: torch.Tensor, device: Any) -> torch.Tensor:
-        return x.to(device, non_blocking=True)
+        return transfer.shared(device).put(x)  # the adapter's one host -> device road
 
     def same_device(self, x: torch.Tensor, device: Any) -> bool:
         return device is None or x.device == torch.device(device)

@@ -18,6 +18,7 @@ import torch
 from dualtrain import convert
 from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain_torch.transfer import Transfer, parse_device
 
 __all__ = ["SUPPORTED", "TorchRows", "attach", "pinned_empty", "probe_state"]
 
@@ -58,7 +59,8 @@ def attach(
         optimizer: a ``torch.optim`` class among `SUPPORTED` (or a subclass of one).
         mode: "lazy" (rows and state change only when touched) or "exact" (touched rows
             first take the zero-gradient steps they missed: equal to dense training).
-        device: where rows are updated; default "cuda" for a pinned store, else "cpu".
+        device: where rows are updated ("cpu", "cuda", "cuda:N", a torch.device); default
+            "cuda" for a pinned store, else "cpu".
         hyper: the optimizer's keyword arguments (lr, betas, momentum, ...). Where torch
             offers a fused kernel for the device and neither `fused` nor `foreach` is given,
             the fused one is used.
@@ -112,6 +114,7 @@ class TorchRows(Attachment):
             rows, so LR schedulers work on it as usual.
         param: that parameter ([U, dim] during a step).
         mode: "lazy" or "exact".
+        transfer: the `dualtrain_torch.transfer.Transfer` that takes rows to `device`.
     """
 
     def __init__(
@@ -131,9 +134,11 @@ class TorchRows(Attachment):
             )
         if not isinstance(store, EmbeddingStore):
             raise bad_argument("store", type(store).__name__, "a dualtrain.EmbeddingStore")
-        self.device = torch.device(
+        # Rows reach the device through the adapter's one Transfer (a bad device fails here).
+        self.device = parse_device(
             device if device is not None else ("cuda" if store.pinned else "cpu")
         )
+        self.transfer = Transfer(self.device)
         self.dtype = getattr(torch, store.dtype)
         hyper = dict(hyper)
         params = inspect.signature(optimizer.__init__).parameters
@@ -244,11 +249,13 @@ class TorchRows(Attachment):
         batch = self.session.begin(ids)
         n = batch.size
         self._staged = {k: convert(v[:n], to="torch") for k, v in batch.rows.items()}
-        self._rows = {k: v.to(self.device, non_blocking=True) for k, v in self._staged.items()}
+        # The session's own staging buffers (pinned on CUDA) go as they are, not restaged:
+        # the session orders their reuse after this step's write-back (a CUDA event).
+        self._rows = {k: self.transfer.put(v) for k, v in self._staged.items()}
         # Exact mode: rows take the steps they missed before the forward pass sees them.
         self._catch_up(batch, self._rows["weight"], {k: self._rows[k] for k in self.slots})
         self._bind(self._rows["weight"])
-        inverse = torch.from_numpy(batch.lookup.inverse).to(self.device, non_blocking=True)
+        inverse = self.transfer.put(torch.from_numpy(batch.lookup.inverse))
         gathered = torch.index_select(self.param, 0, inverse)
         out, start = [], 0
         for shape in batch.lookup.shapes:
@@ -308,7 +315,7 @@ class TorchRows(Attachment):
         taus, last = self.session.missed(batch, self._fresh_identity)
         if not taus:
             return
-        last_t = torch.from_numpy(last).to(self.device)
+        last_t = self.transfer.put(torch.from_numpy(last))
         zeros = torch.zeros_like(rows)
         for tau in taus:
             active = (last_t < tau)[:, None]

@@ -19,7 +19,7 @@ pytest.importorskip("jax")
 
 # Names that carry the framework in them: each adapter has its own.
 OWN = {"torch": {"TorchBackend", "TorchRows"}, "jax": {"JaxBackend", "JaxRows"}}
-SHARED = ["Nozzle", "Prober", "Rudder", "attach", "coat", "realize", "shell"]
+SHARED = ["Nozzle", "Prober", "Rudder", "Transfer", "attach", "coat", "realize", "shell"]
 
 
 def shape(fn):

@@ -31,6 +31,7 @@ from dualtrain.embeddings import EmbeddingStore, Lookup, as_ids, lookup
 from dualtrain.errors import ArgumentError, DtypeError, bad_argument
 from dualtrain.interop import convert
 from dualtrain_torch.embeddings import _FROM_FIRST_GRAD, _INITIAL_GLOBALS, probe_state
+from dualtrain_torch.transfer import Transfer
 
 __all__ = [
     "DataGadget",
@@ -41,10 +42,11 @@ __all__ = [
 ]
 
 
-def _device(device_type: str | None = None) -> torch.device:
-    if device_type is not None:
-        return torch.device(device_type)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def _transfer(device_type: Any = None) -> Transfer:
+    """The road for rows to `device_type` (default "cuda" when present, else "cpu")."""
+    if device_type is None:
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    return Transfer(device_type)
 
 
 def _dtype_name(datatype: Any) -> str:
@@ -176,7 +178,8 @@ class ModelFactory:
             )
         self.model_variable = model_variable
         self.store = EmbeddingStore(total_classes, embed_dimension, _dtype_name(datatype), "zeros")
-        self.device = _device(deviceType)
+        self.transfer = _transfer(deviceType)
+        self.device = self.transfer.device
         self._batch = _Swapped()
         self._locals: list[torch.Tensor] = []
 
@@ -230,14 +233,14 @@ class ModelFactory:
         capacity = found.inverse.size  # fixed per batch shape, so the parameter keeps its size
         rows = np.zeros((capacity, self.store.dim), self.store.table.dtype)
         np.take(self.store.table, found.unique, axis=0, out=rows[: found.unique.size], mode="clip")
-        self.model_variable.weight.data = torch.from_numpy(rows).to(self.device)
+        self.model_variable.weight.data = self.transfer(rows)
         parts = found.parts
         if len(self._locals) != len(parts):
             self._locals = [
                 torch.empty(p.shape, dtype=torch.int64, device=self.device) for p in parts
             ]
         for local, part in zip(self._locals, parts, strict=False):
-            local.copy_(torch.from_numpy(part).view(local.shape))
+            local.copy_(self.transfer(part).view(local.shape))
         return self._locals[0] if len(self._locals) == 1 else tuple(self._locals)
 
     def afterOptimizerStep(self, retrievedPosIndexes: Any, retrievedNegIndexes: Any = None) -> None:
@@ -322,6 +325,7 @@ class OptimizerFactory:
             type(given_optimizer), hyper, embed_dimension, dtype_t
         )
         self.store = EmbeddingStore(total_classes, embed_dimension, _dtype_name(dtype), "zeros")
+        self.transfer = _transfer(self.param.device)  # state follows the parameter
         self._batch = _Swapped()
         self.tables: dict[str, np.ndarray] = {}
         self._stepped = False  # torch builds SGD's buffer from the first gradient itself
@@ -344,13 +348,17 @@ class OptimizerFactory:
         for name in self._globals:
             state.setdefault(name, torch.tensor(_INITIAL_GLOBALS.get(name, 0.0)))
         capacity = found.inverse.size
+        gathered = {}
         for slot, table in self.tables.items():
             if first and isinstance(self.optimizer, _FROM_FIRST_GRAD.get(slot, ())):
                 state.pop(slot, None)  # torch creates it from the first gradient
                 continue
             rows = np.zeros((capacity, self.store.dim), table.dtype)
             np.take(table, found.unique, axis=0, out=rows[: found.unique.size], mode="clip")
-            state[slot] = torch.from_numpy(rows).to(self.param.device)
+            gathered[slot] = rows
+        if self.transfer.device != self.param.device:  # the model moved since
+            self.transfer = _transfer(self.param.device)
+        state.update(self.transfer(gathered))
 
     def afterOptimizerStep(self, retrievedPosIndexes: Any, retrievedNegIndexes: Any = None) -> None:
         found = self._batch.same(
@@ -404,7 +412,8 @@ class DataGadget:
     def __init__(self, fileName: str, CPUPinn: bool = False) -> None:
         self.fileName = fileName
         self.data: np.ndarray | None = None
-        self.device = _device()
+        self.transfer = _transfer()
+        self.device = self.transfer.device
 
     def gadgetInit(self) -> None:
         loaded = np.load(self.fileName, mmap_mode="r")
@@ -420,7 +429,7 @@ class DataGadget:
     def getData(self, indexes: Any) -> torch.Tensor:
         table = self._table()
         ids = as_ids(indexes, len(table), "indexes")
-        return torch.from_numpy(np.take(table, ids, axis=0)).to(self.device)
+        return self.transfer(np.take(table, ids, axis=0))
 
     def insertData(self, dataObject: torch.Tensor, indexes: Any) -> None:
         """Writes rows; of repeated ids the last occurrence wins (always, unlike SpeedTorch)."""

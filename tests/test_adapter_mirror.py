@@ -1,0 +1,40 @@
+"""The two adapters mirror each other file for file (Keras 3's backend folders).
+
+A capability arrives as one core contract plus one module of the same name in each adapter;
+the only files one adapter has alone are listed here, each with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# file -> why only torch has it
+TORCH_ONLY = {
+    "scheduler_state.py": "torch LR schedulers keep state apart; optax keeps schedules inside "
+    "the optimizer state, which optimizer_state.py already saves",
+    "compat": "migration shims for torch-only tools (SpeedTorch; torchmb later): their APIs are torch's",
+}
+JAX_ONLY: dict[str, str] = {}
+
+
+def _entries(package: str) -> set[str]:
+    folder = ROOT / package
+    return {
+        p.name
+        for p in folder.iterdir()
+        if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()))
+        and p.name != "__pycache__"
+    }
+
+
+def test_the_adapters_mirror_file_for_file():
+    torch_side, jax_side = _entries("dualtrain_torch"), _entries("dualtrain_jax")
+    assert torch_side - jax_side == set(TORCH_ONLY), "a torch module without its JAX twin"
+    assert jax_side - torch_side == set(JAX_ONLY), "a JAX module without its torch twin"
+
+
+def test_every_listed_exception_still_exists():
+    for name in TORCH_ONLY:
+        assert (ROOT / "dualtrain_torch" / name).exists(), name
