@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from dualtrain import dtypes
 
 __all__ = [
     "CARRIED",
@@ -32,17 +33,12 @@ NARROWER: dict[np.dtype, np.dtype] = {
 # The dtypes `convert` carries between frameworks: every one of them exists in NumPy, torch
 # and JAX. Anything else (float8 and int4 types, complex32, strings, objects, records,
 # datetimes, quantized ints) is refused by name rather than passed through half-converted.
-CARRIED_NAMES = frozenset({
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
-})  # fmt: skip
+CARRIED_NAMES = dtypes.CARRIED_NAMES  # the table's rows: dualtrain.dtypes
 
 
 def dtypes_named(names: frozenset[str]) -> frozenset[np.dtype]:
     """NumPy dtypes for dtype names (``"bfloat16"`` through ml_dtypes)."""
-    return frozenset(
-        np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name) for name in names
-    )
+    return frozenset(dtypes.numpy_dtype(name) for name in names)
 
 
 CARRIED: frozenset[np.dtype] = dtypes_named(CARRIED_NAMES)  # native byte order only

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from dualtrain import dtypes
 from dualtrain.backends import BackendTraits
 from dualtrain.errors import bad_argument
 from dualtrain.layout import CARRIED, describe_dtype
@@ -100,11 +101,7 @@ class NumpyBackend(BackendTraits):
 
 
 def _dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes  # numpy's companion for bfloat16; a core dependency
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+    return dtypes.numpy_dtype(name)  # bfloat16 through ml_dtypes: dualtrain.dtypes
 
 
 def make_backend() -> NumpyBackend:

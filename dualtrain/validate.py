@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from dualtrain import dtypes
 from dualtrain.errors import DtypeError, bad_argument
 
 __all__ = [
@@ -26,7 +27,7 @@ __all__ = [
 ]
 
 SEED_LIMIT = 2**64  # seeds are ints in [0, 2**64): every one names its own random streams
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+FLOAT_DTYPES = dtypes.FLOAT_NAMES
 
 
 def _is_int(value: object) -> bool:
@@ -123,11 +124,7 @@ def check_float_dtype(name: str, value: Any) -> np.dtype:
     except TypeError:
         dtype = None
     if dtype is None or dtype.name not in FLOAT_DTYPES:
-        if dtype is None and text == "bfloat16":
-            import ml_dtypes  # NumPy knows bfloat16 only through ml_dtypes
-
-            return np.dtype(ml_dtypes.bfloat16)
-        if dtype is None and text in FLOAT_DTYPES:
-            return np.dtype(text)
+        if dtype is None and text in FLOAT_DTYPES:  # bfloat16 through ml_dtypes
+            return dtypes.numpy_dtype(text)
         raise DtypeError(f"{name} must be one of {FLOAT_DTYPES}; got {name}={value!r}")
     return dtype

@@ -15,17 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from dualtrain import convert
+from dualtrain import convert, dtypes
 from dualtrain.errors import ArgumentError, CheckpointError
 
 __all__ = ["check_scheduler", "export_scheduler"]
 
-# What safetensors stores; anything else in a state dict is refused at drop.
-_STORABLE = {
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.uint16, torch.uint32, torch.uint64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64,
-}  # fmt: skip
+# What safetensors stores (and every framework has); anything else in a state dict is
+# refused at drop.
+_STORABLE = {getattr(torch, name) for name in dtypes.STORED_NAMES}
 
 
 _MAPPINGS = (dict, collections.Counter, collections.OrderedDict)

@@ -1,7 +1,9 @@
 """Checkpoints: TimeMachine anchors of Crafts and embedding stores, moved between frameworks.
 
 `anchor_file` is the file (safetensors layout, manifest, CRC-32s, atomic write), `anchor_names`
-its naming, numbering and retention, `optim_state` the neutral optimizer schema,
+its naming, numbering and retention, `vocabulary` the words every manifest uses (formats,
+backend and slot names, and what older formats said), `manifest` a Craft anchor's manifest,
+`fit` how an anchor fits a model, `optim_state` the neutral optimizer schema,
 `time_machine` the user's entry and `embeddings` the anchors of an `EmbeddingStore`.
 """
 

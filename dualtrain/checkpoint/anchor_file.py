@@ -28,10 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from dualtrain import atomic
+from dualtrain import atomic, dtypes
 from dualtrain.errors import CheckpointError
 
 __all__ = ["Anchor", "CheckpointError", "write_anchor"]
@@ -42,24 +41,8 @@ _MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
 # flipped bit in the manifest (a learning rate, the step, a renamed key) is caught too.
 HEADER_CRC = "dualtrain_crc32"
 
-# safetensors' dtype codes and the NumPy dtypes they read as.
-_DTYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "U16": np.dtype(np.uint16),
-    "I16": np.dtype(np.int16),
-    "U32": np.dtype(np.uint32),
-    "I32": np.dtype(np.int32),
-    "U64": np.dtype(np.uint64),
-    "I64": np.dtype(np.int64),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F32": np.dtype(np.float32),
-    "F64": np.dtype(np.float64),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-}
+# safetensors' dtype codes and the NumPy dtypes they read as (the one table: dualtrain.dtypes).
+_DTYPES: dict[str, np.dtype] = dtypes.BY_CODE
 
 
 def _contiguous(array: np.ndarray) -> np.ndarray:
@@ -143,9 +126,6 @@ def write_anchor(
         raise
 
 
-_CODES = {dtype: code for code, dtype in _DTYPES.items()}
-
-
 def _little(array: np.ndarray) -> np.ndarray:
     if array.dtype.byteorder == ">":
         return array.astype(array.dtype.newbyteorder("<"))
@@ -166,7 +146,7 @@ def _header(arrays: dict[str, np.ndarray], metadata: dict[str, str], size: int =
     at = 0
     for name in _order(arrays):
         array = arrays[name]
-        code = _CODES.get(array.dtype.newbyteorder("="))
+        code = dtypes.code_of(array.dtype)
         if code is None:
             raise TypeError(f"{name} has dtype {array.dtype}, which safetensors cannot store")
         entries[name] = {
@@ -305,11 +285,15 @@ class Anchor:
             )
         return _Entry(dtype, tuple(shape), start + offsets[0], start + offsets[1])
 
-    def manifest(self, expected: str, legacy: tuple[str, ...] = ()) -> dict[str, Any]:
-        """The JSON manifest, checked to be an object of format `expected`.
+    def manifest(
+        self, expected: str, legacy: tuple[str, ...] = (), older: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """The JSON manifest, checked to be an object of format `expected` (or an older one).
 
-        An anchor of format `expected` must carry the header's CRC-32 and a CRC-32 per
-        tensor; one of a `legacy` format (written before them) is read without them.
+        An anchor of format `expected`, or of an `older` format, must carry the header's
+        CRC-32 and a CRC-32 per tensor; one of a `legacy` format (written before them) is
+        read without them. The manifest is returned as stored (see
+        ``checkpoint.vocabulary.upgrade`` for its words in this version's vocabulary).
         """
         if "dualtrain" not in self.metadata:
             raise self.error("is a safetensors file but not a dualtrain checkpoint")
@@ -319,12 +303,14 @@ class Anchor:
             raise self.error(f"has a manifest that is not valid JSON ({err})") from err
         if not isinstance(manifest, dict):
             raise self.error("has a manifest that is not a JSON object")
-        if manifest.get("format") not in (expected, *legacy):
-            raise self.error(f"has format {manifest.get('format')!r}; this reads {expected!r}")
+        found = manifest.get("format")
+        if found not in (expected, *older, *legacy):
+            reads = ", ".join(repr(f) for f in (expected, *older, *legacy))
+            raise self.error(f"has format {found!r}; this reads {reads}")
         crcs = manifest.get("crc32")
-        if manifest["format"] == expected and (not self.header_crc or crcs is None):
+        if found in (expected, *older) and (not self.header_crc or crcs is None):
             lacks = "its header's CRC-32" if not self.header_crc else "its tensors' CRC-32s"
-            raise self.error(f"is corrupt: format {expected!r} but {lacks} ({HEADER_CRC}, crc32)")
+            raise self.error(f"is corrupt: format {found!r} but {lacks} ({HEADER_CRC}, crc32)")
         if crcs is not None and not (
             isinstance(crcs, dict)
             and set(crcs) == set(self.entries)

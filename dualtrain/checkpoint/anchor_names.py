@@ -15,7 +15,7 @@ from typing import Any
 
 from dualtrain.errors import CheckpointError, bad_argument
 
-__all__ = ["anchor_stem"]
+__all__ = ["anchor_stem", "source_path"]
 
 _SUFFIX = ".safetensors"
 # A numbered anchor's name: its number is ASCII digits without a leading zero. Only `drop`
@@ -133,3 +133,41 @@ def _anchors(folder: Path, stem: str) -> list[tuple[int, Path]]:
         if regular:
             found.append((int(match["n"]), folder / entry.name))
     return sorted(found)
+
+
+def source_path(
+    ckpt_path: Path | None, save_path: Path | None, scope: str | None, file: str | os.PathLike
+) -> Path:
+    """The anchor `TimeMachine.to` reads: `file`, `ckpt_path` itself, or the scope's newest.
+
+    `file` is relative to `ckpt_path` (its folder when it is a file), else `save_path`; left
+    out, `ckpt_path` when it is a file, else the newest numbered anchor of `scope` there
+    (`scope` None: an embedding anchor, which must be named).
+    """
+    if not _absent(file):
+        base = ckpt_path if ckpt_path is not None else save_path
+        if base is not None and base.is_file():
+            base = base.parent
+        named = _inside(base, file)
+        path = _with_suffix(named)
+        if not path.is_file() and named.is_file():  # a file named without the suffix
+            path = named
+    elif ckpt_path is not None and ckpt_path.is_file():
+        path = ckpt_path
+    elif ckpt_path is not None and ckpt_path.name.endswith(_SUFFIX) and not ckpt_path.exists():
+        raise CheckpointError(f"ckpt_path {ckpt_path} does not exist (no such file)")
+    else:
+        folder = ckpt_path if ckpt_path is not None else save_path
+        if folder is None:
+            raise bad_argument(
+                "ckpt_path", None, "an anchor file or a folder of them (or a save_path)"
+            )
+        if scope is None:
+            raise bad_argument(
+                "file", file, f"an embedding anchor's name (in {folder}), or a ckpt_path file"
+            )
+        path = _newest(folder, scope)
+    if not path.is_file():
+        what = "is a folder, not an anchor file" if path.is_dir() else "does not exist"
+        raise CheckpointError(f"no checkpoint at {path}: it {what}")
+    return path

@@ -17,14 +17,24 @@ from typing import Any
 
 import numpy as np
 
+from dualtrain import dtypes
 from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
+from dualtrain.checkpoint.vocabulary import (
+    EMBEDDINGS_FORMAT,
+    EMBEDDINGS_READS,
+    WITHOUT_CRC,
+    backend_name,
+    upgrade,
+)
 from dualtrain.errors import CheckpointError, bad_argument
 
-__all__ = ["CHUNK", "FORMAT", "LEGACY_FORMATS", "load_rows", "save_rows"]
+__all__ = ["CHUNK", "FORMAT", "LEGACY_FORMATS", "OLDER_FORMATS", "load_rows", "save_rows"]
 
-FORMAT = "dualtrain-embeddings/2"
-# Anchors of this format (before the header's CRC-32 and the optimizer's name) still load.
-LEGACY_FORMATS = ("dualtrain-embeddings/1",)
+FORMAT = EMBEDDINGS_FORMAT
+# Older formats that still load: with their CRC-32s (OLDER; /2 named the backend by its
+# package, "dualtrain_torch"), or before them and the optimizer's name (LEGACY).
+OLDER_FORMATS = tuple(f for f in EMBEDDINGS_READS[1:] if f not in WITHOUT_CRC)
+LEGACY_FORMATS = tuple(f for f in EMBEDDINGS_READS[1:] if f in WITHOUT_CRC)
 CHUNK = 1 << 16  # rows per tensor: 32 MiB of a 128-wide float32 table
 MODES = ("lazy", "exact")
 
@@ -42,6 +52,11 @@ def _session(rows: Any) -> Any:
             "what dualtrain_torch.attach or dualtrain_jax.attach returned",
         )
     return session
+
+
+def _backend(rows: Any) -> str:
+    """The registry's name of the framework that trains `rows`: ``"torch"`` or ``"jax"``."""
+    return str(backend_name(type(rows).__module__.split(".")[0]))
 
 
 def _optimizer_name(rows: Any) -> str:
@@ -74,7 +89,7 @@ def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Pat
         tensors.update(_chunks("counters", store.counters))
     manifest = {
         "format": FORMAT,
-        "backend": type(rows).__module__.split(".")[0],
+        "backend": _backend(rows),
         "num_rows": store.num_rows,
         "dim": store.dim,
         "dtype": store.dtype,
@@ -96,8 +111,8 @@ def _is_count(value: Any, least: int) -> bool:
 
 
 def _checked(anchor: Anchor) -> dict[str, Any]:
-    """The manifest, each key of the type and range `save_rows` writes."""
-    manifest = anchor.manifest(FORMAT, LEGACY_FORMATS)
+    """The manifest, each key of the type and range `save_rows` writes, in today's words."""
+    manifest = upgrade(anchor.manifest(FORMAT, LEGACY_FORMATS, OLDER_FORMATS))
     checks = {
         "num_rows": (lambda v: _is_count(v, 1), "a positive int"),
         "dim": (lambda v: _is_count(v, 1), "a positive int"),
@@ -121,9 +136,8 @@ def _checked(anchor: Anchor) -> dict[str, Any]:
 
 
 def _kind(dtype: np.dtype) -> str:
-    if dtype.kind == "f" or dtype.name.startswith(("bfloat16", "float8")):
-        return "float"
-    return {"i": "int", "u": "int"}.get(dtype.kind, dtype.name)
+    """float, int or bool: values cast within a kind, never across (``dualtrain.dtypes``)."""
+    return dtypes.kind(dtype)
 
 
 def _check_chunks(
@@ -197,7 +211,7 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
         )
     recorded = manifest.get("optimizer")
     if recorded is not None:  # anchors of the older format do not say
-        backend = type(rows).__module__.split(".")[0]
+        backend = _backend(rows)
         if not isinstance(recorded, str):
             raise anchor.error(f"has a malformed manifest: 'optimizer' is {recorded!r}")
         if manifest.get("backend") == backend and recorded != _optimizer_name(rows):

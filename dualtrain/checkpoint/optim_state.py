@@ -32,6 +32,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from dualtrain.checkpoint.vocabulary import slot_name
 from dualtrain.errors import ArgumentError, CheckpointError, DualtrainError
 
 __all__ = [
@@ -61,8 +62,6 @@ VARIANTS = {
     "rmsprop": ("centered", "momentum"),
     "adagrad": (),
 }
-# Slot names of anchors written before the native form.
-_LEGACY_SLOTS = {"momentum": "momentum_buffer"}
 
 
 class NotPortableError(DualtrainError, TypeError):
@@ -124,7 +123,7 @@ class OptimizerState:
         slots: dict[str, dict[str, Any]] = {}
         for key, value in tensors.items():
             _, slot, name = key.split(".", 2)
-            slots.setdefault(_LEGACY_SLOTS.get(slot, slot), {})[name] = value
+            slots.setdefault(slot_name(slot), {})[name] = value  # "momentum": /1's name
         variant = {}
         if family == "sgd" and slots.get("momentum_buffer"):
             variant["momentum"] = True  # an old anchor says nothing when there are no buffers

@@ -16,20 +16,27 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dualtrain import backends
 from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
 from dualtrain.checkpoint.anchor_names import (
-    _SUFFIX,
     _absent,
     _check_unnumbered,
     _inside,
     _keep_newest,
-    _newest,
     _next_numbered,
     _with_suffix,
     anchor_stem,
+    source_path,
+)
+from dualtrain.checkpoint.fit import BOOKKEEPING, _check_rng, _compare, _few, _select
+from dualtrain.checkpoint.manifest import (  # FORMAT and the readers: re-exported here too
+    FORMAT,
+    LEGACY_FORMATS,
+    OLDER_FORMATS,
+    _checked,
+    _jsonable,
+    _manifest,
+    craft_manifest,
 )
 from dualtrain.checkpoint.optim_state import (
     check_optimizer,
@@ -39,20 +46,20 @@ from dualtrain.checkpoint.optim_state import (
     record_scheduler,
     scheduler_tensor_names,
 )
+from dualtrain.checkpoint.seams import CheckpointPart
 from dualtrain.errors import CheckpointError, bad_argument
-from dualtrain.version import __version__
 
-__all__ = ["BOOKKEEPING", "CheckpointError", "Restored", "TimeMachine", "anchor_stem"]
-
-FORMAT = "dualtrain-checkpoint/2"
-# Anchors of this format (before the header's CRC-32) still load, with the checks they allow.
-LEGACY_FORMATS = ("dualtrain-checkpoint/1",)
-
-# Framework bookkeeping that one realization keeps and the other has no place for: torch's
-# BatchNorm counts its training batches in ``num_batches_tracked``; JAX's keeps no count (with
-# dock's float momentum the count changes no output). Saved and restored where both the file
-# and the model have it; neither required nor reported where one side lacks it.
-BOOKKEEPING = frozenset({"num_batches_tracked"})
+__all__ = [
+    "BOOKKEEPING",
+    "FORMAT",
+    "LEGACY_FORMATS",
+    "OLDER_FORMATS",
+    "CheckpointError",
+    "Restored",
+    "TimeMachine",
+    "anchor_stem",
+]
+_READERS = (_manifest,)  # tests and tools read an anchor's manifest as time_machine._manifest
 
 
 class Restored(list):
@@ -150,19 +157,7 @@ class TimeMachine:
             raise bad_argument(
                 "save_scope", save_scope, f"a name or prefix of the module's ({_few(everything)})"
             )
-        manifest: dict[str, Any] = {
-            "format": FORMAT,
-            "backend": craft.dualtrain_backend,
-            "craft": type(craft.craft).__name__,
-            "scope": craft.craft.scope,
-            "dualtrain": _version(),
-            "layout": "canonical",
-            "step": None if step is None else int(step),
-            "extra": extra or {},
-            "names": {
-                k: {"shape": list(v.shape), "dtype": v.dtype.name} for k, v in tensors.items()
-            },
-        }
+        manifest = craft_manifest(craft, tensors, step, extra)
         if optimizer is not None:  # refused here, by name, if it cannot be stored
             opt_tensors, manifest["optimizer"] = record_optimizer(
                 part, craft, optimizer, save_scope
@@ -364,49 +359,10 @@ class TimeMachine:
 
     def _source(self, scope: str | None, file: str | os.PathLike) -> Path:
         """The anchor `to` reads: `file`, `ckpt_path` itself, or the scope's newest."""
-        if not _absent(file):
-            base = self.ckpt_path if self.ckpt_path is not None else self.save_path
-            if base is not None and base.is_file():
-                base = base.parent
-            named = _inside(base, file)
-            path = _with_suffix(named)
-            if not path.is_file() and named.is_file():  # a file named without the suffix
-                path = named
-        elif self.ckpt_path is not None and self.ckpt_path.is_file():
-            path = self.ckpt_path
-        elif (
-            self.ckpt_path is not None
-            and self.ckpt_path.name.endswith(_SUFFIX)
-            and not self.ckpt_path.exists()
-        ):
-            raise CheckpointError(f"ckpt_path {self.ckpt_path} does not exist (no such file)")
-        else:
-            folder = self.ckpt_path if self.ckpt_path is not None else self.save_path
-            if folder is None:
-                raise bad_argument(
-                    "ckpt_path", None, "an anchor file or a folder of them (or a save_path)"
-                )
-            if scope is None:
-                raise bad_argument(
-                    "file", file, f"an embedding anchor's name (in {folder}), or a ckpt_path file"
-                )
-            path = _newest(folder, scope)
-        if not path.is_file():
-            what = "is a folder, not an anchor file" if path.is_dir() else "does not exist"
-            raise CheckpointError(f"no checkpoint at {path}: it {what}")
-        return path
+        return source_path(self.ckpt_path, self.save_path, scope, file)
 
 
-def _few(names: Any, n: int = 5) -> str:
-    """A few of `names` for a message: ``'a', 'b', ... (12 in all)``."""
-    listed = sorted(names)
-    shown = ", ".join(repr(k) for k in listed[:n])
-    if not listed:
-        return "it holds none"
-    return f"it holds {shown}" + (f", ... ({len(listed)} in all)" if len(listed) > n else "")
-
-
-def _adapter(craft: Any) -> Any:
+def _adapter(craft: Any) -> CheckpointPart:
     name = getattr(craft, "dualtrain_backend", None)
     if name not in ("torch", "jax"):
         raise bad_argument(
@@ -417,137 +373,6 @@ def _adapter(craft: Any) -> Any:
     return backends.load_part(name, "checkpoint")
 
 
-def _in_scope(name: str, scope: str | None) -> bool:
-    return scope is None or name == scope or name.startswith(scope + ".")
-
-
-def _select(tensors: dict[str, Any], scope: str | None) -> dict[str, Any]:
-    return {k: v for k, v in tensors.items() if _in_scope(k, scope)}
-
-
-def _kind(dtype: np.dtype) -> str:
-    """float, int or bool: values cast within a kind, never across."""
-    if dtype.kind == "f" or dtype.name.startswith(("bfloat16", "float8")):
-        return "float"
-    return {"i": "int", "u": "int", "b": "bool"}.get(dtype.kind, dtype.name)
-
-
-def _bookkeeping(name: str) -> bool:
-    return name.rpartition(".")[2] in BOOKKEEPING
-
-
-Spec = tuple[tuple[int, ...], np.dtype]
-
-
-def _compare(model: dict[str, Spec], saved: dict[str, Spec], frozen: bool, path: Path) -> list[str]:
-    """Names to skip; with `frozen`, a CheckpointError naming each problem.
-
-    A shape is never broadcast: ``(1,)`` on disk does not fit ``(16,)``. Dtypes cast within
-    their kind (float32 <-> bfloat16), never across (float -> int).
-    """
-    problems, skipped = [], []
-    for name, (shape, dtype) in model.items():
-        if name not in saved:
-            if _bookkeeping(name):
-                continue
-            problems.append(f"{name} is in the model but not in {path.name}")
-            skipped.append(name)
-            continue
-        disk_shape, disk_dtype = saved[name]
-        if tuple(disk_shape) != tuple(shape):
-            problems.append(
-                f"{name} is {tuple(disk_shape)} on disk but {tuple(shape)} in the model"
-            )
-            skipped.append(name)
-        elif _kind(disk_dtype) != _kind(dtype):
-            problems.append(f"{name} is {disk_dtype.name} on disk but {dtype.name} in the model")
-            skipped.append(name)
-    for name in saved:
-        if name not in model and not _bookkeeping(name):
-            problems.append(f"{name} is in {path.name} but not in the model")
-            skipped.append(name)
-    if frozen and problems:
-        raise CheckpointError("frozen load refused: " + "; ".join(problems))
-    return skipped
-
-
-def _check_rng(part: Any, anchor: Anchor) -> None:
-    """A stored RNG state must have the form of the framework's (else it would fail late)."""
-    current = part.export_rng()
-    entry = anchor.entries["__rng__"]
-    if current is not None and (entry.shape != current.shape or entry.dtype != current.dtype):
-        raise anchor.error(
-            f"holds an RNG state {entry.shape} {entry.dtype.name}; this framework's is "
-            f"{current.shape} {current.dtype.name}"
-        )
-
-
 def _integral(value: Any) -> bool:
     """An int, NumPy's included, and not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _checked(anchor: Anchor) -> dict[str, Any]:
-    """A Craft anchor's manifest, checked against itself and against the file's tensors."""
-    manifest = anchor.manifest(FORMAT, LEGACY_FORMATS)
-    names, tensors = manifest.get("names"), manifest.get("tensors")
-    if not isinstance(names, dict):
-        raise anchor.error("has a malformed manifest: 'names' is not an object")
-    if (
-        not isinstance(tensors, list)
-        or not all(isinstance(t, str) for t in tensors)
-        or sorted(tensors) != sorted(anchor.entries)
-    ):
-        raise anchor.error("has a malformed manifest: 'tensors' does not list the file's tensors")
-    for name, spec in names.items():
-        entry = anchor.entries.get(name)
-        if entry is None:
-            raise anchor.error(f"has a malformed manifest: {name!r} is listed but not stored")
-        if (
-            not isinstance(spec, dict)
-            or spec.get("shape") != list(entry.shape)
-            or spec.get("dtype") != entry.dtype.name
-        ):
-            raise anchor.error(
-                f"is corrupt: {name!r} is {entry.shape} {entry.dtype.name} in the file but "
-                f"{spec!r} in the manifest"
-            )
-    checks = {
-        "step": (lambda v: v is None or _is_int(v), "an int or null"),
-        "extra": (lambda v: isinstance(v, dict), "an object"),
-        "scope": (lambda v: v is None or isinstance(v, str), "a string"),
-        "optimizer": (lambda v: v is None or isinstance(v, dict), "an object"),
-    }
-    for key, (ok, expected) in checks.items():
-        if not ok(manifest.get(key, {} if key == "extra" else None)):
-            raise anchor.error(
-                f"has a malformed manifest: {key!r} is {manifest[key]!r}, expected {expected}"
-            )
-    return manifest
-
-
-def _manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:
-    """The manifest of the anchor at `path`, read without loading any tensor, and checked.
-
-    `expected` is the format the caller reads (Craft anchors or embedding anchors).
-    """
-    anchor = Anchor(path)
-    if expected == FORMAT:
-        return _checked(anchor)
-    from dualtrain.checkpoint.embeddings import LEGACY_FORMATS as EMBEDDING_LEGACY
-
-    return anchor.manifest(expected, EMBEDDING_LEGACY)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON-serializable")
-
-
-def _version() -> str:
-    return __version__

@@ -10,11 +10,11 @@ torch and JAX, whatever the order of realization.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from typing import Any
 
 import numpy as np
 
+from dualtrain import random
 from dualtrain.memory import aligned_empty
 
 __all__ = ["ParamSpec", "initial_value", "join"]
@@ -54,8 +54,7 @@ def initial_value(spec: ParamSpec, name: str, seed: int, dtype: Any = np.float32
     # 32-bit checksum; seeds below 2**32 keep the keys they always had.
     if not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an int in [0, 2**64); got seed={seed!r}")
-    key = seed << 32 | zlib.crc32(name.encode())
-    rng = np.random.Generator(np.random.Philox(key=key))
+    rng = random.stream(seed, "init", name)  # keyed by (seed, name): dualtrain.random
     if spec.init == "uniform":
         values = rng.uniform(-spec.scale, spec.scale, size=spec.shape)
     else:

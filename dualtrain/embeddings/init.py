@@ -1,9 +1,9 @@
 """Filling a table block by block, each row a function of (seed, row) only.
 
 Rows are drawn in fixed blocks of `BLOCK` rows, each block from its own Philox stream keyed
-by (seed, block index). A row's values therefore do not depend on the table's size, on how
-the work is split, or on anything drawn before it, and no temporary of the whole table is
-ever made: peak extra memory is one block.
+by (seed, block index): ``dualtrain.random.stream(seed, "rows", block)``. A row's values
+therefore do not depend on the table's size, on how the work is split, or on anything drawn
+before it, and no temporary of the whole table is ever made: peak extra memory is one block.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from dualtrain.errors import ShapeError, bad_argument
-from dualtrain.fuel.streams import EMBED, stream
+from dualtrain.random import stream
 
 __all__ = ["BLOCK", "INITS", "fill"]
 
@@ -61,7 +61,7 @@ def fill(
     for block in range(start // BLOCK, -(-stop // BLOCK)):
         lo, hi = max(block * BLOCK, start), min((block + 1) * BLOCK, stop)
         rows = np.arange(block * BLOCK, min((block + 1) * BLOCK, num_rows), dtype=np.int64)
-        values = np.asarray(_draw(init, rows, dim, std, stream(seed, EMBED, block)))
+        values = np.asarray(_draw(init, rows, dim, std, stream(seed, "rows", block)))
         if values.shape != (rows.size, dim):
             raise ShapeError(
                 f"init returned shape {values.shape} for {rows.size} rows; expected "

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain import backends
+from dualtrain import backends, dtypes
 from dualtrain.embeddings.init import INITS, Init, fill
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.memory import aligned_empty
@@ -21,7 +21,7 @@ from dualtrain.validate import check_finite, check_int, check_seed
 
 __all__ = ["EmbeddingStore", "MemoryReport"]
 
-_DTYPES = ("float32", "float64", "float16", "bfloat16")
+_DTYPES = dtypes.FLOAT_NAMES  # the table's float names: dualtrain.dtypes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,8 +171,4 @@ def _check_init(init: object) -> None:
 
 
 def _np_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+    return dtypes.numpy_dtype(name)  # bfloat16 through ml_dtypes: dualtrain.dtypes

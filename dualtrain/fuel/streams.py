@@ -1,8 +1,9 @@
-"""Counter-based random streams keyed by (seed, epoch, index), and the sample in hand.
+"""The sample in hand, and the Fuel's random streams (which live in `dualtrain.random`).
 
 Every random draw of the Fuel (an epoch's order, a sample's augmentation) comes from a
-Philox stream named by what it is for, so it does not depend on which worker, thread,
-process or framework computes it, nor on what was drawn before.
+Philox stream named by what it is for (``dualtrain.random.stream``), so it does not depend
+on which worker, thread, process or framework computes it, nor on what was drawn before.
+`stream` and the purpose codes ORDER, AUGMENT, FILL and EMBED are re-exported here.
 """
 
 from __future__ import annotations
@@ -12,28 +13,19 @@ import contextvars
 import dataclasses
 from collections.abc import Iterator
 
-import numpy as np
-
 from dualtrain.errors import bad_argument
+from dualtrain.random import AUGMENT, EMBED, FILL, ORDER, stream
 
-__all__ = ["SampleKey", "current_sample", "sample_scope", "stream"]
-
-_MASK = (1 << 64) - 1
-ORDER, AUGMENT, FILL, EMBED = 1, 2, 3, 4  # what a stream is for: the key's upper word
-
-
-def stream(seed: int, purpose: int, *counter: int) -> np.random.Generator:
-    """A generator for (seed, purpose, counter...): independent of every other such tuple.
-
-    Args:
-        seed: any int (taken modulo 2**64).
-        purpose: ORDER, AUGMENT, FILL or EMBED (embedding-table initialization).
-        counter: up to three non-negative ints (epoch, sample index, transform position).
-    """
-    words = [0, *counter, 0, 0, 0][:4]  # the first word is Philox's own draw counter
-    return np.random.Generator(
-        np.random.Philox(counter=words, key=(seed & _MASK) | (purpose << 64))
-    )
+__all__ = [
+    "AUGMENT",
+    "EMBED",
+    "FILL",
+    "ORDER",
+    "SampleKey",
+    "current_sample",
+    "sample_scope",
+    "stream",
+]
 
 
 @dataclasses.dataclass(frozen=True)
