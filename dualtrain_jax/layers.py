@@ -125,7 +125,7 @@ def _dropout(spec: dock.Dropout, p: Any, x: jax.Array) -> jax.Array:
 
 
 def _embedding(spec: dock.Embedding, p: Any, ids: jax.Array) -> jax.Array:
-    # Concrete ids were range-checked by `checks.check` (an OutOfRangeError, as torch).
+    # Concrete ids were range-checked by `check_input` (an OutOfRangeError, as torch).
     # Traced ids cannot raise: an id outside [0, num), negative included, gives a row of
     # NaN rather than another row (jnp.take would read id -1 as the last row).
     num = spec.num_embeddings

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from dualtrain.craft import Craft, binding, dock
-from dualtrain.craft.checks import check
 from dualtrain.craft.craft import is_torch_module
 from dualtrain.deprecation import positional_deprecated
 from dualtrain.errors import ShapeError, bad_argument
@@ -35,7 +34,7 @@ class _TorchBinding:
                 "Craft being run; assign layers in __init__ so they are named and realized"
             )
         if inputs:
-            check(layer, *inputs, train=module.training, **kwargs)
+            layer.check_input(*inputs, train=module.training, **kwargs)
         return module(*inputs, **kwargs)
 
     def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:
@@ -137,7 +136,7 @@ def load_canonical(module: CraftModule, tensors: dict[str, Any]) -> None:
     Every name and shape is checked before the first copy; a shape is never broadcast
     (``(1,)`` does not fill ``(16,)``).
     """
-    targets = dict(module.named_parameters(remove_duplicate=False))
+    targets: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
     targets.update(module.named_buffers(remove_duplicate=False))
     sources = {}
     for name, value in tensors.items():

@@ -123,9 +123,7 @@ class FunctionalBinding:
                 "Craft being run; assign layers in __init__ so they are named and realized"
             )
         if inputs:
-            from dualtrain.craft.checks import check  # dock imports this module
-
-            check(layer, *inputs, train=self.train, **kwargs)
+            layer.check_input(*inputs, train=self.train, **kwargs)
         return self.table[type(layer)](layer, LayerView(self, name), *inputs, **kwargs)
 
     def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:

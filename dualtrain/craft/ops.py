@@ -2,7 +2,7 @@
 
 ``dock.relu(x)`` runs torch's relu on a tensor, JAX's on a JAX array (tracers included)
 and the NumPy reference on an ndarray. Each backend lists its ops in ``OPS`` in its
-``layers`` module (NumPy's in `dualtrain.craft.reference`).
+``layers`` module (NumPy's in `dualtrain.craft.numpy_ops`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dualtrain import backends
+from dualtrain.craft import numpy_ops
 
 __all__ = [
     "add",
@@ -33,9 +34,7 @@ def _op(name: str, *arrays: Any) -> Callable[..., Any]:
     table = _tables.get(backend)
     if table is None:
         if backend == "numpy":
-            from dualtrain.craft import reference
-
-            table = reference.OPS
+            table = numpy_ops.OPS
         else:
             table = backends.load_part(backend, "layers").OPS
         _tables[backend] = table

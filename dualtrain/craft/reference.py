@@ -6,13 +6,13 @@ being obviously right over speed (float64 in, float64 out).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from dualtrain.craft import binding, dock
+from dualtrain.craft.numpy_ops import OPS as OPS  # the NumPy ops, public here too
 from dualtrain.craft.padding import resolve_padding
 from dualtrain.validate import check_seed
 
@@ -166,7 +166,7 @@ def _dropout(layer: dock.Dropout, p: Any, x: np.ndarray) -> np.ndarray:
 
 
 def _embedding(layer: dock.Embedding, p: Any, ids: np.ndarray) -> np.ndarray:
-    return p["weight"][np.asarray(ids)]  # ids were range-checked by `checks.check`
+    return p["weight"][np.asarray(ids)]  # ids were range-checked by `check_input`
 
 
 def _reshape(layer: dock.Reshape, p: Any, x: np.ndarray, shape: Any = None) -> np.ndarray:
@@ -187,30 +187,4 @@ LAYERS: dict[type, Any] = {
     dock.LayerNorm: _layer_norm,
     dock.Dropout: _dropout,
     dock.Embedding: _embedding,
-}
-
-_erf = np.frompyfunc(math.erf, 1, 1)
-
-
-def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
-
-
-def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    shifted = x - x.max(axis=axis, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
-
-
-OPS: dict[str, Any] = {
-    "relu": lambda x: np.maximum(x, 0),
-    "gelu": lambda x: (0.5 * x * (1 + _erf(x / math.sqrt(2)).astype(np.float64))).astype(x.dtype),
-    "sigmoid": lambda x: (1 / (1 + np.exp(-x))).astype(x.dtype),
-    "tanh": np.tanh,
-    "softmax": _softmax,
-    "log_softmax": _log_softmax,
-    "concat": lambda xs, axis: np.concatenate(xs, axis=axis),
-    "add": np.add,
-    "mean": lambda x, axis, keepdims: np.mean(x, axis=axis, keepdims=keepdims),
-    "matmul": np.matmul,
 }

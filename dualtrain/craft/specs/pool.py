@@ -1,0 +1,69 @@
+"""Pooling: MaxPool and AvgPool over windows, GlobalAvgPool and GlobalMaxPool over all axes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dualtrain.craft.checks import check_rank, check_windows
+from dualtrain.craft.padding import to_tuple
+from dualtrain.craft.specs.base import Layer, is_int, items, spatial_ndim
+from dualtrain.errors import ShapeError, bad_argument
+
+__all__ = ["AvgPool", "GlobalAvgPool", "GlobalMaxPool", "MaxPool"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Pool(Layer):
+    kernel: Any
+    stride: Any = None
+    padding: Any = 0
+    ndim: Any = None
+
+    def __post_init__(self) -> None:
+        nd = spatial_ndim(self.kernel, self.ndim)
+        object.__setattr__(self, "ndim", int(nd))
+        object.__setattr__(self, "kernel", to_tuple(self.kernel, nd, "kernel"))
+        stride = self.kernel if self.stride is None else self.stride
+        object.__setattr__(self, "stride", to_tuple(stride, nd, "stride"))
+        pads = (self.padding,) * nd if is_int(self.padding) else items(self.padding)
+        ok = len(pads) == nd and all(is_int(p) and p >= 0 for p in pads)
+        if not ok or any(2 * p > k for p, k in zip(pads, self.kernel, strict=True)):
+            raise bad_argument("padding", self.padding, "non-negative ints of at most kernel/2")
+        object.__setattr__(self, "padding", tuple(int(p) for p in pads))
+
+    def check_input(self, x: Any, *rest: Any, train: bool = False, **kwargs: Any) -> None:
+        """Takes ``(N, C, *spatial)`` with room for one window per axis."""
+        name, shape = type(self).__name__, tuple(x.shape)
+        check_rank(name, shape, 2 + self.ndim, f"(N, C, {self.ndim} spatial axes)")
+        pads = tuple((p, p) for p in self.padding)
+        check_windows(name, shape, pads, self.kernel, (1,) * self.ndim)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MaxPool(_Pool):
+    """Max over windows: ``(N, C, *S) -> (N, C, *S')``; padding counts as -inf."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AvgPool(_Pool):
+    """Mean over windows: ``(N, C, *S) -> (N, C, *S')``; padding counts as zeros."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _GlobalPool(Layer):
+    def check_input(self, x: Any, *rest: Any, train: bool = False, **kwargs: Any) -> None:
+        """Takes ``(N, C, *spatial)`` with at least one spatial axis."""
+        shape = tuple(x.shape)
+        if len(shape) < 3:
+            raise ShapeError(f"{type(self).__name__} takes (N, C, *spatial); got shape {shape}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GlobalAvgPool(_GlobalPool):
+    """Mean over every spatial axis: ``(N, C, *S) -> (N, C)``."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GlobalMaxPool(_GlobalPool):
+    """Max over every spatial axis: ``(N, C, *S) -> (N, C)``."""

@@ -1,0 +1,111 @@
+"""Each dock spec's ``check_input`` is the one gate: it refuses an input iff running does.
+
+For every kind in the dock catalogue, a fitting input (from `tests.strategies.dock_cases`)
+is bent out of shape (an axis resized, dropped or added; ids out of range or of a float
+dtype). Whatever ``spec.check_input`` raises, the realized torch and JAX modules and the
+NumPy reference raise too, the same class and message; what it accepts, all three run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dualtrain.craft import Craft, dock, reference_forward
+from dualtrain.errors import DualtrainError
+from tests.strategies import LAYER_KINDS, dock_cases
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+from dualtrain_jax import craft as jcraft  # noqa: E402
+from dualtrain_torch import craft as tcraft  # noqa: E402
+
+# Each example compiles fresh JAX kernels for its shapes: a quarter of the profile per kind.
+FEW = settings(max_examples=max(5, settings().max_examples // 4))
+
+
+class One(Craft):
+    """A Craft of one layer."""
+
+    def __init__(self, layer):
+        super().__init__("ONE")
+        self.layer = layer
+
+    def run(self, x):
+        return self.layer(x)
+
+
+@st.composite
+def bent_cases(draw, kind: str):
+    """A dock layer of `kind`, an input that may no longer fit it, and the mode."""
+    layer, x = draw(dock_cases(kind))
+    shape = list(x.shape)
+    how = draw(st.sampled_from(["resize", "drop", "add", "keep"]))
+    if how == "resize":
+        shape[draw(st.integers(0, len(shape) - 1))] = draw(st.integers(1, 6))
+    elif how == "drop" and len(shape) > 1:
+        del shape[draw(st.integers(0, len(shape) - 1))]
+    elif how == "add":
+        shape.insert(draw(st.integers(0, len(shape))), draw(st.integers(1, 3)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    if kind == "Embedding":
+        n = layer.num_embeddings
+        lo, hi = (-2, n + 2) if draw(st.booleans()) else (0, n)  # out of range, or not
+        ids = rng.integers(lo, hi, size=shape).astype(np.int32)
+        x = ids.astype(np.float32) if draw(st.booleans()) else ids
+    else:
+        x = rng.normal(size=shape).astype(np.float32)
+    return layer, x, draw(st.booleans())
+
+
+def _outcome(run, *args, **kwargs):
+    try:
+        run(*args, **kwargs)
+    except Exception as exc:  # the test compares what each path raised
+        return type(exc), str(exc)
+    return None
+
+
+def _torch(layer, x, train):
+    module = tcraft.realize(One(layer), seed=0)
+    module.train(train)
+    with torch.no_grad():
+        return module(torch.from_numpy(x))
+
+
+def _jax(layer, x, train):
+    module = jcraft.realize(One(layer), seed=0)
+    key = jax.random.PRNGKey(0)
+    return module.apply(module.params, module.state, jnp.asarray(x), train=train, rng=key)
+
+
+def _reference(layer, x, train):
+    craft = One(layer)
+    return reference_forward(craft, craft.init(0, "float32"), x, train=train)
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@FEW
+@given(data=st.data())
+def test_check_input_refuses_exactly_what_each_backend_refuses(kind, data):
+    layer, x, train = data.draw(bent_cases(kind))
+    expected = _outcome(layer.check_input, x, train=train)
+    if expected is not None:
+        assert issubclass(expected[0], DualtrainError), expected
+    for run in (_torch, _jax, _reference):
+        assert _outcome(run, layer, x, train) == expected, run.__name__
+
+
+def test_every_dock_layer_has_its_own_input_check():
+    """Each concrete spec answers ``check_input``; the kinds with inputs to refuse override it."""
+    kinds = [getattr(dock, name) for name in dock.__all__]
+    specs = [k for k in kinds if isinstance(k, type) and issubclass(k, dock.Layer)]
+    assert {k.__name__ for k in specs} >= set(LAYER_KINDS)
+    for spec in specs:
+        assert callable(getattr(spec, "check_input", None)), spec.__name__
+    free = {"Layer", "Dropout", "Native", "Sequential"}  # they take any input
+    for spec in specs:
+        own = spec.check_input is not dock.Layer.check_input
+        assert own == (spec.__name__ not in free), spec.__name__
