@@ -8,6 +8,7 @@ contractions take as they are (``(out, in)`` Dense weights, ``OIHW`` kernels, ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -146,7 +147,10 @@ LAYERS: dict[type, Callable[..., Any]] = {
     dock.GlobalAvgPool: lambda spec, p, x: x.mean(axis=tuple(range(2, x.ndim))),
     dock.GlobalMaxPool: lambda spec, p, x: x.max(axis=tuple(range(2, x.ndim))),
     dock.Reshape: _reshape,
-    dock.Flatten: lambda spec, p, x: x.reshape(*x.shape[: spec.start], -1),
+    # the size spelled out: reshape(..., -1) cannot infer it when another axis is empty
+    dock.Flatten: lambda spec, p, x: x.reshape(
+        *x.shape[: spec.start], math.prod(x.shape[spec.start :])
+    ),
     dock.BatchNorm: _batch_norm,
     dock.LayerNorm: _layer_norm,
     dock.Dropout: _dropout,

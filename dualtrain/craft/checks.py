@@ -24,6 +24,7 @@ __all__ = [
     "check",
     "check_channels",
     "check_ids",
+    "check_not_empty",
     "check_rank",
     "check_reshape",
     "check_windows",
@@ -76,6 +77,17 @@ def check_rank(name: str, shape: tuple[int, ...], rank: int, form: str) -> None:
     """Raises ShapeError unless `shape` has `rank` axes; `form` names them, ``(N, C, H, W)``."""
     if len(shape) != rank:
         raise ShapeError(f"{name} takes {form}, rank {rank}; got shape {shape}")
+
+
+def check_not_empty(name: str, shape: tuple[int, ...], axes: range, what: str) -> None:
+    """Raises ShapeError if an axis of `axes` is empty; `what` names them (``"channel axis"``).
+
+    An empty batch (axis 0) runs everywhere and gives an empty output; an empty axis a
+    reduction or a window needs has no answer (torch, JAX and NumPy fail three ways), so
+    it is refused here, the same under every backend.
+    """
+    if any(shape[a] == 0 for a in axes if a < len(shape)):
+        raise ShapeError(f"{name} takes a non-empty {what}; got shape {shape}")
 
 
 def check_channels(name: str, shape: tuple[int, ...], expected: int) -> None:

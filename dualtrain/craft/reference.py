@@ -6,6 +6,7 @@ being obviously right over speed (float64 in, float64 out).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,9 @@ def _conv(layer: dock.Conv, p: Any, x: np.ndarray) -> np.ndarray:
     win = win.reshape(n, g, c // g, *win.shape[2:])
     w = p["weight"].reshape(g, layer.out_channels // g, c // g, *k)
     sp, kk = "xyz"[: layer.ndim], "XYZ"[: layer.ndim]  # clear of the n, g, c, f axes
-    y = np.einsum(f"ngc{sp}{kk},gfc{kk}->ngf{sp}", win, w).reshape(n, -1, *out_sizes)
+    y = np.einsum(f"ngc{sp}{kk},gfc{kk}->ngf{sp}", win, w).reshape(
+        n, layer.out_channels, *out_sizes
+    )
     if layer.bias:
         y = y + p["bias"].reshape(1, -1, *([1] * layer.ndim))
     return y
@@ -182,7 +185,10 @@ LAYERS: dict[type, Any] = {
     dock.GlobalAvgPool: lambda layer, p, x: x.mean(axis=tuple(range(2, x.ndim))),
     dock.GlobalMaxPool: lambda layer, p, x: x.max(axis=tuple(range(2, x.ndim))),
     dock.Reshape: _reshape,
-    dock.Flatten: lambda layer, p, x: x.reshape(*x.shape[: layer.start], -1),
+    # the size spelled out: reshape(..., -1) cannot infer it when another axis is empty
+    dock.Flatten: lambda layer, p, x: x.reshape(
+        *x.shape[: layer.start], math.prod(x.shape[layer.start :])
+    ),
     dock.BatchNorm: _batch_norm,
     dock.LayerNorm: _layer_norm,
     dock.Dropout: _dropout,

@@ -50,10 +50,11 @@ class BatchNorm(Layer):
         """Takes ``(N, num_features, ...)``; in training, more than one value per channel."""
         shape = tuple(x.shape)
         check_channels(type(self).__name__, shape, self.num_features)
-        if train and math.prod(shape) // shape[1] == 1:
+        # 0 values too (an empty batch): torch would write NaN into the running statistics
+        if train and math.prod(shape) // shape[1] <= 1:
             raise ShapeError(
                 "BatchNorm in training needs more than 1 value per channel (the batch "
-                f"variance of one value is undefined); got shape {shape}"
+                f"variance of fewer than two values is undefined); got shape {shape}"
             )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dualtrain.craft.checks import check_rank, check_windows
+from dualtrain.craft.checks import check_not_empty, check_rank, check_windows
 from dualtrain.craft.padding import to_tuple
 from dualtrain.craft.specs.base import Layer, is_int, items, spatial_ndim
 from dualtrain.errors import ShapeError, bad_argument
@@ -36,6 +36,7 @@ class _Pool(Layer):
         """Takes ``(N, C, *spatial)`` with room for one window per axis."""
         name, shape = type(self).__name__, tuple(x.shape)
         check_rank(name, shape, 2 + self.ndim, f"(N, C, {self.ndim} spatial axes)")
+        check_not_empty(name, shape, range(1, 2), "channel axis")  # torch has no empty pool
         pads = tuple((p, p) for p in self.padding)
         check_windows(name, shape, pads, self.kernel, (1,) * self.ndim)
 
@@ -57,6 +58,7 @@ class _GlobalPool(Layer):
         shape = tuple(x.shape)
         if len(shape) < 3:
             raise ShapeError(f"{type(self).__name__} takes (N, C, *spatial); got shape {shape}")
+        check_not_empty(type(self).__name__, shape, range(2, len(shape)), "spatial axis")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
