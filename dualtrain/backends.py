@@ -7,7 +7,9 @@ way to name a backend is explicit: ``load("torch" | "jax" | "numpy" | "cupy")``.
 global switch, so torch and JAX live side by side in one process.
 
 This module is the one door from the core to an adapter: it imports adapters by name
-(`importlib`), and only when a caller asked for that backend.
+(`importlib`), and only when a caller asked for that backend. Each other module of an
+adapter that the core uses is a *part* (`load_part`), listed in `PARTS` with the Protocol it
+meets; the Protocols live beside the core modules that use them (``dualtrain/*/seams.py``).
 """
 
 from __future__ import annotations
@@ -17,19 +19,28 @@ import importlib.util
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload, runtime_checkable
 
 from dualtrain.errors import BackendError, bad_argument
 from dualtrain.layout import CARRIED_NAMES
 
+if TYPE_CHECKING:  # the seams sit beside their consumers, which import this module
+    from dualtrain.checkpoint.seams import CheckpointPart, TorchCheckpointPart
+    from dualtrain.craft.seams import CraftPart, LayersPart
+    from dualtrain.demo.seams import DemoPart
+    from dualtrain.embeddings.seams import EmbeddingsPart, TorchEmbeddingsPart
+    from dualtrain.fuel.seams import DataPart
+
 __all__ = [
     "NAMES",
+    "PARTS",
     "Backend",
     "BackendTraits",
     "available",
     "backend_of",
     "load",
     "load_part",
+    "seam",
 ]
 
 NAMES = ("numpy", "torch", "jax", "cupy")
@@ -50,6 +61,27 @@ _ADAPTERS = {
     "torch": "dualtrain_torch.backend",
     "jax": "dualtrain_jax.backend",
     "cupy": "dualtrain.cupy_backend",
+}
+
+# The parts of an adapter the core uses (``dualtrain_<name>.<part>``) and, per adapter, the
+# Protocol its module meets, as "module:Protocol" (names, not imports: the seams' modules
+# import this one). `load_part` refuses a part not listed, so none is reached untyped, and
+# tests/core/test_seams.py checks each adapter's module against its Protocol.
+_CHECKPOINT = "dualtrain.checkpoint.seams:"
+_EMBEDDINGS = "dualtrain.embeddings.seams:"
+PARTS: dict[str, dict[str, str]] = {
+    "layers": dict.fromkeys(("torch", "jax"), "dualtrain.craft.seams:LayersPart"),
+    "craft": dict.fromkeys(("torch", "jax"), "dualtrain.craft.seams:CraftPart"),
+    "checkpoint": {
+        "torch": _CHECKPOINT + "TorchCheckpointPart",
+        "jax": _CHECKPOINT + "CheckpointPart",
+    },
+    "data": dict.fromkeys(("torch", "jax"), "dualtrain.fuel.seams:DataPart"),
+    "embeddings": {
+        "torch": _EMBEDDINGS + "TorchEmbeddingsPart",
+        "jax": _EMBEDDINGS + "EmbeddingsPart",
+    },
+    "demo": dict.fromkeys(("torch", "jax"), "dualtrain.demo.seams:DemoPart"),
 }
 
 
@@ -242,12 +274,53 @@ def load(name: str) -> Backend:
     return _instances[name]
 
 
-def load_part(name: str, part: str) -> ModuleType:
-    """The module `part` of backend `name`'s adapter (``load_part("torch", "demo")``)."""
-    if name not in ("torch", "jax"):
-        raise bad_argument("backend", name, "'torch' or 'jax'")
+@overload
+def load_part(name: str, part: Literal["layers"]) -> LayersPart: ...
+@overload
+def load_part(name: str, part: Literal["craft"]) -> CraftPart: ...
+@overload
+def load_part(name: Literal["torch"], part: Literal["checkpoint"]) -> TorchCheckpointPart: ...
+@overload
+def load_part(name: str, part: Literal["checkpoint"]) -> CheckpointPart: ...
+@overload
+def load_part(name: str, part: Literal["data"]) -> DataPart: ...
+@overload
+def load_part(name: Literal["torch"], part: Literal["embeddings"]) -> TorchEmbeddingsPart: ...
+@overload
+def load_part(name: str, part: Literal["embeddings"]) -> EmbeddingsPart: ...
+@overload
+def load_part(name: str, part: Literal["demo"]) -> DemoPart: ...
+
+
+def load_part(name: str, part: str) -> Any:
+    """The module `part` of backend `name`'s adapter (``load_part("torch", "demo")``).
+
+    Typed as the Protocol `PARTS` names for it (`seam`), which the module meets.
+
+    Raises:
+        ArgumentError: for a backend other than torch or JAX, or a part not in `PARTS`.
+    """
+    _check_part(name, part)
     load(name)
     return importlib.import_module(f"dualtrain_{name}.{part}")
+
+
+def seam(name: str, part: str) -> type:
+    """The Protocol that backend `name`'s module `part` meets (imports only the core's seams).
+
+    Raises:
+        ArgumentError: for a backend other than torch or JAX, or a part not in `PARTS`.
+    """
+    _check_part(name, part)
+    module, _, protocol = PARTS[part][name].partition(":")
+    return cast(type, getattr(importlib.import_module(module), protocol))
+
+
+def _check_part(name: str, part: str) -> None:
+    if name not in ("torch", "jax"):
+        raise bad_argument("backend", name, "'torch' or 'jax'")
+    if part not in PARTS:
+        raise bad_argument("part", part, "one of " + ", ".join(map(repr, PARTS)))
 
 
 def available() -> list[str]:
@@ -333,3 +406,33 @@ def _import_adapter(name: str) -> ModuleType:
             f"backend {name!r} needs {missing!r}, which is not installed; "
             f"install it with: pip install '{_HINT.get(name, name)}'"
         ) from err
+
+
+if TYPE_CHECKING:
+    # mypy's half of the seams' check (tests/core/test_seams.py is the runtime half): each
+    # adapter module must be assignable to its Protocol in PARTS. Never imported at run time.
+    import dualtrain_jax.checkpoint
+    import dualtrain_jax.craft
+    import dualtrain_jax.data
+    import dualtrain_jax.demo
+    import dualtrain_jax.embeddings
+    import dualtrain_jax.layers
+    import dualtrain_torch.checkpoint
+    import dualtrain_torch.craft
+    import dualtrain_torch.data
+    import dualtrain_torch.demo
+    import dualtrain_torch.embeddings
+    import dualtrain_torch.layers
+
+    _torch_layers: LayersPart = dualtrain_torch.layers
+    _jax_layers: LayersPart = dualtrain_jax.layers
+    _torch_craft: CraftPart = dualtrain_torch.craft
+    _jax_craft: CraftPart = dualtrain_jax.craft
+    _torch_checkpoint: TorchCheckpointPart = dualtrain_torch.checkpoint
+    _jax_checkpoint: CheckpointPart = dualtrain_jax.checkpoint
+    _torch_data: DataPart = dualtrain_torch.data
+    _jax_data: DataPart = dualtrain_jax.data
+    _torch_embeddings: TorchEmbeddingsPart = dualtrain_torch.embeddings
+    _jax_embeddings: EmbeddingsPart = dualtrain_jax.embeddings
+    _torch_demo: DemoPart = dualtrain_torch.demo
+    _jax_demo: DemoPart = dualtrain_jax.demo

@@ -12,7 +12,7 @@ from dualtrain import Craft, EmbeddingStore, convert
 from dualtrain_jax.craft import realize
 from dualtrain_jax.embeddings import attach
 
-__all__ = ["train", "train_from_tank"]
+__all__ = ["train", "train_embeddings", "train_from_tank"]
 
 
 def train(

@@ -95,11 +95,13 @@ class _Plan:
         one = self.tx.init(jnp.zeros((1, self.dim), self.dtype))
         two = self.tx.init(jnp.zeros((2, self.dim), self.dtype))
         leaves, self._treedef = jax.tree_util.tree_flatten_with_path(one)
-        if jax.tree_util.tree_structure(two) != self._treedef:
+        # jaxlib ships PyTreeDef without stubs, so mypy cannot see its comparison
+        if jax.tree_util.tree_structure(two) != self._treedef:  # type: ignore[operator]
             raise self._not_row_wise("its state's structure depends on the parameter's size")
         self._kinds: list[str] = []
         self._constants: list[Any] = []
-        init, taken = {}, set()
+        init: dict[str, np.ndarray] = {}
+        taken: set[str] = set()
         for (path, a), b in zip(leaves, jax.tree_util.tree_leaves(two), strict=False):
             a, b = jnp.asarray(a), jnp.asarray(b)
             if a.shape == (1, self.dim) and b.shape == (2, self.dim):
@@ -229,7 +231,7 @@ class JaxRows(Attachment):
             raise bad_argument(
                 "transformation", type(transformation).__name__, "an optax GradientTransformation"
             )
-        if store.dtype == "float64" and not jax.config.jax_enable_x64:
+        if store.dtype == "float64" and not jax.config.read("jax_enable_x64"):
             raise DtypeError(
                 "a float64 EmbeddingStore needs jax_enable_x64 (JAX would compute in float32); "
                 "enable it or make the store float32"

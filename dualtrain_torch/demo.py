@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -11,7 +11,7 @@ from dualtrain import Craft, EmbeddingStore, convert
 from dualtrain_torch.craft import Rudder, realize
 from dualtrain_torch.embeddings import attach
 
-__all__ = ["train", "train_from_tank"]
+__all__ = ["train", "train_embeddings", "train_from_tank"]
 
 
 def train(
@@ -69,7 +69,8 @@ def train_embeddings(
     losses = []
     for k in range(steps):
         at = np.arange(k * batch, (k + 1) * batch) % len(ratings)
-        u, v = user_rows.fetch(users[at]), item_rows.fetch(items[at])
+        u = cast(torch.Tensor, user_rows.fetch(users[at]))  # one ids array: one tensor
+        v = cast(torch.Tensor, item_rows.fetch(items[at]))
         loss = (((u * v).sum(1) - target[at]) ** 2).mean()
         loss.backward()
         user_rows.step()

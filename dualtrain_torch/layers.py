@@ -8,7 +8,7 @@ at the neutral names, in the canonical layouts, which are torch's: no mapping is
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -40,7 +40,7 @@ def _static_pads(spec: dock.Conv) -> tuple[int, ...] | None:
 
 def _conv(spec: dock.Conv) -> nn.Module:
     static = _static_pads(spec)
-    base = _CONV[spec.ndim]
+    base: Any = _CONV[spec.ndim]  # a class chosen at run time: mypy takes it as Any
 
     class Conv(base):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,8 @@ class Reshape(nn.Module):
         self.shape = shape
 
     def forward(self, x: torch.Tensor, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        return x.reshape(shape if shape is not None else self.shape)
+        target = shape if shape is not None else self.shape
+        return x.reshape(cast("tuple[int, ...]", target))  # the spec's check refused None
 
 
 class GlobalPool(nn.Module):

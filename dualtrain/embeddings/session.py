@@ -256,7 +256,7 @@ class RowSession:
     def finish(
         self,
         batch: Batch,
-        updated: dict[str, np.ndarray],
+        updated: dict[str, Any],
         before: Callable[[], Any] | None = None,
         advance: bool = True,
     ) -> None:

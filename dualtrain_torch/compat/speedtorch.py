@@ -22,7 +22,7 @@ import os
 import pickle
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -248,7 +248,7 @@ class ModelFactory:
         found = self._batch.same(
             _ids(retrievedPosIndexes, retrievedNegIndexes), self.store.num_rows
         )
-        rows = self.model_variable.weight.data[: found.unique.size]
+        rows = cast(torch.Tensor, self.model_variable.weight).data[: found.unique.size]
         self.store.table[found.unique] = rows.detach().cpu().numpy()
 
     # ---- the table -------------------------------------------------------------------
@@ -397,7 +397,7 @@ class OptimizerFactory:
             table[...] = values
 
 
-def _init_args(cls: type) -> set[str]:
+def _init_args(cls: Any) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters)
 
 

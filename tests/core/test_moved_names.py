@@ -26,9 +26,9 @@ def test_aerolog_refuses_names_it_never_had():
 
 def test_errors_live_in_errors_and_are_reexported_where_they_were():
     from dualtrain.craft import NotRealizedError
-    from dualtrain.craft.binding import NotRealizedError as from_binding
+    from dualtrain.craft.binding import NotRealizedError as FromBinding
 
-    assert NotRealizedError is from_binding is errors.NotRealizedError
+    assert NotRealizedError is FromBinding is errors.NotRealizedError
     assert dualtrain.CheckpointError is checkpoint.CheckpointError is errors.CheckpointError
     assert issubclass(errors.CheckpointError, ValueError)
     assert issubclass(errors.NotRealizedError, RuntimeError)

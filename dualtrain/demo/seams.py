@@ -1,0 +1,48 @@
+"""What the demo asks of an adapter's ``demo`` module: three training loops, same maths.
+
+`dualtrain.backends.load_part` returns the adapter's module typed as `DemoPart`, and
+``tests/core/test_seams.py`` checks both adapters against these signatures.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from dualtrain.craft.craft import Craft
+
+__all__ = ["DemoPart"]
+
+
+class DemoPart(Protocol):
+    """``dualtrain_<name>.demo``, used by `dualtrain.demo` (`dualtrain.demo.TRAIN_CONTRACT`)."""
+
+    def train(
+        self, craft: Craft, x: np.ndarray, y: np.ndarray, *, lr: float, steps: int, seed: int
+    ) -> tuple[list[float], Any]:
+        """Full-batch SGD on (x, y): the losses before each step and the trained module."""
+        ...
+
+    def train_from_tank(
+        self, craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
+    ) -> list[float]:
+        """`steps` SGD steps on the batches of `tank`: the loss of each."""
+        ...
+
+    def train_embeddings(
+        self,
+        users: np.ndarray,
+        items: np.ndarray,
+        ratings: np.ndarray,
+        *,
+        sizes: tuple[int, int],
+        dim: int,
+        lr: float,
+        batch: int,
+        steps: int,
+        seed: int,
+    ) -> list[float]:
+        """A user x item factorization trained from two EmbeddingStores: its losses."""
+        ...

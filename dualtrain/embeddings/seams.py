@@ -1,0 +1,51 @@
+"""What the embeddings core asks of an adapter's ``embeddings`` module: ``attach``, pinned memory.
+
+`dualtrain.backends.load_part` returns the adapter's module typed as `EmbeddingsPart`
+(`TorchEmbeddingsPart` for torch), and ``tests/core/test_seams.py`` checks both adapters
+against these signatures. Parameters before a ``/`` are passed by position and named as each
+framework likes (a ``torch.optim`` class, an optax ``transformation``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from dualtrain.embeddings.attachment import Attachment
+    from dualtrain.embeddings.store import EmbeddingStore
+
+__all__ = ["EmbeddingsPart", "TorchEmbeddingsPart"]
+
+
+class EmbeddingsPart(Protocol):
+    """``dualtrain_<name>.embeddings``: trains an `EmbeddingStore` row-wise."""
+
+    def attach(
+        self, store: EmbeddingStore, optimizer: Any, /, mode: str = "lazy", device: Any = None
+    ) -> Attachment:
+        """Trains `store` with `optimizer`, one batch of rows at a time."""
+        ...
+
+
+class TorchEmbeddingsPart(EmbeddingsPart, Protocol):
+    """``dualtrain_torch.embeddings``: hyperparameters as keywords, and pinned host memory.
+
+    With ``**hyper``, `store` and `optimizer` must be named so (or ``hyper`` could hold them).
+    """
+
+    def attach(
+        self,
+        store: EmbeddingStore,
+        optimizer: Any,
+        mode: str = "lazy",
+        device: Any = None,
+        **hyper: Any,
+    ) -> Attachment:
+        """Trains `store` with ``optimizer(params, **hyper)``, one batch of rows at a time."""
+        ...
+
+    def pinned_empty(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        """An uninitialized host array in page-locked memory (used by `EmbeddingStore`)."""
+        ...
