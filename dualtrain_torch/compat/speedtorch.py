@@ -20,13 +20,13 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 
+from dualtrain import atomic
 from dualtrain.embeddings import EmbeddingStore, Lookup, as_ids, lookup
 from dualtrain.errors import ArgumentError, DtypeError, bad_argument
 from dualtrain.interop import convert
@@ -60,15 +60,9 @@ def _ids(pos: Any, neg: Any) -> tuple[Any, ...]:
 
 
 def _save_atomic(target: Path, write: Any) -> None:
-    """`write(file)` to a temporary name, then renamed: a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """`write(file)` through dualtrain's one atomic writer: a crash never leaves half a file."""
+    with atomic.atomic_target(target) as tmp, open(tmp, "wb") as f:
+        write(f)
 
 
 def _save_npy(path: str | os.PathLike, array: np.ndarray) -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from dualtrain import atomic
 from dualtrain.errors import ArgumentError
 from dualtrain_torch.compat.speedtorch import (
     DataGadget,
@@ -210,3 +211,17 @@ def test_optimizer_factory_save_torch_round_trips_its_state_tables(tmp_path):
     torch.save(loaded[:1], tmp_path / "short.pt")
     with pytest.raises(ArgumentError, match="a list of 2 tensors"):
         factory.loadTorch(str(tmp_path / "short.pt"))
+
+
+def test_the_shims_saves_go_through_the_one_atomic_writer(tmp_path):
+    """A save sweeps a dead writer's temporary file and gets the umask's permissions."""
+    from tests.checkpoint.test_files import dead_pid, temp_name
+
+    stale = tmp_path / temp_name("u.pt", dead_pid())
+    stale.write_bytes(b"half a file")
+    factory = _factory()
+    factory.saveTorch(str(tmp_path / "u.pt"))
+    factory.saveCupy(str(tmp_path / "table"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table.npy", "u.pt"]
+    mode = 0o666 & ~atomic.umask()
+    assert {(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()} == {mode}
