@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any
 
 import numpy as np
@@ -20,14 +21,45 @@ from dualtrain_torch.layers import build
 __all__ = ["CraftModule", "Nozzle", "Prober", "Rudder", "coat", "realize", "shell"]
 
 
+class _LayerTable:
+    """Which module runs each part of a Craft: one table shared by its nested CraftModules.
+
+    Parts are looked up by identity (dock specs are hashed by identity; lists and dicts are
+    not hashable). A deep copy or pickle of a realized module copies the Craft's layers with
+    new ids, so the table keeps its (part, module) pairs and rebuilds the ids from them.
+    """
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[Any, nn.Module]] = []
+        self._ids: dict[int, nn.Module] = {}
+
+    def get(self, part: Any) -> nn.Module | None:
+        return self._ids.get(id(part))
+
+    def add(self, part: Any, module: nn.Module) -> None:
+        self.pairs.append((part, module))
+        self._ids[id(part)] = module
+
+    def __getstate__(self) -> list[tuple[Any, nn.Module]]:
+        return self.pairs
+
+    def __setstate__(self, pairs: list[tuple[Any, nn.Module]]) -> None:
+        self.pairs, self._ids = pairs, {id(part): module for part, module in pairs}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _LayerTable:
+        new = memo[id(self)] = _LayerTable()  # nested CraftModules refer back to it
+        new.__setstate__(copy.deepcopy(self.pairs, memo))
+        return new
+
+
 class _TorchBinding:
     __slots__ = ("modules",)
 
-    def __init__(self, modules: dict[int, nn.Module]) -> None:
+    def __init__(self, modules: _LayerTable) -> None:
         self.modules = modules
 
     def layer(self, layer: Any, *inputs: Any, **kwargs: Any) -> Any:
-        module = self.modules.get(id(layer))
+        module = self.modules.get(layer)
         if module is None:
             raise binding.NotRealizedError(
                 f"a {type(layer).__name__} layer was called that is not an attribute of the "
@@ -51,7 +83,7 @@ class CraftModule(nn.Module):
 
     dualtrain_backend = "torch"
 
-    def __init__(self, craft: Craft, modules: dict[int, nn.Module]) -> None:
+    def __init__(self, craft: Craft, modules: _LayerTable) -> None:
         super().__init__()
         self.craft = craft
         self._layer_modules = modules
@@ -69,9 +101,10 @@ class CraftModule(nn.Module):
         return f"craft={type(self.craft).__name__}, scope={self.craft.scope!r}"
 
 
-def _module_for(part: Any, modules: dict[int, nn.Module]) -> nn.Module:
-    if id(part) in modules:  # a layer used twice is one module: tied weights
-        return modules[id(part)]
+def _module_for(part: Any, modules: _LayerTable) -> nn.Module:
+    known = modules.get(part)
+    if known is not None:  # a layer used twice is one module: tied weights
+        return known
     if isinstance(part, Craft):
         out: nn.Module = CraftModule(part, modules)
     elif isinstance(part, dock.Sequential):
@@ -88,7 +121,7 @@ def _module_for(part: Any, modules: dict[int, nn.Module]) -> nn.Module:
         out = nn.Identity()  # holds no parameters; the binding calls its function
     else:
         out = build(part)
-    modules[id(part)] = out
+    modules.add(part, out)
     return out
 
 
@@ -124,7 +157,9 @@ def realize(craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = Non
         )
     dtype = "float32" if dtype is None else dtype
     values = craft.init(seed, dtype)  # checks seed, dtype and names before building
-    module = CraftModule(craft, {}).to(dtype=getattr(torch, check_float_dtype("dtype", dtype).name))
+    module = CraftModule(craft, _LayerTable()).to(
+        dtype=getattr(torch, check_float_dtype("dtype", dtype).name)
+    )
     load_canonical(module, values)
     return module.to(device) if device is not None else module
 
