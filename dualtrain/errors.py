@@ -21,6 +21,7 @@ __all__ = [
     "ShapeError",
     "bad_argument",
     "OutOfRangeError",
+    "IsolationError",
 ]
 
 
@@ -70,3 +71,7 @@ class CheckpointError(DualtrainError, ValueError):
 
 class NotRealizedError(DualtrainError, RuntimeError):
     """A Craft or dock layer was called outside a realized module."""
+
+
+class IsolationError(DualtrainError, RuntimeError):
+    """Members of a batched model influenced each other (an op mixed them): see docs/batching.md."""

@@ -12,12 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dualtrain_jax.backend import JaxBackend
+    from dualtrain_jax.batching import BatchModule, batch_loss, batch_topk
     from dualtrain_jax.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_jax.embeddings import JaxRows, attach
     from dualtrain_jax.transfer import Transfer
 
 # public name -> the submodule that defines it
 _HOMES = {
+    "BatchModule": "dualtrain_jax.batching",
+    "batch_loss": "dualtrain_jax.batching",
+    "batch_topk": "dualtrain_jax.batching",
     "JaxBackend": "dualtrain_jax.backend",
     "Nozzle": "dualtrain_jax.craft",
     "Prober": "dualtrain_jax.craft",
@@ -31,6 +35,7 @@ _HOMES = {
 }
 
 __all__ = [
+    "BatchModule",
     "JaxBackend",
     "JaxRows",
     "Nozzle",
@@ -38,6 +43,8 @@ __all__ = [
     "Rudder",
     "Transfer",
     "attach",
+    "batch_loss",
+    "batch_topk",
     "coat",
     "realize",
     "shell",

@@ -12,12 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dualtrain_torch.backend import TorchBackend
+    from dualtrain_torch.batching import BatchModule, batch_loss, batch_topk
     from dualtrain_torch.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_torch.embeddings import TorchRows, attach
     from dualtrain_torch.transfer import Transfer
 
 # public name -> the submodule that defines it
 _HOMES = {
+    "BatchModule": "dualtrain_torch.batching",
+    "batch_loss": "dualtrain_torch.batching",
+    "batch_topk": "dualtrain_torch.batching",
     "TorchBackend": "dualtrain_torch.backend",
     "Nozzle": "dualtrain_torch.craft",
     "Prober": "dualtrain_torch.craft",
@@ -31,6 +35,7 @@ _HOMES = {
 }
 
 __all__ = [
+    "BatchModule",
     "Nozzle",
     "Prober",
     "Rudder",
@@ -38,6 +43,8 @@ __all__ = [
     "TorchRows",
     "Transfer",
     "attach",
+    "batch_loss",
+    "batch_topk",
     "coat",
     "realize",
     "shell",

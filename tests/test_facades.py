@@ -19,7 +19,19 @@ pytest.importorskip("jax")
 
 # Names that carry the framework in them: each adapter has its own.
 OWN = {"torch": {"TorchBackend", "TorchRows"}, "jax": {"JaxBackend", "JaxRows"}}
-SHARED = ["Nozzle", "Prober", "Rudder", "Transfer", "attach", "coat", "realize", "shell"]
+SHARED = [
+    "BatchModule",
+    "Nozzle",
+    "Prober",
+    "Rudder",
+    "Transfer",
+    "attach",
+    "batch_loss",
+    "batch_topk",
+    "coat",
+    "realize",
+    "shell",
+]
 
 
 def shape(fn):

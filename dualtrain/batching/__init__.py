@@ -1,0 +1,23 @@
+"""Neutral parts of model batching: member bookkeeping, strategy choice, isolation verdicts.
+
+The framework halves are `dualtrain_torch.BatchModule` and `dualtrain_jax.BatchModule`
+(docs/batching.md); this package never imports either framework.
+"""
+
+from __future__ import annotations
+
+from dualtrain.batching.dispatch import CACHE, Decision, DecisionCache, explain_text
+from dualtrain.batching.isolation import isolation_error, leaks
+from dualtrain.batching.members import INITS, STRATEGIES, member_seeds
+
+__all__ = [
+    "CACHE",
+    "INITS",
+    "STRATEGIES",
+    "Decision",
+    "DecisionCache",
+    "explain_text",
+    "isolation_error",
+    "leaks",
+    "member_seeds",
+]

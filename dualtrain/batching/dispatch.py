@@ -1,0 +1,230 @@
+"""Measured dispatch: which strategy runs the members, chosen by timing and cached.
+
+The adapters hand this module one callable per candidate strategy (each runs the members
+once and waits for the device); `measure` times them and `Decision` records the winner.
+Decisions are cached per (backend, architecture, input shapes and dtypes, device, mode,
+member count, chunk), so a second model of the same shape is not timed again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dualtrain.errors import ArgumentError
+
+__all__ = [
+    "CACHE",
+    "Decision",
+    "DecisionCache",
+    "candidates",
+    "chunk_size",
+    "decide",
+    "default_chunk",
+    "explain_text",
+    "measure",
+    "plan",
+]
+
+# The most members one chunk holds when "chunked" (torch) runs without a memory budget.
+CHUNK = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """How a batched model runs its members, and why.
+
+    Attributes:
+        strategy: the strategy that runs (one of the backend's `STRATEGIES`).
+        chunk: members per vmapped chunk for "chunked"/"map"; None means all at once
+            (vmap) or one at a time (loop, map without a budget).
+        reason: ``"forced"`` (``strategy=`` named it), ``"measured"``, ``"cached"`` (measured
+            earlier for the same key), or ``"default"`` (JAX under a trace, not measured).
+        timings: seconds per call of each candidate measured, fastest first.
+        errors: candidates that raised, with the error's text.
+    """
+
+    strategy: str
+    chunk: int | None = None
+    reason: str = "forced"
+    timings: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+class DecisionCache:
+    """Decisions by key; one process-wide instance, `CACHE`, shared by both adapters."""
+
+    def __init__(self) -> None:
+        self._store: dict[tuple[Any, ...], Decision] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> Decision | None:
+        with self._lock:
+            return self._store.get(key)
+
+    def put(self, key: tuple[Any, ...], decision: Decision) -> None:
+        with self._lock:
+            self._store[key] = decision
+
+    def clear(self) -> None:
+        """Forgets every decision (after a change of machine load, say)."""
+        with self._lock:
+            self._store.clear()
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+
+CACHE = DecisionCache()
+
+
+def default_chunk(batch: int) -> int:
+    """Members per chunk without a budget: even chunks of at most `CHUNK` members.
+
+    At least two chunks: one chunk of every member would be vmap itself.
+    """
+    chunks = max(2, math.ceil(batch / CHUNK))
+    return max(1, math.ceil(batch / chunks))
+
+
+def chunk_size(batch: int, member_bytes: int, memory_budget: int | None) -> int:
+    """How many members one vmapped call may hold under `memory_budget` bytes.
+
+    Args:
+        batch: the member count.
+        member_bytes: the estimated footprint of one member's call (parameters, gradients,
+            saved activations, outputs).
+        memory_budget: bytes one call may use; None means no limit.
+
+    Raises:
+        ArgumentError: the budget cannot hold one member.
+    """
+    if memory_budget is None:
+        return batch
+    fits = memory_budget // max(int(member_bytes), 1)
+    if fits < 1:
+        raise ArgumentError(
+            f"memory_budget must hold at least one member, about {int(member_bytes):,} bytes "
+            f"here; got memory_budget={memory_budget}"
+        )
+    return int(min(batch, fits))
+
+
+def plan(backend: str, strategy: str, batch: int, chunk: int) -> tuple[str, int | None]:
+    """The strategy and chunk that run for a requested strategy under a budget's `chunk`.
+
+    A budget smaller than the whole batch turns vmap into its chunked form ("chunked" under
+    torch, ``lax.map`` over chunks under JAX); the loop needs no chunk.
+    """
+    if strategy == "loop":
+        return "loop", None
+    chunked = "chunked" if backend == "torch" else "map"
+    if strategy == "vmap":
+        return ("vmap", None) if chunk >= batch else (chunked, chunk)
+    if backend == "torch":  # "chunked": the budget's chunk, or even chunks of CHUNK
+        return "chunked", min(chunk, default_chunk(batch))
+    return "map", chunk if chunk < batch else None
+
+
+def candidates(backend: str, batch: int, chunk: int) -> dict[str, int | None]:
+    """The strategies "auto" measures, with their chunks; duplicates are left out."""
+    out: dict[str, int | None] = {}
+    for name in ("vmap", "chunked" if backend == "torch" else "map", "loop"):
+        strategy, size = plan(backend, name, batch, chunk)
+        if strategy == "chunked" and size is not None and size >= batch:
+            continue  # one chunk of every member is vmap itself
+        out.setdefault(strategy, size)
+    return out
+
+
+def measure(
+    runs: Mapping[str, Callable[[], object]],
+    *,
+    repeats: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[dict[str, float], dict[str, BaseException]]:
+    """Times each candidate; returns ``(seconds per call, errors)``.
+
+    Each candidate runs once untimed (compilation, caches, allocation), then `repeats`
+    rounds taken round-robin so a change of machine load touches every candidate alike; a
+    candidate's time is its fastest round. One more than three times slower than the best
+    after a round is not run again. A candidate that raises is dropped with its error.
+    """
+    errors: dict[str, BaseException] = {}
+    live: list[str] = []
+    for name, run in runs.items():
+        try:
+            run()
+        except Exception as error:
+            errors[name] = error
+        else:
+            live.append(name)
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        for name in live:
+            start = clock()
+            runs[name]()
+            best[name] = min(best.get(name, math.inf), clock() - start)
+        fastest = min(best.values(), default=math.inf)
+        live = [n for n in live if best[n] <= 3 * fastest]
+    return dict(sorted(best.items(), key=lambda kv: kv[1])), errors
+
+
+def decide(
+    backend: str,
+    strategy: str,
+    batch: int,
+    chunk: int,
+    key: tuple[Any, ...],
+    make_runs: Callable[[dict[str, int | None]], Mapping[str, Callable[[], object]]],
+) -> Decision:
+    """The strategy for one call: forced, cached under `key`, or measured now.
+
+    Args:
+        backend: ``"torch"`` or ``"jax"``.
+        strategy: what the user asked for: ``"auto"`` or a strategy name.
+        batch: the member count.
+        chunk: the most members one vmapped call may hold (the budget's `chunk_size`).
+        key: the cache key: backend, architecture, input shapes and dtypes, device, mode.
+        make_runs: builds one timed callable per candidate ``{strategy: chunk}``.
+
+    Raises:
+        Exception: the first candidate's own error, when every candidate failed.
+    """
+    if strategy != "auto":
+        return Decision(*plan(backend, strategy, batch, chunk), reason="forced")
+    cached = CACHE.get(key)
+    if cached is not None:
+        return dataclasses.replace(cached, reason="cached")
+    options = candidates(backend, batch, chunk)
+    timings, errors = measure(make_runs(options))
+    if not timings:
+        raise next(iter(errors.values()))
+    best = next(iter(timings))
+    text = {k: f"{type(e).__name__}: {e}".splitlines()[0][:200] for k, e in errors.items()}
+    decision = Decision(best, options[best], "measured", timings, text)
+    CACHE.put(key, decision)
+    return decision
+
+
+def explain_text(
+    decision: Decision | None, backend: str, batch: int, isolation: str | None = None
+) -> str:
+    """The report `BatchModule.explain()` returns: choice, reason, timings, probe."""
+    lines = [f"BatchModule ({backend}, {batch} members)"]
+    if decision is None:
+        lines.append("  strategy: not chosen yet; the first call measures the candidates")
+    else:
+        size = f", chunks of {decision.chunk}" if decision.chunk else ""
+        lines.append(f"  strategy: {decision.strategy}{size} ({decision.reason})")
+        for name, seconds in decision.timings.items():
+            mark = "  <- chosen" if name == decision.strategy else ""
+            lines.append(f"    {name:<8} {seconds * 1e3:10.3f} ms per call{mark}")
+        for name, error in decision.errors.items():
+            lines.append(f"    {name:<8} failed: {error}")
+    lines.append(f"  isolation probe: {isolation or 'not run yet (runs on the first call)'}")
+    return "\n".join(lines)

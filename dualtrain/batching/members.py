@@ -1,0 +1,190 @@
+"""Member bookkeeping for model batching: argument checks, member seeds, architectures.
+
+A batched model holds `batch` members of one architecture; every parameter and state
+tensor carries a leading member dimension. Both adapters validate through this module, so
+torch and JAX refuse the same mistakes with the same words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dualtrain.errors import ArgumentError, ShapeError, bad_argument
+from dualtrain.validate import check_int, check_seed
+
+__all__ = [
+    "INITS",
+    "REDUCTIONS",
+    "STRATEGIES",
+    "Entry",
+    "check_batch",
+    "check_flag",
+    "check_init",
+    "check_ks",
+    "check_leading",
+    "check_member",
+    "check_memory_budget",
+    "check_reduction",
+    "check_strategy",
+    "architecture_key",
+    "compare_architectures",
+    "member_seeds",
+]
+
+INITS = ("independent", "identical")
+REDUCTIONS = ("mean", "sum", "none")
+# The ways each adapter runs the members; "auto" measures them and keeps the fastest.
+STRATEGIES = {"torch": ("vmap", "chunked", "loop"), "jax": ("vmap", "map", "loop")}
+
+# One tensor of an architecture: (name, per-member shape, dtype name, trainable).
+Entry = tuple[str, tuple[int, ...], str, bool]
+
+
+def check_batch(batch: object) -> int:
+    """The member count: a positive int (NumPy ints too, no bools)."""
+    return check_int("batch", batch, minimum=1)
+
+
+def check_init(init: object) -> str:
+    """``"independent"`` (each member drawn from its own seed) or ``"identical"``."""
+    if not isinstance(init, str) or init not in INITS:
+        raise bad_argument("init", init, f"one of {INITS}")
+    return init
+
+
+def check_strategy(strategy: object, backend: str) -> str:
+    """``"auto"`` or one of the backend's strategies (`STRATEGIES`)."""
+    names = ("auto", *STRATEGIES[backend])
+    if not isinstance(strategy, str) or strategy not in names:
+        raise bad_argument("strategy", strategy, f"one of {names}")
+    return strategy
+
+
+def check_flag(name: str, value: object) -> bool:
+    """A bool (NumPy's included); ints and strings are refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise bad_argument(name, value, "a bool")
+    return bool(value)
+
+
+def check_memory_budget(budget: object) -> int | None:
+    """None (no limit) or a positive number of bytes."""
+    if budget is None:
+        return None
+    return check_int("memory_budget", budget, minimum=1)
+
+
+def member_seeds(seed: object, batch: int) -> list[int]:
+    """The realize seed of each member: member i equals ``realize(craft, seed=seeds[i])``.
+
+    An int `seed` gives each member its own seed from NumPy's ``SeedSequence(seed,
+    spawn_key=(i,))``, a derivation NumPy keeps stable across releases, so seeds 0 and 1 do
+    not share members (``seed + i`` would make member 1 of seed 0 member 0 of seed 1). A
+    sequence of `batch` ints gives the members those seeds as they are.
+
+    Raises:
+        ArgumentError: `seed` is not an int in [0, 2**64), nor `batch` of them.
+    """
+    if isinstance(seed, (list, tuple, np.ndarray)):
+        if len(seed) != batch:
+            raise bad_argument("seed", seed, f"an int or a sequence of batch={batch} ints")
+        return [check_seed(f"seed[{i}]", s) for i, s in enumerate(seed)]
+    base = check_seed("seed", seed)
+    return [
+        int(np.random.SeedSequence(base, spawn_key=(i,)).generate_state(1, np.uint64)[0])
+        for i in range(batch)
+    ]
+
+
+def check_member(index: object, batch: int) -> int:
+    """A member index in ``[-batch, batch)``, returned in ``[0, batch)``."""
+    i = check_int("index", index, minimum=-batch, maximum=batch - 1)
+    return i % batch
+
+
+def check_leading(name: str, shape: Sequence[int], batch: int, layout: str) -> None:
+    """Refuses an array whose leading dimension is not the member count.
+
+    Args:
+        name: what the array is, for the message (``"inputs[0]"``, ``"outputs"``).
+        shape: its shape.
+        batch: the member count.
+        layout: the layout expected, for the message (``"[batch, B, ...]"``).
+    """
+    if len(shape) == 0 or int(shape[0]) != batch:
+        raise ShapeError(
+            f"{name} must have the member count as its leading dimension, {layout} with "
+            f"batch={batch}; got {name} of shape {tuple(int(s) for s in shape)}"
+        )
+
+
+def check_reduction(reduction: object) -> str:
+    """``"mean"``, ``"sum"`` or ``"none"``, as torch's losses take it."""
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise bad_argument("reduction", reduction, f"one of {REDUCTIONS}")
+    return reduction
+
+
+def check_ks(ks: object) -> tuple[int, ...]:
+    """A non-empty sequence of positive ints (the k of each top-k fraction)."""
+    if isinstance(ks, (int, np.integer)) and not isinstance(ks, bool):
+        ks = (ks,)
+    if not isinstance(ks, Iterable) or isinstance(ks, (str, bytes)):
+        raise bad_argument("ks", ks, "a non-empty sequence of positive ints")
+    out = tuple(ks)
+    if not out or not all(
+        isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in out
+    ):
+        raise bad_argument("ks", ks, "a non-empty sequence of positive ints")
+    if min(out) < 1:
+        raise bad_argument("ks", ks, "a non-empty sequence of positive ints")
+    return tuple(int(k) for k in out)
+
+
+def compare_architectures(
+    reference: Sequence[Entry], other: Sequence[Entry], name: str, kind: str = ""
+) -> None:
+    """Refuses `other` unless its tensors have the reference's names, shapes and dtypes.
+
+    Args:
+        reference: the first member's entries.
+        other: the entries of the module compared with it.
+        name: how the caller names the other module (``"modules[2]"``, ``"module"``).
+        kind: the class names, when they differ, to say so first.
+
+    Raises:
+        ArgumentError: naming the first difference: a missing or extra tensor, a shape, a
+            dtype or whether it is trainable.
+    """
+    if kind:
+        raise ArgumentError(f"{name} must have the first member's architecture; {kind}")
+    ref = {e[0]: e for e in reference}
+    got = {e[0]: e for e in other}
+    missing = [n for n in ref if n not in got]
+    extra = [n for n in got if n not in ref]
+    if missing or extra:
+        raise ArgumentError(
+            f"{name} must have the first member's architecture; it lacks {missing} and has "
+            f"{extra} beyond it"
+        )
+    for key, (_, shape, dtype, trainable) in ref.items():
+        _, oshape, odtype, otrainable = got[key]
+        if tuple(oshape) != tuple(shape) or odtype != dtype or otrainable != trainable:
+            raise ArgumentError(
+                f"{name} must have the first member's architecture; {key} is "
+                f"{_describe(oshape, odtype, otrainable)} there but "
+                f"{_describe(shape, dtype, trainable)} in the first member"
+            )
+
+
+def _describe(shape: Sequence[int], dtype: str, trainable: bool) -> str:
+    kind = "parameter" if trainable else "state"
+    return f"a {dtype} {kind} of shape {tuple(shape)}"
+
+
+def architecture_key(kind: str, entries: Sequence[Entry]) -> tuple[Any, ...]:
+    """A hashable signature of an architecture: its class and every tensor's entry."""
+    return (kind, tuple((n, tuple(s), d, t) for n, s, d, t in entries))

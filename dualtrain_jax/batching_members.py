@@ -1,0 +1,146 @@
+"""The members of a JAX BatchModule: how one member runs, its values, its architecture."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dualtrain.batching import dispatch, members
+from dualtrain.errors import bad_argument
+from dualtrain.interop import convert
+from dualtrain_jax.craft import JaxModule
+
+__all__ = [
+    "Spec",
+    "craft_member",
+    "craft_values",
+    "entries_of",
+    "kind_of",
+    "pair_member",
+    "pair_values",
+    "row",
+]
+
+
+def entries_of(params: dict[str, Any], state: dict[str, Any]) -> list[members.Entry]:
+    """Every param, then state array: (name, shape, dtype name, trainable)."""
+    return [
+        (name, tuple(v.shape), jnp.asarray(v).dtype.name, trainable)
+        for tree, trainable in ((params, True), (state, False))
+        for name, v in _flat(tree).items()
+    ]
+
+
+def _flat(tree: Any) -> dict[str, Any]:
+    if isinstance(tree, dict) and all(
+        not isinstance(v, (dict, list, tuple)) for v in tree.values()
+    ):
+        return dict(tree)
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
+
+
+@dataclasses.dataclass(eq=False)  # compared and hashed by identity: jit's cache key
+class Spec:
+    """What a BatchModule keeps outside its leaves: how to run one member, and decisions."""
+
+    one: Callable[..., tuple[Any, Any]]
+    kind: str
+    template: JaxModule | None
+    apply_fn: Callable[..., Any] | None
+    batch: int
+    shared_input: bool
+    strategy: str
+    memory_budget: int | None
+    check_isolation: bool
+    entries: list[members.Entry]
+    decisions: dict[tuple[Any, ...], dispatch.Decision] = dataclasses.field(default_factory=dict)
+    decision: dispatch.Decision | None = None
+    isolation: str | None = None
+
+    def __post_init__(self) -> None:
+        self.arch = members.architecture_key(self.kind, self.entries)  # built once, keyed often
+
+
+def craft_member(template: JaxModule) -> Callable[..., tuple[Any, Any]]:
+    """One member of a realized Craft: ``one(params, state, key, train, *inputs)``."""
+
+    def one(p: Any, s: Any, key: Any, train: bool, *x: Any) -> tuple[Any, Any]:
+        return template.apply(p, s, *x, train=train, rng=key)
+
+    return one
+
+
+def pair_member(apply_fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
+    """One member of a ``(params, apply_fn)`` pair; its state stays ``{}``."""
+
+    def one(p: Any, s: Any, key: Any, train: bool, *x: Any) -> tuple[Any, Any]:
+        return (apply_fn(p, *x) if key is None else apply_fn(p, *x, rng=key)), s
+
+    return one
+
+
+def _keys(seeds: Sequence[int]) -> jax.Array:
+    """Raw threefry keys of 64-bit seeds, as ``jax.random.PRNGKey(seed)`` lays them out."""
+    words = np.array([[s >> 32, s & 0xFFFFFFFF] for s in seeds], dtype=np.uint32)
+    return jnp.asarray(words)
+
+
+def _stack(trees: Sequence[Any]) -> Any:
+    return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def craft_values(
+    module: JaxModule, batch: int, init: str, seeds: Sequence[int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stacked params and state of a Craft's members, drawn as `realize` draws them."""
+    if init == "identical":
+        grow = lambda v: jnp.broadcast_to(v, (batch, *v.shape)).copy()  # noqa: E731
+        return _map(grow, module.params), _map(grow, module.state)
+    dtype = next(iter(module.params.values())).dtype.name
+    draws = [module.craft.init(s, dtype) for s in seeds]  # NumPy, as realize draws them
+    stacked = {name: np.stack([d[name] for d in draws]) for name in draws[0]}
+    values = convert(stacked, to="jax")
+    params = {k: values[k] for k in module.params}
+    state = {k: values[k] for k in module.state}
+    return params, state
+
+
+def pair_values(first: Any, batch: int, init: str, seeds: Sequence[int]) -> Any:
+    """Stacked params of a pair's members: one vmapped ``init_fn`` or copies of params."""
+    if callable(first):
+        keys = _keys(seeds)
+        if init == "identical":
+            return _stack([first(keys[0])] * batch)
+        return jax.vmap(first)(keys)  # one vmapped init
+    if init == "independent":
+        raise bad_argument(
+            "init",
+            "independent",
+            "'identical' for a (params, apply_fn) pair, or pass (init_fn, apply_fn) so "
+            "each member draws its own params",
+        )
+    return jax.tree_util.tree_map(
+        lambda v: jnp.broadcast_to(jnp.asarray(v), (batch, *jnp.shape(v))).copy(), first
+    )
+
+
+def kind_of(module: Any) -> str:
+    """The architecture's name, for messages and the cache key."""
+    if isinstance(module, JaxModule):
+        return f"{type(module.craft).__qualname__} (a realized Craft)"
+    return "a (params, apply_fn) pair"
+
+
+def _map(fn: Callable[[Any], Any], tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: fn(v) for k, v in tree.items()}
+
+
+def row(tree: Any, index: int) -> Any:
+    """Member `index` of a stacked pytree."""
+    return jax.tree_util.tree_map(lambda a: a[index], tree)

@@ -1,0 +1,282 @@
+"""Model batching under torch: N models of one architecture trained as one module.
+
+`BatchModule` stacks the members' parameters into ``[batch, ...]`` leaf parameters and runs
+one template module over them with ``torch.func`` (docs/batching.md). The neutral parts
+(argument checks, member seeds, strategy choice and its cache, the isolation verdict) live
+in `dualtrain.batching`; the execution strategies and the probe in `batching_run`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from dualtrain.batching import dispatch, isolation, members
+from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain_torch import batching_run
+from dualtrain_torch.batching_loss import batch_loss, batch_topk
+from dualtrain_torch.batching_members import Stack, copy_module, draw_members, entries_of, kind_of
+
+__all__ = ["BatchModule", "batch_loss", "batch_topk"]
+
+
+class BatchModule(nn.Module):
+    """`batch` models of one architecture, run as one module (``torch.func`` underneath).
+
+    Parameters are ``[batch, ...]`` leaf `nn.Parameter` s of this module, so any
+    ``torch.optim`` optimizer over ``bm.parameters()`` steps every member; buffers (BatchNorm
+    running statistics) are stacked too and updated per member in training. Inputs are
+    ``[batch, B, ...]`` (or ``[B, ...]`` for every member with ``shared_input=True``);
+    outputs are ``[batch, B, ...]``. Dropout draws differ per member.
+
+    Args:
+        module: any ``nn.Module``, a realized Craft included: the architecture, and the
+            weights for ``init="identical"``. It is copied, never changed.
+        batch: the member count, a positive int.
+        init: ``"independent"``: member i holds what the module's own initializer draws
+            for seed ``member_seeds(seed, batch)[i]`` (for a realized Craft exactly
+            ``realize(craft, seed=...)``); ``"identical"``: every member is a copy of
+            `module`.
+        seed: an int in [0, 2**64), or one seed per member.
+        shared_input: every member reads the same ``[B, ...]`` inputs.
+        strategy: ``"auto"`` (measure on the first call, keep the fastest), ``"vmap"``,
+            ``"chunked"`` or ``"loop"``.
+        memory_budget: bytes one vmapped call may take; members are split into chunks that
+            fit (estimated from one member's call).
+        check_isolation: probe on the first call that no member moves another.
+
+    Raises:
+        ArgumentError: a bad argument (the message names it, the value and what is
+            expected), or ``init="independent"`` for a module that holds parameters without
+            ``reset_parameters``.
+    """
+
+    _template: nn.Module  # set with object.__setattr__: not a submodule
+
+    def __init__(
+        self,
+        module: nn.Module,
+        batch: int,
+        *,
+        init: str = "independent",
+        seed: int | Sequence[int] = 0,
+        shared_input: bool = False,
+        strategy: str = "auto",
+        memory_budget: int | None = None,
+        check_isolation: bool = True,
+    ) -> None:
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise bad_argument("module", module, "a torch nn.Module (a realized Craft too)")
+        batch = members.check_batch(batch)
+        init = members.check_init(init)
+        seeds = members.member_seeds(seed, batch)
+        self.shared_input = members.check_flag("shared_input", shared_input)
+        self.strategy = members.check_strategy(strategy, "torch")
+        self.memory_budget = members.check_memory_budget(memory_budget)
+        self.check_isolation = members.check_flag("check_isolation", check_isolation)
+        entries = entries_of(module)
+        if not any(trainable for *_, trainable in entries):
+            raise bad_argument("module", module, "a module that holds at least one parameter")
+        self.batch, self.init, self.seeds = batch, init, seeds
+        template = copy_module(module)
+        # Not a submodule: its tensors are stand-ins that functional_call replaces.
+        object.__setattr__(self, "_template", template)
+        self._entries, self._kind = entries, kind_of(module)
+        self._arch = members.architecture_key(self._kind, entries)  # built once, keyed often
+        self._decisions: dict[tuple[Any, ...], dispatch.Decision] = {}
+        self._decision: dispatch.Decision | None = None
+        self._isolation: str | None = None
+        self.stack = Stack()
+        sources = dict(template.named_parameters()) | dict(template.named_buffers())
+        for name, *_, trainable in entries:
+            value = sources[name].detach()
+            self.stack.put(name, value.unsqueeze(0).repeat_interleave(batch, 0), trainable)
+        if init == "independent":
+            params, buffers = self._tensors()
+            draw_members(template, params | buffers, seeds)
+        self.train(module.training)
+
+    # -- members -------------------------------------------------------------------------
+
+    def _tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        return dict(self.stack.named_parameters()), dict(self.stack.named_buffers())
+
+    @classmethod
+    def from_modules(
+        cls,
+        modules: Sequence[nn.Module],
+        *,
+        shared_input: bool = False,
+        strategy: str = "auto",
+        memory_budget: int | None = None,
+        check_isolation: bool = True,
+    ) -> BatchModule:
+        """A BatchModule whose member i is ``modules[i]`` (its weights and buffers).
+
+        Raises:
+            ArgumentError: an empty list, a non-module, or modules whose class, tensor names,
+                shapes or dtypes differ (the message names the first difference).
+        """
+        if not isinstance(modules, Sequence) or isinstance(modules, nn.Module) or not modules:
+            raise bad_argument("modules", modules, "a non-empty list of nn.Modules")
+        for i, m in enumerate(modules):
+            if not isinstance(m, nn.Module):
+                raise bad_argument(f"modules[{i}]", m, "an nn.Module")
+        out = cls(
+            modules[0],
+            len(modules),
+            init="identical",
+            shared_input=shared_input,
+            strategy=strategy,
+            memory_budget=memory_budget,
+            check_isolation=check_isolation,
+        )
+        for i, m in enumerate(modules[1:], start=1):
+            out._check_same(m, f"modules[{i}]")
+        for i, m in enumerate(modules[1:], start=1):
+            out.insert(i, m)
+        return out
+
+    def _check_same(self, module: Any, name: str) -> None:
+        if not isinstance(module, nn.Module):
+            raise bad_argument(name, module, "an nn.Module")
+        kind = kind_of(module)
+        differs = f"it is a {kind}, the first member a {self._kind}" if kind != self._kind else ""
+        members.compare_architectures(self._entries, entries_of(module), name, differs)
+
+    def extract(self, index: int) -> nn.Module:
+        """Member `index` as an ordinary module (a copy of the template with its tensors)."""
+        i = members.check_member(index, self.batch)
+        out = copy_module(self._template)
+        params, buffers = self._tensors()
+        with torch.no_grad():
+            for name, t in (dict(out.named_parameters()) | dict(out.named_buffers())).items():
+                t.copy_((params | buffers)[name][i])
+        return out.train(self.training)
+
+    def insert(self, index: int, module: nn.Module) -> None:
+        """Makes member `index` a copy of `module` (same architecture), in place.
+
+        Optimizer state for the member (momentum, Adam's moments) is left as it was.
+        """
+        i = members.check_member(index, self.batch)
+        self._check_same(module, "module")
+        params, buffers = self._tensors()
+        targets = params | buffers
+        with torch.no_grad():
+            for name, t in (dict(module.named_parameters()) | dict(module.named_buffers())).items():
+                targets[name][i].copy_(t)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def train(self, mode: bool = True) -> BatchModule:
+        super().train(mode)
+        self._template.train(mode)
+        return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> BatchModule:
+        super()._apply(fn, recurse)
+        self._template._apply(fn, recurse)  # extract() copies the template: same dtype, device
+        return self
+
+    def _check_inputs(self, inputs: Sequence[Any]) -> None:
+        if not inputs:
+            raise ArgumentError("BatchModule needs at least one input; got none")
+        if self.shared_input:
+            return
+        for i, x in enumerate(inputs):
+            if isinstance(x, torch.Tensor):
+                members.check_leading(f"inputs[{i}]", x.shape, self.batch, "[batch, B, ...]")
+
+    def _key(self, params: dict[str, torch.Tensor], inputs: Sequence[Any]) -> tuple[Any, ...]:
+        shapes = tuple(
+            (tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else type(x).__name__
+            for x in inputs
+        )
+        device = str(next(iter(params.values())).device)
+        mode = (self.training, torch.is_grad_enabled())
+        return (
+            "torch",
+            self._arch,
+            shapes,
+            device,
+            mode,
+            self.batch,
+            self.shared_input,
+            self.memory_budget,
+        )
+
+    def _decide(self, inputs: Sequence[Any]) -> dispatch.Decision:
+        params, buffers = self._tensors()
+        key = self._key(params, inputs)
+        known = self._decisions.get(key)
+        if known is not None:
+            return known
+        chunk = self.batch
+        if self.memory_budget is not None:
+            need = batching_run.member_bytes(
+                self._template, params, buffers, inputs, self.shared_input
+            )
+            chunk = dispatch.chunk_size(self.batch, need, self.memory_budget)
+        decision = dispatch.decide(
+            "torch",
+            self.strategy,
+            self.batch,
+            chunk,
+            key,
+            lambda options: batching_run.timed_runs(
+                self._template, options, params, buffers, inputs, self.shared_input
+            ),
+        )
+        if self.check_isolation and self._isolation is None:
+            self._isolation = isolation.run_probe(
+                lambda: batching_run.probe(
+                    self._template,
+                    decision.strategy,
+                    decision.chunk,
+                    params,
+                    buffers,
+                    inputs,
+                    self.shared_input,
+                ),
+                decision.strategy,
+                ran=decision.reason == "measured",
+            )
+        self._decisions[key] = decision
+        self._decision = decision
+        return decision
+
+    def tune(self, *inputs: Any) -> str:
+        """Chooses the strategy (and probes isolation) for these inputs now.
+
+        The first call does the same by itself. Returns `explain`.
+        """
+        self._check_inputs(inputs)
+        self._decide(inputs)
+        return self.explain()
+
+    def forward(self, *inputs: Any) -> Any:
+        """The members' outputs ``[batch, B, ...]`` for inputs ``[batch, B, ...]``."""
+        self._check_inputs(inputs)
+        decision = self._decide(inputs)
+        params, buffers = self._tensors()
+        return batching_run.run_members(
+            self._template,
+            decision.strategy,
+            decision.chunk,
+            params,
+            buffers,
+            inputs,
+            self.shared_input,
+        )
+
+    def explain(self) -> str:
+        """The strategy in use, why, the measured timings, and the isolation probe's result."""
+        return dispatch.explain_text(self._decision, "torch", self.batch, self._isolation)
+
+    def extra_repr(self) -> str:
+        return f"batch={self.batch}, module={self._kind}, strategy={self.strategy!r}"

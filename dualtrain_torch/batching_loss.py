@@ -1,0 +1,98 @@
+"""Per-member losses and top-k accuracies of a batched model's outputs (torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch.func import vmap
+
+from dualtrain.batching import members
+from dualtrain.errors import ShapeError
+
+__all__ = ["batch_loss", "batch_topk"]
+
+
+def _targets(outputs: torch.Tensor, targets: Any, batch: int) -> tuple[torch.Tensor, bool]:
+    """The targets and whether every member shares them (``[B, ...]``, not ``[batch, B]``)."""
+    if not isinstance(targets, torch.Tensor):
+        targets = torch.as_tensor(targets, device=outputs.device)
+    if outputs.ndim < 2:
+        raise ShapeError(
+            f"outputs must be [batch, B, ...]; got outputs of shape {tuple(outputs.shape)}"
+        )
+    per_member = tuple(targets.shape[:2]) == tuple(outputs.shape[:2])
+    if not per_member and (targets.ndim == 0 or targets.shape[0] != outputs.shape[1]):
+        raise ShapeError(
+            f"targets must be [batch, B, ...] or [B, ...] shared by every member, with "
+            f"batch={batch} and B={outputs.shape[1]}; got targets of shape "
+            f"{tuple(targets.shape)}"
+        )
+    return targets, not per_member
+
+
+def batch_loss(
+    outputs: torch.Tensor,
+    targets: Any,
+    batch: int,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Each member's loss: ``loss_fn(outputs[i], targets[i], reduction=reduction)``.
+
+    Args:
+        outputs: ``[batch, B, ...]``.
+        targets: ``[batch, B, ...]``, or ``[B, ...]`` shared by every member.
+        batch: the member count (checked against the leading dimension).
+        loss_fn: a torch loss taking ``reduction=`` (``F.mse_loss``, ...); None means
+            ``F.cross_entropy``.
+        reduction: ``"mean"`` or ``"sum"`` give ``[batch]``; ``"none"`` gives the
+            per-sample losses ``[batch, B, ...]``. Weights and ``ignore_index`` keep
+            torch's meaning per member: the call is vmapped, not flattened.
+
+    Returns:
+        ``[batch]`` (or ``[batch, B, ...]``); ``.sum().backward()`` gives every member the
+        gradient of its own loss.
+    """
+    batch = members.check_batch(batch)
+    reduction = members.check_reduction(reduction)
+    members.check_leading("outputs", outputs.shape, batch, "[batch, B, ...]")
+    targets, shared = _targets(outputs, targets, batch)
+
+    fn = F.cross_entropy if loss_fn is None else loss_fn
+
+    def one(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return fn(o, t, reduction=reduction)
+
+    return vmap(one, in_dims=(0, None if shared else 0))(outputs, targets)
+
+
+def batch_topk(outputs: torch.Tensor, targets: Any, batch: int, ks: Any = (1, 5)) -> torch.Tensor:
+    """Each member's top-k accuracy for each k: ``[len(ks), batch]`` fractions in [0, 1].
+
+    Args:
+        outputs: scores ``[batch, B, classes]``.
+        targets: class ids ``[batch, B]``, or ``[B]`` shared by every member.
+        batch: the member count.
+        ks: the k of each row; a k above the number of classes counts as every class.
+    """
+    batch = members.check_batch(batch)
+    ks = members.check_ks(ks)
+    members.check_leading("outputs", outputs.shape, batch, "[batch, B, classes]")
+    if outputs.ndim != 3:
+        raise ShapeError(
+            f"outputs must be [batch, B, classes]; got outputs of shape {tuple(outputs.shape)}"
+        )
+    targets, shared = _targets(outputs, targets, batch)
+    if targets.ndim != (1 if shared else 2):
+        raise ShapeError(
+            f"targets must be class ids [batch, B] or [B]; got targets of shape "
+            f"{tuple(targets.shape)}"
+        )
+    top = outputs.topk(min(max(ks), outputs.shape[-1]), dim=-1).indices
+    hits = top == (targets if not shared else targets.expand(batch, -1)).unsqueeze(-1)
+    dtype = outputs.dtype if outputs.is_floating_point() else torch.get_default_dtype()
+    rows = [hits[..., : min(k, outputs.shape[-1])].any(-1).to(dtype).mean(-1) for k in ks]
+    return torch.stack(rows)
