@@ -249,33 +249,3 @@ def _import_adapter(name: str) -> ModuleType:
             f"backend {name!r} needs {missing!r}, which is not installed; "
             f"install it with: pip install '{_HINT.get(name, name)}'"
         ) from err
-
-
-if TYPE_CHECKING:
-    # mypy's half of the seams' check (tests/core/test_seams.py is the runtime half): each
-    # adapter module must be assignable to its Protocol in PARTS. Never imported at run time.
-    import dualtrain_jax.checkpoint
-    import dualtrain_jax.craft
-    import dualtrain_jax.data
-    import dualtrain_jax.demo
-    import dualtrain_jax.embeddings
-    import dualtrain_jax.layers
-    import dualtrain_torch.checkpoint
-    import dualtrain_torch.craft
-    import dualtrain_torch.data
-    import dualtrain_torch.demo
-    import dualtrain_torch.embeddings
-    import dualtrain_torch.layers
-
-    _torch_layers: LayersPart = dualtrain_torch.layers
-    _jax_layers: LayersPart = dualtrain_jax.layers
-    _torch_craft: CraftPart = dualtrain_torch.craft
-    _jax_craft: CraftPart = dualtrain_jax.craft
-    _torch_checkpoint: TorchCheckpointPart = dualtrain_torch.checkpoint
-    _jax_checkpoint: CheckpointPart = dualtrain_jax.checkpoint
-    _torch_data: DataPart = dualtrain_torch.data
-    _jax_data: DataPart = dualtrain_jax.data
-    _torch_embeddings: TorchEmbeddingsPart = dualtrain_torch.embeddings
-    _jax_embeddings: EmbeddingsPart = dualtrain_jax.embeddings
-    _torch_demo: DemoPart = dualtrain_torch.demo
-    _jax_demo: DemoPart = dualtrain_jax.demo

@@ -62,3 +62,28 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    # mypy's half of the seams' check (tests/core/test_seams.py is the runtime half): each
+    # part of this adapter must be assignable to its Protocol (dualtrain.backends.PARTS).
+    from dualtrain.checkpoint.seams import TorchCheckpointPart
+    from dualtrain.craft.seams import CraftPart, LayersPart
+    from dualtrain.demo.seams import DemoPart
+    from dualtrain.embeddings.seams import TorchEmbeddingsPart
+    from dualtrain.fuel.seams import DataPart
+    from dualtrain_torch import (
+        checkpoint as _checkpoint,
+        craft as _craft,
+        data as _data,
+        demo as _demo,
+        embeddings as _embeddings,
+        layers as _layers,
+    )
+
+    _layers_meets: LayersPart = _layers
+    _craft_meets: CraftPart = _craft
+    _checkpoint_meets: TorchCheckpointPart = _checkpoint
+    _data_meets: DataPart = _data
+    _embeddings_meets: TorchEmbeddingsPart = _embeddings
+    _demo_meets: DemoPart = _demo

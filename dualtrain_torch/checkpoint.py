@@ -11,17 +11,15 @@ from dualtrain import convert
 from dualtrain.checkpoint.time_machine import BOOKKEEPING
 from dualtrain.errors import ArgumentError
 from dualtrain_torch.craft import CraftModule, load_canonical
-from dualtrain_torch.optimizer_state import (  # optimizer state: TimeMachine reaches it here
+from dualtrain_torch.optimizer_state import (  # optimizer and scheduler state: reached here
     check_native,
     check_neutral,
+    check_scheduler,
     export_native,
     export_optimizer,
+    export_scheduler,
     import_optimizer,
     neutral_view,
-)
-from dualtrain_torch.scheduler_state import (  # scheduler state: TimeMachine reaches it here
-    check_scheduler,
-    export_scheduler,
 )
 
 __all__ = [

@@ -12,8 +12,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # file -> why only torch has it
 TORCH_ONLY = {
-    "scheduler_state.py": "torch LR schedulers keep state apart; optax keeps schedules inside "
-    "the optimizer state, which optimizer_state.py already saves",
     "compat": "migration shims for torch-only tools (SpeedTorch; torchmb later): "
     "their APIs are torch's",
 }
