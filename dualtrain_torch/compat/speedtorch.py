@@ -18,18 +18,21 @@ temporary file and renames it; every load checks shape and dtype before changing
 from __future__ import annotations
 
 import inspect
-import os
-import pickle
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 
-from dualtrain import atomic
 from dualtrain.embeddings import EmbeddingStore, Lookup, as_ids, lookup
-from dualtrain.errors import ArgumentError, DtypeError, bad_argument
+from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.interop import convert
+from dualtrain_torch.compat.speedtorch_files import (
+    checked,
+    load_npy,
+    load_tensors,
+    save_npy,
+    save_tensors,
+)
 from dualtrain_torch.embeddings import _FROM_FIRST_GRAD, _INITIAL_GLOBALS, probe_state
 from dualtrain_torch.transfer import Transfer
 
@@ -57,69 +60,6 @@ def _dtype_name(datatype: Any) -> str:
 
 def _ids(pos: Any, neg: Any) -> tuple[Any, ...]:
     return (pos,) if neg is None else (pos, neg)
-
-
-def _save_atomic(target: Path, write: Any) -> None:
-    """`write(file)` through dualtrain's one atomic writer: a crash never leaves half a file."""
-    with atomic.atomic_target(target) as tmp, open(tmp, "wb") as f:
-        write(f)
-
-
-def _save_npy(path: str | os.PathLike, array: np.ndarray) -> None:
-    """``cupy.save``'s file: NumPy's .npy format, ``.npy`` appended when the name lacks it."""
-    target = Path(path) if str(path).endswith(".npy") else Path(f"{path}.npy")
-    _save_atomic(target, lambda f: np.save(f, array, allow_pickle=False))
-
-
-def _load_npy(path: str | os.PathLike, name: str) -> np.ndarray:
-    """A .npy file as ``cupy.load`` reads it; ``"table"`` also finds what saveCupy wrote."""
-    target = Path(path)
-    if not target.exists() and Path(f"{path}.npy").exists():
-        target = Path(f"{path}.npy")
-    try:
-        return np.load(target, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as err:
-        if isinstance(err, FileNotFoundError):
-            raise
-        raise bad_argument(name, str(path), "a .npy file of a numeric array") from err
-
-
-def _save_tensors(path: str | os.PathLike, value: Any) -> None:
-    """``torch.save`` to exactly `path`, as SpeedTorch's saveTorch does, atomically."""
-    _save_atomic(Path(path), lambda f: torch.save(value, f))
-
-
-def _load_tensors(path: str | os.PathLike, name: str) -> Any:
-    """A ``torch.save`` file read onto the CPU with ``weights_only=True``: no code in it runs."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
-        raise bad_argument(
-            name, str(path), "a file written by torch.save holding tensors (weights_only=True)"
-        ) from err
-
-
-def _checked(table: np.ndarray, loaded: Any, path: Any, name: str) -> np.ndarray:
-    """`loaded` (a tensor or array) as an array, once its shape and dtype match `table`."""
-    if isinstance(loaded, torch.Tensor):
-        try:
-            got = convert(loaded, to="numpy")
-        except DtypeError as err:  # float8, quantized, sparse: no table holds that
-            raise bad_argument(name, str(path), f"a file of a {table.dtype} table") from err
-    elif isinstance(loaded, np.ndarray):
-        got = loaded
-    else:
-        raise bad_argument(
-            name, str(path), f"a file holding one tensor (it holds a {type(loaded).__name__})"
-        )
-    if got.shape != table.shape or got.dtype != table.dtype:
-        raise bad_argument(
-            name,
-            str(path),
-            f"a file of a {table.dtype} table of shape {table.shape} "
-            f"(it holds {got.dtype} {got.shape})",
-        )
-    return got
 
 
 class _Swapped:
@@ -255,24 +195,24 @@ class ModelFactory:
 
         CuPy is not needed: the file is NumPy's format, which ``cupy.load`` reads too.
         """
-        _save_npy(saveFileName, self.store.table)
+        save_npy(saveFileName, self.store.table)
 
     def loadCupy(self, loadFileName: str) -> None:
         """Loads a .npy table (from saveCupy or ``cupy.save``) of this table's shape and dtype."""
-        loaded = _load_npy(loadFileName, "loadFileName")
-        self.store.table[...] = _checked(self.store.table, loaded, loadFileName, "loadFileName")
+        loaded = load_npy(loadFileName, "loadFileName")
+        self.store.table[...] = checked(self.store.table, loaded, loadFileName, "loadFileName")
 
     def saveTorch(self, saveFileName: str) -> None:
         """Saves the table as one tensor with ``torch.save``, to exactly `saveFileName`."""
-        _save_tensors(saveFileName, convert(self.store.table, to="torch"))
+        save_tensors(saveFileName, convert(self.store.table, to="torch"))
 
     def loadTorch(self, loadFileName: str) -> None:
         """Loads a tensor saved by saveTorch or by SpeedTorch (``torch.save``), on any device.
 
         The file is read with ``torch.load(weights_only=True)``: no code in it runs.
         """
-        loaded = _load_tensors(loadFileName, "loadFileName")
-        self.store.table[...] = _checked(self.store.table, loaded, loadFileName, "loadFileName")
+        loaded = load_tensors(loadFileName, "loadFileName")
+        self.store.table[...] = checked(self.store.table, loaded, loadFileName, "loadFileName")
 
 
 class OptimizerFactory:
@@ -371,11 +311,11 @@ class OptimizerFactory:
     def saveTorch(self, saveFileName: str) -> None:
         """Saves the state tables as SpeedTorch does: ``torch.save`` of a list, in slot order."""
         tables = [convert(t, to="torch") for t in self.tables.values()]
-        _save_tensors(saveFileName, tables)
+        save_tensors(saveFileName, tables)
 
     def loadTorch(self, loadFileName: str) -> None:
         """Loads the list saveTorch wrote; every table is checked before any is changed."""
-        loaded = _load_tensors(loadFileName, "loadFileName")
+        loaded = load_tensors(loadFileName, "loadFileName")
         if not isinstance(loaded, (list, tuple)) or len(loaded) != len(self.tables):
             raise bad_argument(
                 "loadFileName",
@@ -383,11 +323,11 @@ class OptimizerFactory:
                 f"a list of {len(self.tables)} tensors ({', '.join(self.tables)})",
             )
         tables = list(self.tables.values())
-        checked = [
-            _checked(table, tensor, loadFileName, "loadFileName")
+        fitting = [
+            checked(table, tensor, loadFileName, "loadFileName")
             for table, tensor in zip(tables, loaded, strict=True)
         ]
-        for table, values in zip(tables, checked, strict=True):
+        for table, values in zip(tables, fitting, strict=True):
             table[...] = values
 
 
@@ -437,11 +377,11 @@ class DataGadget:
 
     def saveCupy(self, saveFileName: str) -> None:
         """Saves the data as ``cupy.save`` does: a .npy file (``.npy`` appended if missing)."""
-        _save_npy(saveFileName, self._table())
+        save_npy(saveFileName, self._table())
 
     def loadCupy(self, loadFileName: str) -> None:
         """Replaces the data with a 2-D array from a .npy file, as SpeedTorch's loadCupy."""
-        loaded = _load_npy(loadFileName, "loadFileName")
+        loaded = load_npy(loadFileName, "loadFileName")
         if loaded.ndim != 2:
             raise bad_argument("loadFileName", loadFileName, "a .npy file of a 2-D array")
         self.data = np.array(loaded)
