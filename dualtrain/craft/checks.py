@@ -41,16 +41,26 @@ def check(layer: Any, x: Any, *rest: Any, train: bool = False, **kwargs: Any) ->
     layer.check_input(x, *rest, train=train, **kwargs)
 
 
-def concrete(x: Any) -> bool:
-    """Whether `x`'s values can be read now: not a JAX tracer, not inside torch.compile.
+def concrete(x: Any) -> Any:
+    """`x`'s values as they can be read now, or None where they cannot.
 
-    Checked through ``sys.modules``: the core never imports a framework itself.
+    None for a JAX tracer and inside torch.compile; a tensor under ``torch.func``
+    transforms (vmap, grad) is unwrapped to the tensor it wraps, which holds every
+    vmapped slice's values. Checked through ``sys.modules``: the core never imports a
+    framework itself.
     """
     jax = sys.modules.get("jax")
     if jax is not None and isinstance(x, jax.core.Tracer):
-        return False
+        return None
     torch = sys.modules.get("torch")
-    return not (torch is not None and torch.compiler.is_compiling())
+    if torch is None:
+        return x
+    if torch.compiler.is_compiling():
+        return None
+    functorch = torch._C._functorch
+    while isinstance(x, torch.Tensor) and functorch.is_functorch_wrapped_tensor(x):
+        x = functorch.get_unwrapped(x)
+    return x
 
 
 def check_ids(ids: Any, num: int, name: str) -> None:

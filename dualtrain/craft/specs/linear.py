@@ -57,10 +57,12 @@ class Embedding(Layer):
         """Takes integer ids; concrete ones must lie in ``[0, num_embeddings)``.
 
         Traced ids (under ``jax.jit`` or ``torch.compile``) are not read: JAX then gives a
-        row of NaN for an id out of range, never another row.
+        row of NaN for an id out of range, never another row. Under ``torch.func``
+        transforms (a vmapped BatchModule) every member's ids are read and checked.
         """
         dtype = str(x.dtype).removeprefix("torch.")
         if not dtype.startswith(("int", "uint")):
             raise DtypeError(f"Embedding takes integer ids; got dtype {dtype}")
-        if concrete(x):
-            check_ids(x, self.num_embeddings, "Embedding ids")
+        ids = concrete(x)
+        if ids is not None:
+            check_ids(ids, self.num_embeddings, "Embedding ids")
