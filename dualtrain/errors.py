@@ -22,6 +22,7 @@ __all__ = [
     "bad_argument",
     "OutOfRangeError",
     "IsolationError",
+    "RegisteredModuleError",
 ]
 
 
@@ -75,3 +76,7 @@ class NotRealizedError(DualtrainError, RuntimeError):
 
 class IsolationError(DualtrainError, RuntimeError):
     """Members of a batched model influenced each other (an op mixed them): see docs/batching.md."""
+
+
+class RegisteredModuleError(DualtrainError, RuntimeError):
+    """A registered batch module (torchmb compat) disagrees with the generic batched path."""
