@@ -33,7 +33,7 @@ import numpy as np
 from dualtrain import atomic, dtypes
 from dualtrain.errors import CheckpointError
 
-__all__ = ["Anchor", "CheckpointError", "write_anchor"]
+__all__ = ["Anchor", "CheckpointError", "stage_anchor", "write_anchor"]
 
 _MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
 # The header's own CRC-32 (8 hex digits), in its metadata beside the manifest: it covers the
@@ -96,6 +96,52 @@ def write_anchor(
         OSError: the disk's own error (ENOSPC, EFBIG, EACCES, ...); no temporary file is
             left and `path` is as it was.
     """
+    try:
+        with atomic.atomic_target(path, replace=replace) as tmp:
+            _write(tmp, tensors, manifest, default)
+    except OSError as err:
+        if err.filename is None:  # name the file the user asked for, not our temporary one
+            err.filename = str(path)
+        raise
+
+
+def stage_anchor(
+    path: Path,
+    tensors: dict[str, np.ndarray],
+    manifest: dict[str, Any],
+    default: Callable[[Any], Any] | None = None,
+) -> Path:
+    """Writes the anchor `write_anchor` would write to `path`, but to a temporary file.
+
+    For writers of several anchors that must all appear or none (a BatchModule's members):
+    the caller renames the temporary file with ``atomic.commit(tmp, path, replace=False)``
+    once every one is written, or removes it with ``atomic.discard``.
+
+    Returns:
+        The temporary file (named for `path`, in its folder, swept when its writer is gone).
+
+    Raises:
+        OSError: the disk's own error, naming `path`; no temporary file is left.
+    """
+    tmp = atomic.temp_path(path)
+    atomic.sweep_stale(path.parent)
+    try:
+        _write(tmp, tensors, manifest, default)
+    except BaseException as err:
+        atomic.discard(tmp)
+        if isinstance(err, OSError) and err.filename is None:
+            err.filename = str(path)
+        raise
+    return tmp
+
+
+def _write(
+    tmp: Path,
+    tensors: dict[str, np.ndarray],
+    manifest: dict[str, Any],
+    default: Callable[[Any], Any] | None,
+) -> None:
+    """The anchor's bytes into `tmp` (see `write_anchor`)."""
     arrays = {k: _little(_contiguous(v)) for k, v in tensors.items()}
     flat = {k: v.reshape(-1).view(np.uint8).data for k, v in arrays.items()}
     # The header holds the CRCs but comes first in the file. Room is reserved for the widest
@@ -106,24 +152,18 @@ def write_anchor(
     # Written here rather than by safetensors.save_file, which writes to a temporary file of
     # its own (``.tmpXXXXXX``, mode 0600) that a killed process leaves behind unrecognised,
     # and reports a full disk as its own error type.
-    try:
-        with (
-            atomic.atomic_target(path, replace=replace) as tmp,
-            open(tmp, "wb") as f,
-            ThreadPoolExecutor(_workers(flat), thread_name_prefix="dualtrain-crc") as pool,
-        ):
-            pending = {k: pool.submit(zlib.crc32, b) for k, b in flat.items()}
-            f.seek(room)
-            for name in _order(arrays):
-                if arrays[name].nbytes:
-                    f.write(flat[name])
-            done = {**manifest, "crc32": {k: v.result() for k, v in pending.items()}}
-            f.seek(0)
-            f.write(_header(arrays, {"dualtrain": json.dumps(done, default=default)}, room))
-    except OSError as err:
-        if err.filename is None:  # name the file the user asked for, not our temporary one
-            err.filename = str(path)
-        raise
+    with (
+        open(tmp, "wb") as f,
+        ThreadPoolExecutor(_workers(flat), thread_name_prefix="dualtrain-crc") as pool,
+    ):
+        pending = {k: pool.submit(zlib.crc32, b) for k, b in flat.items()}
+        f.seek(room)
+        for name in _order(arrays):
+            if arrays[name].nbytes:
+                f.write(flat[name])
+        done = {**manifest, "crc32": {k: v.result() for k, v in pending.items()}}
+        f.seek(0)
+        f.write(_header(arrays, {"dualtrain": json.dumps(done, default=default)}, room))
 
 
 def _little(array: np.ndarray) -> np.ndarray:

@@ -15,7 +15,14 @@ from typing import Any
 
 from dualtrain.errors import CheckpointError, bad_argument
 
-__all__ = ["anchor_stem", "source_path"]
+__all__ = [
+    "anchor_stem",
+    "member_file",
+    "member_stem",
+    "newest_set",
+    "next_set_number",
+    "source_path",
+]
 
 _SUFFIX = ".safetensors"
 # A numbered anchor's name: its number is ASCII digits without a leading zero. Only `drop`
@@ -41,6 +48,57 @@ def anchor_stem(scope: str) -> str:
     return "".join(out)
 
 
+# What a member's anchors add to a name: ``%m<i>``. `anchor_stem` writes every ``%`` of a
+# scope as ``%XX`` (two hex digits), so no scope's stem holds ``%m``: member series never
+# meet a scope's own anchors (nor another scope's members) in numbering or retention.
+_MEMBER_MARK = "%m"
+
+
+def member_stem(scope: str, member: int) -> str:
+    """The stem of the numbered anchors of member `member` of a BatchModule of `scope`.
+
+    ``anchor_stem(scope) + "%m<member>"``: ``MLP`` member 3 numbers ``MLP%m3-<n>.safetensors``.
+    """
+    return f"{anchor_stem(scope)}{_MEMBER_MARK}{member}"
+
+
+def member_file(path: Path, member: int) -> Path:
+    """Member `member`'s file of a named set: ``best.safetensors`` -> ``best%m3.safetensors``."""
+    stem = path.name[: -len(_SUFFIX)] if path.name.endswith(_SUFFIX) else path.name
+    return path.with_name(f"{stem}{_MEMBER_MARK}{member}{_SUFFIX}")
+
+
+def next_set_number(folder: Path, scope: str, batch: int) -> int:
+    """One past the highest number of any member series of `scope` in `folder`.
+
+    Every member of one `drop_members` call then shares a number, however the members'
+    series were numbered before (members dropped alone number their own series).
+    """
+    highest = 0
+    for i in range(batch):
+        highest = max([highest, *(n for n, _ in _anchors(folder, member_stem(scope, i)))])
+    return highest + 1
+
+
+def newest_set(folder: Path, scope: str, batch: int) -> list[Path]:
+    """The members' anchors of the highest number that every member of `scope` has.
+
+    A set that lost a member (retention of members dropped alone, a deleted file) is passed
+    over for the newest whole one. CheckpointError if there is none.
+    """
+    series = [dict(_anchors(folder, member_stem(scope, i))) for i in range(batch)]
+    common = set(series[0]).intersection(*series[1:])
+    if not common:
+        missing = "" if folder.is_dir() else "; there is no such folder"
+        raise CheckpointError(
+            f"no whole set of {batch} member anchors of scope {scope!r} in {folder} (looked "
+            f"for {member_stem(scope, 0)}-<n>{_SUFFIX} ... {member_stem(scope, batch - 1)}-<n>"
+            f"{_SUFFIX} with one n{missing})"
+        )
+    n = max(common)
+    return [s[n] for s in series]
+
+
 def _check_unnumbered(path: Path, file: str | os.PathLike) -> None:
     """Refuses a name the user gives in the numbered-anchor form, which only `drop` writes."""
     if _NUMBERED_FORM.fullmatch(path.name):
@@ -60,14 +118,18 @@ def _next_numbered(folder: Path, stem: str) -> Path:
     return folder / f"{stem}-{max(numbers, default=0) + 1}{_SUFFIX}"
 
 
-def _newest(folder: Path, scope: str) -> Path:
-    """The highest-numbered anchor of `scope` in `folder`; CheckpointError if it has none."""
-    found = _anchors(folder, anchor_stem(scope))
+def _newest(folder: Path, scope: str, member: int | None = None) -> Path:
+    """The highest-numbered anchor of `scope` (or of its member) in `folder`.
+
+    CheckpointError if it has none.
+    """
+    stem = anchor_stem(scope) if member is None else member_stem(scope, member)
+    found = _anchors(folder, stem)
     if not found:
         missing = "" if folder.is_dir() else "; there is no such folder"
+        whose = f"scope {scope!r}" if member is None else f"member {member} of scope {scope!r}"
         raise CheckpointError(
-            f"no anchor of scope {scope!r} in {folder} "
-            f"(looked for {anchor_stem(scope)}-<n>{_SUFFIX}{missing})"
+            f"no anchor of {whose} in {folder} (looked for {stem}-<n>{_SUFFIX}{missing})"
         )
     return found[-1][1]
 
@@ -136,13 +198,17 @@ def _anchors(folder: Path, stem: str) -> list[tuple[int, Path]]:
 
 
 def source_path(
-    ckpt_path: Path | None, save_path: Path | None, scope: str | None, file: str | os.PathLike
+    ckpt_path: Path | None,
+    save_path: Path | None,
+    scope: str | None,
+    file: str | os.PathLike,
+    member: int | None = None,
 ) -> Path:
     """The anchor `TimeMachine.to` reads: `file`, `ckpt_path` itself, or the scope's newest.
 
     `file` is relative to `ckpt_path` (its folder when it is a file), else `save_path`; left
     out, `ckpt_path` when it is a file, else the newest numbered anchor of `scope` there
-    (`scope` None: an embedding anchor, which must be named).
+    (`scope` None: an embedding anchor, which must be named), or of its member `member`.
     """
     if not _absent(file):
         base = ckpt_path if ckpt_path is not None else save_path
@@ -166,7 +232,7 @@ def source_path(
             raise bad_argument(
                 "file", file, f"an embedding anchor's name (in {folder}), or a ckpt_path file"
             )
-        path = _newest(folder, scope)
+        path = _newest(folder, scope, member)
     if not path.is_file():
         what = "is a folder, not an anchor file" if path.is_dir() else "does not exist"
         raise CheckpointError(f"no checkpoint at {path}: it {what}")

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import numbers
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dualtrain import backends
-from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
+from dualtrain.checkpoint.anchor_file import Anchor, stage_anchor, write_anchor
 from dualtrain.checkpoint.anchor_names import (
     _absent,
     _check_unnumbered,
@@ -26,6 +27,10 @@ from dualtrain.checkpoint.anchor_names import (
     _next_numbered,
     _with_suffix,
     anchor_stem,
+    member_file,
+    member_stem,
+    newest_set,
+    next_set_number,
     source_path,
 )
 from dualtrain.checkpoint.fit import BOOKKEEPING, _check_rng, _compare, _few, _select
@@ -37,6 +42,14 @@ from dualtrain.checkpoint.manifest import (  # FORMAT and the readers: re-export
     _jsonable,
     _manifest,
     craft_manifest,
+)
+from dualtrain.checkpoint.member_anchors import (
+    batch_of,
+    check_member,
+    check_set_names,
+    commit_set,
+    discard_set,
+    member_of,
 )
 from dualtrain.checkpoint.optim_state import (
     check_optimizer,
@@ -88,6 +101,9 @@ def _scope(craft: Any) -> str:
 class TimeMachine:
     """Drops and loads checkpoints of realized Crafts, under either framework.
 
+    Also the members of a BatchModule over a realized Craft, one (``member=``) or all
+    (`drop_members`, `to_members`), each as an ordinary anchor of a single model.
+
     Args:
         ckpt_path: an anchor file, or a folder where `to` looks for anchors (by default
             `save_path`).
@@ -120,29 +136,194 @@ class TimeMachine:
         step: int | None = None,
         extra: dict[str, Any] | None = None,
         scheduler: Any = None,
+        member: int | None = None,
     ) -> Path:
         """Writes an anchor of `craft`, a module from ``dualtrain_torch.realize`` or JAX's.
 
         Args:
-            craft: the realized module.
+            craft: the realized module, or a BatchModule (either framework's, over a realized
+                Craft) with `member`.
             file: the anchor's name or path, relative to `save_path` and staying inside it
                 (``"best"``, ``"runs/best"``), or absolute; ``.safetensors`` is appended
                 unless the name ends with it. By default ``<save_path>/<stem>-<n>.safetensors``
                 with the stem from the Craft's scope (`anchor_stem`) and n one past the
-                highest on disk.
+                highest on disk; a member's own series is ``<stem>%m<i>-<n>.safetensors``.
             save_scope: save only names equal to it or under it (``"block"`` keeps
                 ``block.0.weight``).
             optimizer: any ``torch.optim`` optimizer over the module's parameters, or any
                 optax state over ``module.params``; one whose state has no tensor-or-JSON
-                form is refused, naming it, before anything is written.
+                form is refused, naming it, before anything is written. Not with `member`.
             step: the training step, recorded.
             extra: JSON-serializable data to record (epoch, data position, ...).
             scheduler: a ``torch.optim.lr_scheduler`` scheduler (torch only: optax keeps
-                schedules inside its state).
+                schedules inside its state). Not with `member`.
+            member: with a BatchModule, the member to drop (``-1`` is the last): the file
+                holds exactly what ``drop(craft.extract(member))`` writes, an ordinary
+                anchor that loads as a single model under either framework.
 
         Returns:
             The anchor's absolute path (`to` takes it as it is).
         """
+        i = self._member_argument(craft, member, "drop_members", optimizer, scheduler)
+        if i is not None:
+            craft = member_of(craft, i)
+        tensors, manifest = self._payload(craft, save_scope, optimizer, step, extra, scheduler)
+        # (A single model's target is asked with two arguments, as subclasses override it.)
+        target = (
+            (lambda: self._target(craft, file))
+            if i is None
+            else lambda: self._target(craft, file, i)
+        )
+        path, stem = target()
+        if stem is None:
+            write_anchor(path, tensors, manifest, default=_jsonable)
+            return path.absolute()
+        # A numbered anchor never replaces a file: another process numbering the same scope
+        # in this folder may have taken n meanwhile, so the next free number is taken.
+        for _ in range(1000):
+            try:
+                write_anchor(path, tensors, manifest, default=_jsonable, replace=False)
+                break
+            except FileExistsError:
+                path, _ = target()  # the same stem, the next number
+        else:  # pragma: no cover - a thousand writers racing for one scope
+            raise CheckpointError(f"no free anchor number for {stem} in {self.save_path}")
+        self._retain(stem)  # retention governs the anchors drop numbers itself, never a named file
+        return path.absolute()
+
+    def drop_members(
+        self,
+        bm: Any,
+        file: str | os.PathLike = "",
+        save_scope: str | None = None,
+        step: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> list[Path]:
+        """Writes every member of a BatchModule as its own anchor: a set of `bm.batch` files.
+
+        Member i's file holds exactly what ``drop(bm.extract(i))`` writes. Every member is
+        written to a temporary file first and the set is renamed into place only when all
+        are written, so a failure (a full disk at member 5 of 8) leaves no file of the set.
+
+        Args:
+            bm: a BatchModule (``dualtrain_torch``'s or ``dualtrain_jax``'s) over a realized
+                Craft.
+            file: the set's name, as for `drop`: member i is ``<file>%m<i>.safetensors``
+                (an older set of that name is replaced). By default the set is numbered:
+                ``<save_path>/<stem>%m<i>-<n>.safetensors`` with one n for every member,
+                one past the highest of any member's series; `max_anchors` keeps that many
+                anchors of each member's series.
+            save_scope: as for `drop`.
+            step: the training step, recorded in every member's anchor.
+            extra: JSON-serializable data, recorded in every member's anchor.
+
+        Returns:
+            The members' anchors' absolute paths, member 0 first (`to_members` takes them).
+        """
+        batch = batch_of(bm)
+        if batch is None:
+            raise bad_argument(
+                "bm", type(bm).__name__, "a BatchModule of dualtrain_torch or dualtrain_jax"
+            )
+        first = member_of(bm, 0)
+        payload = self._payload(first, save_scope, None, step, extra, None)  # checks all
+        scope = _scope(first)
+        if _absent(file):
+            if self.save_path is None:
+                raise bad_argument(
+                    "file", file, "the set's name, since the TimeMachine has no save_path"
+                )
+            n, finals = self._numbered_set(scope, batch)
+        else:
+            base = self._target_file(file)
+            _check_unnumbered(base, file)
+            finals = [member_file(base, i) for i in range(batch)]
+        check_set_names(finals, file, named=not _absent(file))
+        staged: list[tuple[Path, Path]] = []
+        try:
+            for i in range(batch):
+                if i:  # one member's copy at a time: memory stays one member's
+                    payload = self._payload(member_of(bm, i), save_scope, None, step, extra, None)
+                tensors, manifest = payload
+                staged.append((stage_anchor(finals[i], tensors, manifest, _jsonable), finals[i]))
+            del payload
+            if not _absent(file):
+                commit_set(staged, replace=True)
+                return [p.absolute() for p in finals]
+            for _ in range(1000):
+                try:
+                    commit_set(staged, replace=False)
+                    break
+                except FileExistsError:  # another writer took n: the next one, for all
+                    n, finals = self._numbered_set(scope, batch, above=n)
+                    staged = [(tmp, final) for (tmp, _), final in zip(staged, finals, strict=True)]
+            else:  # pragma: no cover - a thousand writers racing for one scope
+                raise CheckpointError(f"no free set number for {scope!r} in {self.save_path}")
+        except BaseException:
+            discard_set(staged)
+            raise
+        for i in range(batch):
+            self._retain(member_stem(scope, i))
+        return [p.absolute() for p in finals]
+
+    def _numbered_set(self, scope: str, batch: int, above: int = 0) -> tuple[int, list[Path]]:
+        """The next set number past the members' series and `above`, and the set's files.
+
+        Past `above` too: a name taken by something numbering does not count (a folder)
+        must not be tried again.
+        """
+        assert self.save_path is not None
+        n = max(next_set_number(self.save_path, scope, batch), above + 1)
+        stems = [member_stem(scope, i) for i in range(batch)]
+        return n, [self.save_path / f"{stem}-{n}.safetensors" for stem in stems]
+
+    def _member_argument(
+        self, craft: Any, member: Any, every: str, optimizer: Any, scheduler: Any
+    ) -> int | None:
+        """Member `member` of `craft` (a BatchModule), or None for a single model.
+
+        Refuses a member of a single model, a BatchModule without one, and an optimizer or
+        scheduler with one (the stacked optimizer state holds every member).
+        """
+        batch = batch_of(craft)
+        if batch is None:
+            if member is not None:
+                raise bad_argument(
+                    "member",
+                    member,
+                    f"None for a single model (craft is a {type(craft).__name__}, not a "
+                    "BatchModule)",
+                )
+            return None
+        if member is None:
+            raise bad_argument(
+                "member",
+                None,
+                f"the index of one of the BatchModule's {batch} members, in [0, {batch}) "
+                f"(or {every}(bm) for all of them)",
+            )
+        i = check_member(member, batch)
+        for name, value in (("optimizer", optimizer), ("scheduler", scheduler)):
+            if value is not None:
+                raise bad_argument(
+                    name,
+                    type(value).__name__,
+                    "None with member=: a member's optimizer and scheduler state are not "
+                    "stored (the stacked state holds every member); save it with "
+                    "bm.extract(i) and an optimizer of its own",
+                )
+        return i
+
+    def _payload(
+        self,
+        craft: Any,
+        save_scope: str | None,
+        optimizer: Any,
+        step: int | None,
+        extra: dict[str, Any] | None,
+        scheduler: Any,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What `drop` writes for `craft`: (the tensors, the manifest), all checked."""
         part = _adapter(craft)
         if save_scope is not None and not isinstance(save_scope, str):
             raise bad_argument("save_scope", save_scope, "a str or None")
@@ -150,7 +331,6 @@ class TimeMachine:
             raise bad_argument("step", step, "an int or None")
         if extra is not None and not isinstance(extra, dict):
             raise bad_argument("extra", extra, "a dict of JSON-serializable data, or None")
-        path, stem = self._target(craft, file)
         everything = part.export_tensors(craft)
         tensors = _select(everything, save_scope)
         if not tensors:
@@ -174,23 +354,11 @@ class TimeMachine:
             json.dumps(manifest, default=_jsonable)
         except (TypeError, ValueError) as err:
             raise bad_argument("extra", extra, "JSON-serializable data") from err
-        if stem is None:
-            write_anchor(path, tensors, manifest, default=_jsonable)
-            return path.absolute()
-        # A numbered anchor never replaces a file: another process numbering the same scope
-        # in this folder may have taken n meanwhile, so the next free number is taken.
-        for _ in range(1000):
-            try:
-                write_anchor(path, tensors, manifest, default=_jsonable, replace=False)
-                break
-            except FileExistsError:
-                path, _ = self._target(craft, file)  # the same stem, the next number
-        else:  # pragma: no cover - a thousand writers racing for one scope
-            raise CheckpointError(f"no free anchor number for {stem} in {self.save_path}")
-        self._retain(stem)  # retention governs the anchors drop numbers itself, never a named file
-        return path.absolute()
+        return tensors, manifest
 
-    def _target(self, craft: Any, file: str | os.PathLike) -> tuple[Path, str | None]:
+    def _target(
+        self, craft: Any, file: str | os.PathLike, member: int | None = None
+    ) -> tuple[Path, str | None]:
         """Where `drop` writes, and the stem of a numbered anchor (None for a named file)."""
         if not _absent(file):
             path = self._target_file(file)
@@ -198,7 +366,8 @@ class TimeMachine:
             return path, None
         if self.save_path is None:
             raise bad_argument("file", file, "a path, since the TimeMachine has no save_path")
-        stem = anchor_stem(_scope(craft))
+        scope = _scope(craft)
+        stem = anchor_stem(scope) if member is None else member_stem(scope, member)
         return _next_numbered(self.save_path, stem), stem
 
     def _retain(self, stem: str) -> None:
@@ -213,10 +382,11 @@ class TimeMachine:
         craft: Any,
         file: str | os.PathLike = "",
         ckpt_scope: str | None = None,
-        frozen: bool = False,
+        frozen: bool | None = None,
         optimizer: Any = None,
         restore_rng: bool = False,
         scheduler: Any = None,
+        member: int | None = None,
     ) -> Restored:
         """Loads an anchor into `craft`, a realized torch or JAX module, whichever wrote it.
 
@@ -225,15 +395,17 @@ class TimeMachine:
         optimizer exactly as they were.
 
         Args:
-            craft: the realized module; torch's is loaded in place, JAX's gets new arrays.
+            craft: the realized module; torch's is loaded in place, JAX's gets new arrays. Or
+                a BatchModule (either framework's, over a realized Craft) with `member`.
             file: the anchor, named as for `drop` (relative to `ckpt_path`, or `save_path`
                 when there is no `ckpt_path`), or the path `drop` returned. By default the
-                highest-numbered anchor of the Craft's scope in that folder, or `ckpt_path`
-                itself if it is a file.
+                highest-numbered anchor of the Craft's scope in that folder (of the member's
+                series with `member`), or `ckpt_path` itself if it is a file.
             ckpt_scope: load only names equal to it or under it.
             frozen: refuse any missing, unexpected or mis-shaped tensor, or one of another
                 dtype kind (CheckpointError naming each); otherwise load what matches and
                 report the rest. Never broadcast: ``(1,)`` does not load into ``(16,)``.
+                By default False for a model and True for a member (whole, as `insert`).
             optimizer: a torch optimizer to fill in place, or an optax state to fill (the
                 filled state is ``restored.optimizer``). Same framework as the writer: the
                 native state (same class, or same optax structure); the other framework: the
@@ -241,10 +413,23 @@ class TimeMachine:
                 parameters are not loaded.
             restore_rng: also restore the framework's global RNG where it has one (torch).
             scheduler: a torch LR scheduler to load in place (the anchor must hold one).
+            member: with a BatchModule, the member to fill (``-1`` is the last) from any
+                Craft anchor of its architecture, written by either framework (a single
+                model's or a member's). Checked as for a single model before the member
+                changes; not with `optimizer` or `scheduler`.
 
         Returns:
             The names skipped (with why), and the step, extra data and optimizer restored.
         """
+        i = self._member_argument(craft, member, "to_members", optimizer, scheduler)
+        if i is not None:
+            one = member_of(craft, i)  # a copy: loaded, then inserted only if it all loaded
+            path = self._source(_scope(one), file, i)
+            strict = True if frozen is None else frozen
+            restored = self.to(one, path, ckpt_scope, strict, restore_rng=restore_rng)
+            craft.insert(i, one)
+            return restored
+        frozen = bool(frozen)
         part = _adapter(craft)
         if ckpt_scope is not None and not isinstance(ckpt_scope, str):
             raise bad_argument("ckpt_scope", ckpt_scope, "a str or None")
@@ -320,6 +505,71 @@ class TimeMachine:
             part.import_rng(tensors["__rng__"])
         return restored
 
+    def to_members(
+        self,
+        bm: Any,
+        file: str | os.PathLike | Sequence[str | os.PathLike] = "",
+        ckpt_scope: str | None = None,
+        frozen: bool = True,
+    ) -> list[Restored]:
+        """Loads a set of member anchors into every member of a BatchModule.
+
+        Every anchor is checked, and loaded into a copy of its member, before any member
+        changes: one that fails leaves the whole BatchModule as it was.
+
+        Args:
+            bm: a BatchModule (either framework's) over a realized Craft.
+            file: the list of `bm.batch` anchors, member 0 first (what `drop_members`
+                returned; any Craft anchors of the architecture, from either framework), or
+                a set's name as given to `drop_members`. By default the newest set numbered
+                by `drop_members` in `ckpt_path` (or `save_path`) that holds every member.
+            ckpt_scope: load only names equal to it or under it.
+            frozen: as for `to`; by default each member is filled whole, as `insert` does.
+
+        Returns:
+            One `Restored` per member.
+        """
+        batch = batch_of(bm)
+        if batch is None:
+            raise bad_argument(
+                "bm", type(bm).__name__, "a BatchModule of dualtrain_torch or dualtrain_jax"
+            )
+        first = member_of(bm, 0)
+        paths = self._member_sources(_scope(first), file, batch)
+        loaded = []
+        for i, path in enumerate(paths):
+            one = first if i == 0 else member_of(bm, i)
+            loaded.append((one, self.to(one, path, ckpt_scope, frozen)))
+        for i, (one, _) in enumerate(loaded):
+            bm.insert(i, one)
+        return [restored for _, restored in loaded]
+
+    def _member_sources(
+        self, scope: str, file: str | os.PathLike | Sequence[str | os.PathLike], batch: int
+    ) -> list[Path]:
+        """The anchors `to_members` reads, member 0 first."""
+        if isinstance(file, Sequence) and not isinstance(file, (str, bytes)):
+            if len(file) != batch:
+                raise bad_argument(
+                    "file", file, f"one anchor per member: a list of batch={batch} paths"
+                )
+            return [self._source(scope, f) for f in file]
+        if not _absent(file):
+            named = _inside(None, file)  # checked here, found where `to` looks for it
+            return [self._source(scope, member_file(named, i)) for i in range(batch)]
+        folder = self.ckpt_path if self.ckpt_path is not None else self.save_path
+        if folder is None:
+            raise bad_argument(
+                "ckpt_path", None, "a folder of member anchors (or a save_path), or pass file="
+            )
+        if folder.is_file():
+            raise bad_argument(
+                "file",
+                file,
+                f"the set's name or its {batch} paths (ckpt_path {folder} is one anchor file)",
+            )
+        return newest_set(folder, scope, batch)
+
     def drop_embeddings(
         self, rows: Any, file: str | os.PathLike, extra: dict[str, Any] | None = None
     ) -> Path:
@@ -357,9 +607,11 @@ class TimeMachine:
     def _target_file(self, file: str | os.PathLike) -> Path:
         return _with_suffix(_inside(self.save_path, file))
 
-    def _source(self, scope: str | None, file: str | os.PathLike) -> Path:
+    def _source(
+        self, scope: str | None, file: str | os.PathLike, member: int | None = None
+    ) -> Path:
         """The anchor `to` reads: `file`, `ckpt_path` itself, or the scope's newest."""
-        return source_path(self.ckpt_path, self.save_path, scope, file)
+        return source_path(self.ckpt_path, self.save_path, scope, file, member)
 
 
 def _adapter(craft: Any) -> CheckpointPart:

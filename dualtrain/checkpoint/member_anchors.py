@@ -1,0 +1,128 @@
+"""The members of a BatchModule as anchors: which objects are batched, members, sets.
+
+A member's anchor is the anchor of ``bm.extract(i)``, an ordinary realized Craft, so it
+loads as a single model under either framework (docs/batching.md, Checkpoints of members).
+The core imports neither framework: a BatchModule, torch's or JAX's, is recognised by what
+both offer (`batch`, `extract`, `insert`) and its members go through the adapters' usual
+checkpoint part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+from dualtrain import atomic
+from dualtrain.errors import ArgumentError
+from dualtrain.validate import check_int
+
+__all__ = [
+    "batch_of",
+    "check_member",
+    "check_set_names",
+    "commit_set",
+    "discard_set",
+    "member_of",
+]
+
+_NAME_MAX = 255  # bytes in a file name on common filesystems (ext4, xfs, APFS, NTFS)
+
+
+def batch_of(obj: Any) -> int | None:
+    """The member count of a BatchModule (either framework's), or None for anything else.
+
+    A realized module (it names its ``dualtrain_backend``) is never a BatchModule.
+    """
+    if getattr(obj, "dualtrain_backend", None) is not None:
+        return None
+    batch = getattr(obj, "batch", None)
+    if (
+        callable(getattr(obj, "extract", None))
+        and callable(getattr(obj, "insert", None))
+        and isinstance(batch, int)
+        and not isinstance(batch, bool)
+        and batch >= 1
+    ):
+        return batch
+    return None
+
+
+def check_member(member: object, batch: int) -> int:
+    """A member index in ``[-batch, batch)`` (as `extract` takes it), returned in ``[0, batch)``."""
+    return check_int("member", member, minimum=-batch, maximum=batch - 1) % batch
+
+
+def member_of(bm: Any, index: int) -> Any:
+    """Member `index` of `bm` as a realized Craft module (``bm.extract(index)``, a copy).
+
+    Raises:
+        ArgumentError: the members are not realized Crafts (a plain torch module, a JAX
+            ``(params, apply_fn)`` pair): their anchors would not load in the other
+            framework, so they are saved with their framework's own tools.
+    """
+    member = bm.extract(index)
+    if getattr(member, "dualtrain_backend", None) in ("torch", "jax"):
+        return member
+    if isinstance(member, tuple):
+        what, how = "(params, apply_fn) pairs", "save bm.extract(i)[0] with your own tools"
+    else:
+        what = f"plain {type(member).__name__} modules"
+        how = "save bm.extract(i).state_dict() with torch.save or safetensors"
+    raise ArgumentError(
+        f"craft must be a BatchModule over a realized Craft (dualtrain_torch.realize or "
+        f"dualtrain_jax.realize) for its members to become anchors; got a BatchModule of "
+        f"{what}: {how}"
+    )
+
+
+def check_set_names(finals: list[Path], file: Any, named: bool) -> None:
+    """Refuses, before anything is written, a set whose files could not all be renamed.
+
+    A member's name too long for the filesystem, or (`named` set) a folder or other
+    non-file where a member's file goes, would fail only at its rename, after the members
+    before it. A numbered set steps past such a name instead.
+    """
+    for final in finals:
+        if len(final.name.encode()) > _NAME_MAX:
+            raise ArgumentError(
+                f"file must give member file names of at most {_NAME_MAX} bytes; got "
+                f"{final.name!r} ({len(final.name.encode())} bytes) for file={file!r}"
+            )
+        if named and os.path.lexists(final) and not final.is_file():
+            raise ArgumentError(
+                f"file must name member files where no folder is; got {final} (not a "
+                f"regular file) for file={file!r}"
+            )
+
+
+def commit_set(staged: list[tuple[Path, Path]], replace: bool) -> None:
+    """Renames each staged ``(temporary, final)`` file into place, in order.
+
+    With ``replace=False`` (numbered anchors) no final file is replaced: if one exists (a
+    writer racing for the number), the files already renamed go back to their temporary
+    names and FileExistsError propagates, so the caller can take the next number. Any other
+    failure also puts them back. With ``replace=True`` (a named set, which replaces an
+    older set of that name) a rename that fails leaves the members before it renamed.
+    """
+    done: list[tuple[Path, Path]] = []
+    try:
+        for tmp, final in staged:
+            atomic.commit(tmp, final, replace=replace)
+            done.append((tmp, final))
+    except BaseException:
+        if not replace:
+            for tmp, final in reversed(done):
+                try:
+                    os.replace(final, tmp)
+                except OSError:  # never hide the error that stopped the renames
+                    with contextlib.suppress(OSError):
+                        final.unlink(missing_ok=True)
+        raise
+
+
+def discard_set(staged: list[tuple[Path, Path]]) -> None:
+    """Removes the temporary files of a set that will not be renamed (never raises)."""
+    for tmp, _ in staged:
+        atomic.discard(tmp)
