@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dualtrain_jax.backend import JaxBackend
     from dualtrain_jax.batching import BatchModule, batch_loss, batch_topk
+    from dualtrain_jax.batching_optim import member_optimizer
     from dualtrain_jax.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_jax.embeddings import JaxRows, attach
     from dualtrain_jax.transfer import Transfer
@@ -22,6 +23,7 @@ _HOMES = {
     "BatchModule": "dualtrain_jax.batching",
     "batch_loss": "dualtrain_jax.batching",
     "batch_topk": "dualtrain_jax.batching",
+    "member_optimizer": "dualtrain_jax.batching_optim",
     "JaxBackend": "dualtrain_jax.backend",
     "Nozzle": "dualtrain_jax.craft",
     "Prober": "dualtrain_jax.craft",
@@ -46,6 +48,7 @@ __all__ = [
     "batch_loss",
     "batch_topk",
     "coat",
+    "member_optimizer",
     "realize",
     "shell",
 ]  # the keys of _HOMES

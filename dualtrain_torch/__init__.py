@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dualtrain_torch.backend import TorchBackend
     from dualtrain_torch.batching import BatchModule, batch_loss, batch_topk
+    from dualtrain_torch.batching_optim import member_optimizer
     from dualtrain_torch.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_torch.embeddings import TorchRows, attach
     from dualtrain_torch.transfer import Transfer
@@ -22,6 +23,7 @@ _HOMES = {
     "BatchModule": "dualtrain_torch.batching",
     "batch_loss": "dualtrain_torch.batching",
     "batch_topk": "dualtrain_torch.batching",
+    "member_optimizer": "dualtrain_torch.batching_optim",
     "TorchBackend": "dualtrain_torch.backend",
     "Nozzle": "dualtrain_torch.craft",
     "Prober": "dualtrain_torch.craft",
@@ -46,6 +48,7 @@ __all__ = [
     "batch_loss",
     "batch_topk",
     "coat",
+    "member_optimizer",
     "realize",
     "shell",
 ]  # the keys of _HOMES

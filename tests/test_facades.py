@@ -29,6 +29,7 @@ SHARED = [
     "batch_loss",
     "batch_topk",
     "coat",
+    "member_optimizer",
     "realize",
     "shell",
 ]
@@ -52,9 +53,21 @@ def test_both_export_the_same_names():
             package.nothing  # noqa: B018
 
 
-@pytest.mark.parametrize("name", [n for n in SHARED if n != "attach"])
+@pytest.mark.parametrize("name", [n for n in SHARED if n not in ("attach", "member_optimizer")])
 def test_shared_names_have_the_same_signature(name):
     assert shape(getattr(dualtrain_torch, name)) == shape(getattr(dualtrain_jax, name))
+
+
+def test_member_optimizer_matches_but_for_torchs_params():
+    """torch's optimizer is built over the parameters; optax's transformation meets them at
+    ``init``, so JAX's has no ``params``. The rest lines up: names, kinds, defaults."""
+    t, j = shape(dualtrain_torch.member_optimizer), shape(dualtrain_jax.member_optimizer)
+    assert t[0] == ("params", inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty)
+    assert t[1:] == j
+    assert j[:2] == [
+        ("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty),
+        ("batch", inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty),
+    ]
 
 
 def test_realize_is_keyword_only_after_the_craft():

@@ -1,0 +1,265 @@
+"""Per-member training under JAX: optax SGD, Adam and AdamW with ``[batch]`` hyper-parameters.
+
+`member_optimizer` returns an ``optax.GradientTransformation`` for a `BatchModule`'s stacked
+params (every leaf ``[batch, ...]``). Underneath, ``optax.inject_hyperparams`` of optax's
+``sgd``/``adam``/``adamw`` is initialized and updated under ``jax.vmap`` over the members,
+so each member's hyper-parameters are the entries of ``[batch]`` arrays in the state and
+member i steps exactly as that optax optimizer steps member i alone. Inactive members get
+``-0.0`` updates (``p + -0.0`` is ``p`` bit for bit, signed zeros included) and keep their
+state. docs/batching.md, "Per-member hyper-parameters".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dualtrain.batching import hyper as hyper_checks
+from dualtrain.batching.members import check_leading
+from dualtrain.errors import bad_argument
+
+__all__ = ["MemberState", "hyper_of", "member_optimizer", "set_active", "set_hyper"]
+
+# Our names -> optax's names in the injected hyper-parameters.
+_OPTAX_NAMES = {
+    "lr": "learning_rate",
+    "momentum": "momentum",
+    "beta1": "b1",
+    "beta2": "b2",
+    "eps": "eps",
+    "weight_decay": "weight_decay",
+}
+
+
+def _sgd(
+    learning_rate: Any, momentum: Any, weight_decay: Any, nesterov: bool
+) -> optax.GradientTransformation:
+    # torch's coupled weight decay: the decay joins the gradient before the momentum.
+    return optax.chain(
+        optax.add_decayed_weights(weight_decay), optax.sgd(learning_rate, momentum, nesterov)
+    )
+
+
+def _adam(
+    learning_rate: Any, b1: Any, b2: Any, eps: Any, weight_decay: Any
+) -> optax.GradientTransformation:
+    # torch.optim.Adam's weight decay is coupled L2, added to the gradient first.
+    return optax.chain(
+        optax.add_decayed_weights(weight_decay), optax.adam(learning_rate, b1, b2, eps)
+    )
+
+
+def _adamw(
+    learning_rate: Any, b1: Any, b2: Any, eps: Any, weight_decay: Any
+) -> optax.GradientTransformation:
+    return optax.adamw(learning_rate, b1, b2, eps, weight_decay=weight_decay)
+
+
+_FACTORIES = {"sgd": _sgd, "adam": _adam, "adamw": _adamw}
+_READS = {
+    "sgd": ("lr", "momentum", "weight_decay"),
+    "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
+    "adamw": ("lr", "beta1", "beta2", "eps", "weight_decay"),
+}
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class MemberState:
+    """The state of `member_optimizer`: a pytree (jit, checkpoints), every leaf ``[batch]``-led.
+
+    Attributes:
+        inner: the vmapped ``optax.inject_hyperparams`` state: ``inner.hyperparams`` holds
+            the ``[batch]`` hyper-parameters under optax's names (``learning_rate``,
+            ``momentum``, ``b1``, ``b2``, ``eps``, ``weight_decay``); ``inner.count`` each
+            member's step count.
+        active: ``[batch]`` bools; False: the member does not step.
+        max_grad_norm: ``[batch]`` clipping norms, or None (no clipping).
+        name: ``"sgd"``, ``"adam"`` or ``"adamw"`` (static).
+        nesterov: SGD's Nesterov flag (static).
+    """
+
+    inner: Any
+    active: Any
+    max_grad_norm: Any
+    name: str
+    nesterov: bool
+
+    def tree_flatten(self) -> tuple[tuple[Any, Any, Any], tuple[str, bool]]:
+        return (self.inner, self.active, self.max_grad_norm), (self.name, self.nesterov)
+
+    @classmethod
+    def tree_unflatten(cls, aux: tuple[str, bool], children: Any) -> MemberState:
+        inner, active, clip = children
+        name, nesterov = aux
+        return cls(inner, active, clip, name, nesterov)
+
+
+def _transform(name: str, nesterov: bool, values: dict[str, Any]) -> Any:
+    """Optax's injected transformation for `name`, with `values` under our names."""
+    numbers = {_OPTAX_NAMES[k]: values[k] for k in _READS[name]}
+    if name == "sgd":
+        numbers["nesterov"] = nesterov
+    return optax.inject_hyperparams(_FACTORIES[name])(**numbers)
+
+
+def _lead(values: Any, like: Any) -> Any:
+    return jnp.reshape(values, (values.shape[0],) + (1,) * (jnp.ndim(like) - 1))
+
+
+def _check_params(params: Any, batch: int) -> None:
+    leaves = jax.tree.leaves(params)
+    if not leaves:
+        raise bad_argument("params", params, "a pytree of [batch, ...] arrays")
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        check_leading(f"params{jax.tree_util.keystr(path)}", jnp.shape(leaf), batch, "[batch, ...]")
+
+
+def member_optimizer(
+    name: str,
+    batch: int,
+    *,
+    lr: object,
+    momentum: object = 0.0,
+    betas: object = (0.9, 0.999),
+    eps: object = 1e-8,
+    weight_decay: object = 0.0,
+    nesterov: bool = False,
+    max_grad_norm: object = None,
+    active: object = None,
+) -> optax.GradientTransformation:
+    """An optax transformation that steps each member with its own hyper-parameters.
+
+    Member i follows optax's ``sgd`` / ``adam`` / ``adamw`` run on member i alone with
+    ``lr[i]``, ``momentum[i]``, ... (SGD's and Adam's weight decay is coupled L2, added to
+    the gradient first as torch does; AdamW's decoupled). Same keywords and checks as
+    ``dualtrain_torch.member_optimizer``, without its ``params`` (an optax transformation
+    meets its params at ``init``). Change values between steps with `set_hyper` /
+    `set_active` on the state (outside ``jit``: values are checked on the host).
+
+    Args:
+        name: ``"sgd"``, ``"adam"`` or ``"adamw"``.
+        batch: the member count (every params leaf's leading dimension).
+        lr: learning rates, >= 0; a float (every member) or ``[batch]`` values.
+        momentum: SGD's momentum, >= 0 (SGD only).
+        betas: Adam's ``(b1, b2)``, each in [0, 1) (Adam, AdamW only).
+        eps: Adam's epsilon, >= 0 (Adam, AdamW only).
+        weight_decay: >= 0.
+        nesterov: SGD's Nesterov momentum (needs every member's momentum > 0); fixed.
+        max_grad_norm: None (no clipping) or each member's clipping norm (``inf``: not
+            clipped); member i's gradient is clipped as ``optax.clip_by_global_norm``
+            clips member i's tree alone.
+        active: None (all) or ``[batch]`` bools; inactive members get ``-0.0`` updates and
+            keep their state, so params and state stay bit for bit as they were.
+
+    Raises:
+        ArgumentError: a bad name or value (as under torch).
+        ShapeError: (at ``init``) a params leaf whose leading dimension is not `batch`.
+    """
+    hyper = hyper_checks.check_hyper(
+        name,
+        batch,
+        lr=lr,
+        momentum=momentum,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        nesterov=nesterov,
+        max_grad_norm=max_grad_norm,
+        active=active,
+    )
+    stepper = _transform(hyper.name, hyper.nesterov, dict.fromkeys(_OPTAX_NAMES, 0.0))
+
+    def init(params: Any) -> MemberState:
+        _check_params(params, hyper.batch)
+        numbers = {k: jnp.asarray(v) for k, v in hyper.arrays().items() if k in _OPTAX_NAMES}
+
+        def one(p: Any, values: dict[str, Any]) -> Any:
+            return _transform(hyper.name, hyper.nesterov, values).init(p)
+
+        clip = hyper.max_grad_norm
+        return MemberState(
+            inner=jax.vmap(one)(params, numbers),
+            active=jnp.asarray(hyper.active),
+            max_grad_norm=None if clip is None else jnp.asarray(clip),
+            name=hyper.name,
+            nesterov=hyper.nesterov,
+        )
+
+    def update(grads: Any, state: MemberState, params: Any = None) -> tuple[Any, MemberState]:
+        def one(g: Any, s: Any, p: Any, clip: Any) -> Any:
+            if clip is not None:
+                g, _ = optax.clip_by_global_norm(clip).update(g, optax.EmptyState())
+            return stepper.update(g, s, p)
+
+        updates, inner = jax.vmap(one)(grads, state.inner, params, state.max_grad_norm)
+        active = state.active
+        # -0.0 is the identity of addition for every float, +0.0 and -0.0 included.
+        updates = jax.tree.map(
+            lambda u: jnp.where(_lead(active, u), u, jnp.asarray(-0.0, u.dtype)), updates
+        )
+        inner = jax.tree.map(
+            lambda new, old: jnp.where(_lead(active, new), new, old), inner, state.inner
+        )
+        return updates, dataclasses.replace(state, inner=inner)
+
+    return optax.GradientTransformation(init, update)
+
+
+def hyper_of(state: MemberState) -> hyper_checks.MemberHyper:
+    """The state's hyper-parameters as NumPy arrays (host values: call outside ``jit``)."""
+    if not isinstance(state, MemberState):
+        raise bad_argument("state", type(state), "a member_optimizer state (MemberState)")
+    found = state.inner.hyperparams
+    batch = int(np.shape(state.active)[0])
+    defaults = {"momentum": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+    numbers = {
+        k: np.asarray(found[_OPTAX_NAMES[k]], np.float64)
+        if _OPTAX_NAMES[k] in found
+        else np.full(batch, defaults[k])
+        for k in _OPTAX_NAMES
+    }
+    clip = state.max_grad_norm
+    return hyper_checks.MemberHyper(
+        name=state.name,
+        batch=batch,
+        nesterov=state.nesterov,
+        max_grad_norm=None if clip is None else np.asarray(clip, np.float64),
+        active=np.asarray(state.active, np.bool_),
+        **numbers,
+    )
+
+
+def set_hyper(state: MemberState, **changes: object) -> MemberState:
+    """`state` with hyper-parameters changed; moments and step counts are kept.
+
+    Keywords: ``lr``, ``weight_decay``, ``momentum`` (SGD), ``betas``, ``eps`` (Adam,
+    AdamW), ``max_grad_norm`` (if built with one), ``active``; each a float or ``[batch]``
+    values.
+
+    Raises:
+        ArgumentError: an unknown keyword or a bad value (as under torch).
+    """
+    new = hyper_checks.check_changes(hyper_of(state), changes)
+    found = dict(state.inner.hyperparams)
+    for key, value in new.arrays().items():
+        name = _OPTAX_NAMES.get(key)
+        if name in found:
+            found[name] = jnp.asarray(value, dtype=found[name].dtype)
+    clip = state.max_grad_norm
+    return dataclasses.replace(
+        state,
+        inner=state.inner._replace(hyperparams=found),
+        active=jnp.asarray(new.active),
+        max_grad_norm=None if clip is None else jnp.asarray(new.max_grad_norm, clip.dtype),
+    )
+
+
+def set_active(state: MemberState, active: object) -> MemberState:
+    """`state` with `active` (``[batch]`` bools; None: all) as the members that step."""
+    return set_hyper(state, active=active)

@@ -1,0 +1,393 @@
+"""Per-member training under torch: member_optimizer equals N separate torch.optim runs."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+
+from dualtrain.errors import ArgumentError, ShapeError  # noqa: E402
+from dualtrain_torch.batching import BatchModule  # noqa: E402
+from dualtrain_torch.batching_optim import MemberOptimizer, member_optimizer  # noqa: E402
+from tests.batching.member_cases import hyper_cases, member_value  # noqa: E402
+
+TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+TIGHT = {"rtol": 1e-9, "atol": 1e-12}
+
+
+def batched(n: int, seed: int = 1) -> BatchModule:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    return BatchModule(net, n, seed=seed, strategy="vmap", check_isolation=False)
+
+
+def data(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.as_tensor(np.random.default_rng(seed).standard_normal((n, 5, 3)))
+
+
+def backward(bm: BatchModule, x: torch.Tensor) -> None:
+    for p in bm.parameters():
+        p.grad = None
+    bm(x).pow(2).sum().backward()
+
+
+def reference(name: str, module: nn.Module, keywords: dict, i: int):
+    """torch's own optimizer for member i, and its clipping norm (or None)."""
+    own = {k: member_value(v, i) for k, v in keywords.items() if k != "max_grad_norm"}
+    clip = keywords.get("max_grad_norm")
+    return TORCH[name](module.parameters(), **own), None if clip is None else clip[i]
+
+
+def step_reference(module: nn.Module, opt, clip, x: torch.Tensor) -> torch.Tensor | None:
+    opt.zero_grad()
+    module(x).pow(2).sum().backward()
+    norm = None
+    if clip is not None:
+        norm = torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+    opt.step()
+    return norm
+
+
+@settings(max_examples=25)
+@given(case=hyper_cases(), steps=st.integers(1, 3), seed=st.integers(0, 2**32))
+def test_members_step_as_separate_torch_optimizers(case, steps, seed):
+    name, n, keywords = case
+    bm = batched(n, seed)
+    opt = member_optimizer(bm, name, n, **keywords)
+    models = [bm.extract(i) for i in range(n)]
+    refs = [reference(name, m, keywords, i) for i, m in enumerate(models)]
+    x = data(n, seed % 7)
+    for _ in range(steps):
+        backward(bm, x)
+        opt.step()
+        norms = [
+            step_reference(m, o, c, x[i])
+            for i, (m, (o, c)) in enumerate(zip(models, refs, strict=True))
+        ]
+        if keywords["max_grad_norm"] is not None:  # the norm before clipping, per member
+            np.testing.assert_allclose(opt.last_grad_norm, torch.stack(norms), **TIGHT)
+    stacked = dict(bm.stack.named_parameters())
+    for i, model in enumerate(models):
+        for key, value in model.named_parameters():
+            np.testing.assert_allclose(stacked[key][i].detach(), value.detach(), **TIGHT)
+            mine, theirs = opt.state[stacked[key]], refs[i][0].state[value]
+            for slot in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+                if theirs.get(slot) is not None:
+                    np.testing.assert_allclose(mine[slot][i], theirs[slot], **TIGHT)
+            if "step" in theirs:
+                assert float(mine["step"][i]) == float(theirs["step"]) == steps
+
+
+def snapshot(bm: BatchModule, opt: MemberOptimizer) -> dict:
+    out = {f"p.{k}": v.detach().clone() for k, v in bm.named_parameters()}
+    for j, p in enumerate(bm.parameters()):
+        for slot, value in opt.state[p].items():
+            out[f"s{j}.{slot}"] = value.clone()
+    return out
+
+
+@settings(max_examples=15)
+@given(case=hyper_cases(max_batch=4), mask=st.lists(st.booleans(), min_size=4, max_size=4))
+def test_inactive_members_stay_bit_identical_while_others_move(case, mask):
+    name, n, keywords = case
+    keywords = {**keywords, "lr": 0.1}  # every active member moves
+    bm = batched(n)
+    opt = member_optimizer(bm, name, n, **keywords)
+    x = data(n)
+    backward(bm, x)
+    opt.step()  # every member has state now
+    with torch.no_grad():
+        bm.stack.get_parameter("0.bias")[0] = -0.0  # signed zeros survive too
+    before = snapshot(bm, opt)
+    active = np.array(mask[:n])
+    opt.set_active(active)
+    for _ in range(2):
+        backward(bm, x)
+        opt.step()
+    after = snapshot(bm, opt)
+    for key, old in before.items():
+        for i in range(n):
+            if not active[i]:
+                assert torch.equal(after[key][i], old[i]), key
+                assert torch.equal(torch.signbit(after[key][i]), torch.signbit(old[i])), key
+    for i in np.flatnonzero(active):
+        assert not torch.equal(after["p.stack.0.weight"][i], before["p.stack.0.weight"][i])
+        assert float(after["s0.step"][i]) == 3.0
+
+
+@settings(max_examples=10)
+@given(case=hyper_cases(max_batch=2), pauses=st.lists(st.booleans(), min_size=4, max_size=4))
+def test_a_paused_member_resumes_as_if_those_steps_were_skipped(case, pauses):
+    """Per-member step counts: member 0 paused on some steps equals a run without them."""
+    name, n, keywords = case
+    bm = batched(n)
+    opt = member_optimizer(bm, name, n, **keywords)
+    model = bm.extract(0)
+    ref, clip = reference(name, model, keywords, 0)
+    x = data(n)
+    for paused in pauses:
+        opt.set_active([not paused] + [True] * (n - 1))
+        backward(bm, x)
+        opt.step()
+        if not paused:
+            step_reference(model, ref, clip, x[0])
+    for key, value in model.named_parameters():
+        np.testing.assert_allclose(bm.stack.get_parameter(key)[0].detach(), value.detach(), **TIGHT)
+
+
+def test_set_hyper_between_steps_equals_changing_torchs_param_group():
+    bm = batched(2)
+    opt = member_optimizer(bm, "adamw", 2, lr=[0.1, 0.01], weight_decay=0.1, betas=(0.8, 0.99))
+    models = [bm.extract(i) for i in range(2)]
+    lrs = [[0.1, 0.01], [0.05, 0.2], [0.0, 0.3]]
+    refs = [torch.optim.AdamW(m.parameters(), lr=lrs[0][i], weight_decay=0.1, betas=(0.8, 0.99))
+            for i, m in enumerate(models)]  # fmt: skip
+    x = data(2)
+    for lr in lrs:
+        opt.set_hyper(lr=lr)
+        backward(bm, x)
+        opt.step()
+        for i, (m, o) in enumerate(zip(models, refs, strict=True)):
+            o.param_groups[0]["lr"] = lr[i]
+            step_reference(m, o, None, x[i])
+    for i, m in enumerate(models):
+        for key, value in m.named_parameters():
+            np.testing.assert_allclose(bm.stack.get_parameter(key)[i].detach(), value.detach())
+    np.testing.assert_array_equal(opt.hyper.lr, [0.0, 0.3])
+
+
+def test_float32_members_match_torch_at_float32():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    bm = BatchModule(net, 3, seed=2, strategy="vmap", check_isolation=False)
+    lrs, betas = [0.1, 0.01, 0.001], ([0.9, 0.5, 0.0], 0.99)
+    opt = member_optimizer(bm, "adam", 3, lr=lrs, betas=betas, weight_decay=0.1)
+    models = [bm.extract(i) for i in range(3)]
+    refs = [
+        torch.optim.Adam(m.parameters(), lr=lr, betas=(b1, 0.99), weight_decay=0.1)
+        for m, lr, b1 in zip(models, lrs, betas[0], strict=True)
+    ]
+    x = data(3).float()
+    for _ in range(3):
+        backward(bm, x)
+        opt.step()
+        for i, (m, o) in enumerate(zip(models, refs, strict=True)):
+            step_reference(m, o, None, x[i])
+    for i, m in enumerate(models):
+        for key, value in m.named_parameters():
+            assert bm.stack.get_parameter(key).dtype == torch.float32
+            np.testing.assert_allclose(
+                bm.stack.get_parameter(key)[i].detach(), value.detach(), rtol=1e-5, atol=1e-6
+            )
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4),
+        lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda epoch: 1.0 / (1 + epoch)),
+    ],
+    ids=["StepLR", "CosineAnnealingLR", "LambdaLR"],
+)
+def test_torch_lr_schedulers_scale_every_members_rate(schedule):
+    """A scheduler scales the group's factor ``lr`` (1.0): member i follows its own
+    optimizer under the same scheduler."""
+    bm = batched(2)
+    opt = member_optimizer(bm, "adamw", 2, lr=[0.1, 0.02], weight_decay=[0.1, 0.0])
+    scheduler = schedule(opt)
+    models = [bm.extract(i) for i in range(2)]
+    refs = [
+        torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=wd)
+        for m, lr, wd in zip(models, [0.1, 0.02], [0.1, 0.0], strict=True)
+    ]
+    ref_schedulers = [schedule(o) for o in refs]
+    x = data(2)
+    for _ in range(4):
+        backward(bm, x)
+        opt.step()
+        scheduler.step()
+        for i, (m, o, s) in enumerate(zip(models, refs, ref_schedulers, strict=True)):
+            step_reference(m, o, None, x[i])
+            s.step()
+    for i, m in enumerate(models):
+        for key, value in m.named_parameters():
+            np.testing.assert_allclose(
+                bm.stack.get_parameter(key)[i].detach(), value.detach(), **TIGHT
+            )
+    np.testing.assert_array_equal(opt.hyper.lr, [0.1, 0.02])  # the members' own rates
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_state_dict_round_trips(name):
+    extra = {"momentum": [0.5, 0.9]} if name == "sgd" else {"betas": ([0.8, 0.9], 0.99)}
+    runs = []
+    for _ in range(2):
+        bm = batched(2)
+        opt = member_optimizer(bm, name, 2, lr=[0.1, 0.05], max_grad_norm=[0.5, math.inf], **extra)
+        runs.append((bm, opt))
+    (bm, opt), (copy, fresh) = runs
+    x = data(2)
+    for _ in range(2):
+        backward(bm, x)
+        opt.step()
+    opt.set_hyper(lr=[0.3, 0.0], active=[False, True])
+    buffer = io.BytesIO()
+    torch.save({"model": bm.state_dict(), "opt": opt.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer)
+    copy.load_state_dict(saved["model"])
+    fresh.load_state_dict(saved["opt"])
+    np.testing.assert_array_equal(fresh.hyper.lr, [0.3, 0.0])
+    np.testing.assert_array_equal(fresh.hyper.active, [False, True])
+    for model, o in ((bm, opt), (copy, fresh)):
+        backward(model, x)
+        o.step()
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(snapshot(bm, opt).values(), snapshot(copy, fresh).values(), strict=True)
+    )
+    other = member_optimizer(batched(2), "sgd" if name != "sgd" else "adam", 2, lr=0.1)
+    with pytest.raises(ArgumentError, match="state_dict's name"):
+        other.load_state_dict(opt.state_dict())
+
+
+@pytest.mark.parametrize(
+    ("keywords", "match"),
+    [
+        ({"name": "lamb"}, r"name must be one of \('sgd', 'adam', 'adamw'\)"),
+        ({"lr": [0.1, 0.2, 0.3]}, r"lr must be a number or 2 numbers .*shape \(2,\)"),
+        ({"lr": -0.1}, "lr must be a number or 2 numbers"),
+        ({"lr": [0.1, math.nan]}, "lr must be"),
+        ({"lr": True}, "lr must be"),
+        ({"lr": "0.1"}, "lr must be"),
+        ({"weight_decay": math.inf}, "weight_decay must be"),
+        ({"name": "adam", "betas": (0.9, 1.0)}, r"betas\[1\] must be .*in \[0, 1\)"),
+        ({"name": "adam", "betas": 0.9}, "betas must be a pair"),
+        ({"name": "adam", "momentum": 0.9}, "momentum must be its default 0.0 for 'adam'"),
+        ({"name": "sgd", "betas": (0.5, 0.9)}, "betas must be its default"),
+        ({"name": "sgd", "nesterov": True, "momentum": [0.9, 0.0]}, "momentum must be > 0"),
+        ({"max_grad_norm": [1.0]}, "max_grad_norm must be"),
+        ({"active": [1, 0]}, "active must be None or 2 bools"),
+        ({"batch": 0}, "batch must be a positive int"),
+    ],
+)
+def test_bad_arguments_are_refused(keywords, match):
+    bm = batched(2)
+    arguments = {"name": "sgd", "batch": 2, "lr": 0.1} | keywords
+    with pytest.raises(ArgumentError, match=match):
+        member_optimizer(bm, **arguments)
+
+
+def test_bad_parameters_and_changes_are_refused():
+    bm = batched(2)
+    with pytest.raises(ShapeError, match=r"params\[0\] must have the member count"):
+        member_optimizer(bm, "sgd", 3, lr=0.1)
+    with pytest.raises(ArgumentError, match="params must be a BatchModule"):
+        member_optimizer(torch.zeros(2, 3), "sgd", 2, lr=0.1)
+    opt = member_optimizer(bm, "sgd", 2, lr=0.1)
+    before = opt.hyper
+    with pytest.raises(ArgumentError, match="set_hyper keyword must be one of"):
+        opt.set_hyper(betas=(0.9, 0.99))
+    with pytest.raises(ArgumentError, match="max_grad_norm must be unchanged"):
+        opt.set_hyper(max_grad_norm=1.0)
+    with pytest.raises(ArgumentError, match="lr must be"):
+        opt.set_hyper(weight_decay=0.1, lr=[0.1, -1.0])
+    np.testing.assert_array_equal(opt.hyper.weight_decay, before.weight_decay)  # nothing moved
+
+
+# -- plain torch optimizers over bm.parameters(): which keep members isolated -----------------
+
+OPT = torch.optim
+ISOLATED = {
+    "SGD nesterov, weight decay": lambda p: OPT.SGD(
+        p, lr=0.1, momentum=0.9, weight_decay=0.1, nesterov=True
+    ),
+    "SGD foreach": lambda p: OPT.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    "SGD fused": lambda p: OPT.SGD(p, lr=0.1, momentum=0.9, fused=True),
+    "Adam": lambda p: OPT.Adam(p, lr=0.1, weight_decay=0.1),
+    "Adam foreach": lambda p: OPT.Adam(p, lr=0.1, foreach=True),
+    "Adam fused": lambda p: OPT.Adam(p, lr=0.1, fused=True),
+    "Adam amsgrad": lambda p: OPT.Adam(p, lr=0.1, amsgrad=True),
+    "AdamW": lambda p: OPT.AdamW(p, lr=0.1),
+    "AdamW foreach": lambda p: OPT.AdamW(p, lr=0.1, foreach=True),
+    "AdamW fused": lambda p: OPT.AdamW(p, lr=0.1, fused=True),
+    "RMSprop centered": lambda p: OPT.RMSprop(p, lr=0.1, momentum=0.5, centered=True),
+    "Adagrad": lambda p: OPT.Adagrad(p, lr=0.1),
+    "Adadelta": lambda p: OPT.Adadelta(p),
+    "Adamax": lambda p: OPT.Adamax(p),
+    "NAdam": lambda p: OPT.NAdam(p),
+    "RAdam": lambda p: OPT.RAdam(p),
+    "Rprop": lambda p: OPT.Rprop(p),
+    "ASGD": lambda p: OPT.ASGD(p),
+    "member_optimizer adamw": lambda p: member_optimizer(p, "adamw", 2, lr=0.1, max_grad_norm=0.1),
+}
+MIXING = {
+    "Adafactor": (lambda p: OPT.Adafactor(p), False, False),
+    "LBFGS": (lambda p: OPT.LBFGS(p, lr=0.1), False, True),
+    "SGD after clip_grad_norm_ over bm.parameters()": (lambda p: OPT.SGD(p, lr=0.1), True, False),
+}
+
+
+def trajectory(make, scale: float, clip: bool = False, closure: bool = False):
+    """Member 1's parameters after 3 steps when member 0's loss is scaled by `scale`."""
+    bm = batched(2)
+    opt = make(bm.parameters())
+    x, weight = data(2), torch.tensor([scale, 1.0], dtype=torch.float64)
+
+    def loss():
+        opt.zero_grad()
+        value = (bm(x).pow(2).sum((1, 2)) * weight).sum()
+        value.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(bm.parameters(), 0.1)
+        return value
+
+    for _ in range(3):
+        if closure:
+            opt.step(loss)
+        else:
+            loss()
+            opt.step()
+    return [p[1].detach().clone() for p in bm.parameters()]
+
+
+@pytest.mark.parametrize("name", list(ISOLATED))
+def test_elementwise_optimizers_keep_members_isolated(name):
+    alone, perturbed = trajectory(ISOLATED[name], 1.0), trajectory(ISOLATED[name], 3.0)
+    assert all(torch.equal(a, b) for a, b in zip(alone, perturbed, strict=True))
+
+
+@pytest.mark.parametrize("name", list(MIXING))
+def test_global_quantities_mix_members(name):
+    make, clip, closure = MIXING[name]
+    alone = trajectory(make, 1.0, clip, closure)
+    perturbed = trajectory(make, 3.0, clip, closure)
+    assert not all(torch.equal(a, b) for a, b in zip(alone, perturbed, strict=True))
+
+
+def test_grad_scaler_skips_every_member_when_one_overflows():
+    bm = batched(2)
+    opt = OPT.SGD(bm.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    before = [p[1].detach().clone() for p in bm.parameters()]
+    out = bm(data(2))
+    loss = out[0].sum() * math.inf + out[1].pow(2).sum()  # only member 0 overflows
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert all(
+        torch.equal(a, p[1]) for a, p in zip(before, bm.parameters(), strict=True)
+    )  # 1 did not move
+
+
+def test_muon_refuses_stacked_members():
+    with pytest.raises(ValueError, match="only supports 2D parameters"):
+        OPT.Muon([p for p in batched(2).parameters() if p.dim() == 3])
