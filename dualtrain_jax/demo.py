@@ -9,10 +9,12 @@ import numpy as np
 import optax
 
 from dualtrain import Craft, EmbeddingStore, convert
+from dualtrain_jax.batching import BatchModule, batch_loss
+from dualtrain_jax.batching_optim import member_optimizer
 from dualtrain_jax.craft import realize
 from dualtrain_jax.embeddings import attach
 
-__all__ = ["train", "train_embeddings", "train_from_tank"]
+__all__ = ["train", "train_embeddings", "train_from_tank", "train_sweep"]
 
 
 def train(
@@ -40,6 +42,36 @@ def train(
         losses.append(float(loss))
     module.params, module.state = params, state
     return losses, module
+
+
+def train_sweep(
+    craft: Craft, x: np.ndarray, y: np.ndarray, *, lrs: np.ndarray, steps: int, seed: int
+) -> list[list[float]]:
+    """A learning-rate sweep as one BatchModule; the contract is `demo.sweep.SWEEP_CONTRACT`."""
+    batch = len(lrs)
+    bm = BatchModule(realize(craft, seed=seed), batch, init="identical", shared_input=True)
+    tx = member_optimizer("sgd", batch, lr=lrs)
+    inputs, labels = convert((x, y), to="jax")
+
+    @jax.jit
+    def step(params: Any, state: Any, opt_state: Any) -> tuple[Any, Any, Any, jax.Array]:
+        def loss_fn(params: Any) -> tuple[jax.Array, tuple[jax.Array, Any]]:
+            out, new_state = bm.apply(params, state, inputs, train=True)
+            losses = batch_loss(out, labels, batch)  # [batch]
+            return losses.sum(), (losses, new_state)
+
+        (_, (losses, state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), state, opt_state, losses
+
+    bm.train = True  # the sweep trains: BatchNorm uses batch statistics, per member
+    bm.tune(inputs)  # the strategy is measured outside jit, in training mode
+    params, state, opt_state = bm.params, bm.state, tx.init(bm.params)
+    losses = []
+    for _ in range(steps):
+        params, state, opt_state, loss = step(params, state, opt_state)
+        losses.append(np.asarray(loss).tolist())
+    return losses
 
 
 def train_from_tank(craft: Craft, tank: Any, *, lr: float, steps: int, seed: int) -> list[float]:

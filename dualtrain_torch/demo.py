@@ -8,10 +8,12 @@ import numpy as np
 import torch
 
 from dualtrain import Craft, EmbeddingStore, convert
+from dualtrain_torch.batching import BatchModule, batch_loss
+from dualtrain_torch.batching_optim import member_optimizer
 from dualtrain_torch.craft import Rudder, realize
 from dualtrain_torch.embeddings import attach
 
-__all__ = ["train", "train_embeddings", "train_from_tank"]
+__all__ = ["train", "train_embeddings", "train_from_tank", "train_sweep"]
 
 
 def train(
@@ -30,6 +32,26 @@ def train(
             optimizer.step()
             losses.append(loss.item())
     return losses, module
+
+
+def train_sweep(
+    craft: Craft, x: np.ndarray, y: np.ndarray, *, lrs: np.ndarray, steps: int, seed: int
+) -> list[list[float]]:
+    """A learning-rate sweep as one BatchModule; the contract is `demo.sweep.SWEEP_CONTRACT`."""
+    batch = len(lrs)
+    bm = BatchModule(realize(craft, seed=seed), batch, init="identical", shared_input=True)
+    optimizer = member_optimizer(bm, "sgd", batch, lr=lrs)
+    inputs, labels = convert((x, y), to="torch")
+    targets = labels.long()
+    losses = []
+    with Rudder(bm):
+        for _ in range(steps):
+            loss = batch_loss(bm(inputs), targets, batch)  # [batch]
+            optimizer.zero_grad()
+            loss.sum().backward()  # member i's gradient is its own loss's
+            optimizer.step()
+            losses.append(loss.tolist())
+    return losses
 
 
 def train_from_tank(craft: Craft, tank: Any, *, lr: float, steps: int, seed: int) -> list[float]:

@@ -6,6 +6,7 @@ import io
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -44,6 +45,21 @@ def test_demo_shares_memory_trains_one_craft_in_both_and_crosses_its_checkpoint(
     text = out.getvalue()
     assert "NumPy -> torch -> JAX -> NumPy" in text and "round trip bit-exact: True" in text
     assert "loaded into a fresh JAX module (0 skipped)" in " ".join(text.split())
+    # The sweep: member i trains as the demo's single model with lrs[i], under both.
+    from dualtrain import backends
+    from dualtrain.demo import DemoNet, make_data
+
+    lrs, sweep_torch = result["sweep_lrs"], np.asarray(result["sweep_torch_losses"])
+    assert sweep_torch.shape == (12, len(lrs)) == np.shape(result["sweep_jax_losses"])
+    np.testing.assert_allclose(sweep_torch, result["sweep_jax_losses"], rtol=1e-4, atol=1e-5)
+    assert (sweep_torch[-1] < sweep_torch[0]).all()
+    x, y, _ = make_data(0)
+    for i in (0, len(lrs) - 1):
+        alone, _ = backends.load_part("torch", "demo").train(
+            DemoNet(classes=4), x, y, lr=lrs[i], steps=12, seed=0
+        )
+        np.testing.assert_allclose(sweep_torch[:, i], alone, rtol=1e-4, atol=1e-5)
+    assert "a learning-rate sweep: 8 members in one BatchModule" in text
     # Fuel: the same Tank batches under both frameworks give the same curve, which learns.
     fuel_torch, fuel_jax = result["fuel_torch_losses"], result["fuel_jax_losses"]
     assert result["packed_rows"] == 256 and fuel_torch[-1] < fuel_torch[0] * 0.5

@@ -4,9 +4,10 @@ It lists the backends found, moves a pytree NumPy -> torch -> JAX -> NumPy count
 copies, trains one Craft (a small MLP with BatchNorm) in torch and in JAX from the same data
 and the same seed, printing the two loss curves side by side, then drops the torch model's
 checkpoint and loads it into a fresh JAX module, which then predicts what torch does.
-Then it packs synthetic images into a Fuel pack and trains from a Tank under both, and last
-it trains a user x item factorization from two host-memory EmbeddingStores under both.
-Adapters are reached only through `dualtrain.backends`; nothing is downloaded.
+It sweeps eight learning rates as one batched model under both. Then it packs synthetic
+images into a Fuel pack and trains from a Tank under both, and last it trains a user x item
+factorization from two host-memory EmbeddingStores under both. Adapters are reached only
+through `dualtrain.backends`; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -86,7 +87,9 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
     crossing = _show_checkpoint(console, modules, x)
     from dualtrain.demo.embeddings import run_embeddings  # rich and Pillow only when run
     from dualtrain.demo.fuel import run_fuel
+    from dualtrain.demo.sweep import run_sweep
 
+    sweep = run_sweep(console, craft, x, y, seed, steps=min(steps, 30))
     fuel = run_fuel(console, seed)
     embeddings = run_embeddings(console, seed)
     total = time.perf_counter() - started
@@ -97,6 +100,7 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
         "jax_losses": losses["jax"],
         "train_seconds": seconds,
         "checkpoint_max_difference": crossing,
+        **sweep,
         **fuel,
         **embeddings,
     }

@@ -25,6 +25,12 @@ class DemoPart(Protocol):
         """Full-batch SGD on (x, y): the losses before each step and the trained module."""
         ...
 
+    def train_sweep(
+        self, craft: Craft, x: np.ndarray, y: np.ndarray, *, lrs: np.ndarray, steps: int, seed: int
+    ) -> list[list[float]]:
+        """A learning-rate sweep trained as one BatchModule: each step's member losses."""
+        ...
+
     def train_from_tank(
         self, craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
     ) -> list[float]:
