@@ -4,8 +4,8 @@
 its naming, numbering and retention, `vocabulary` the words every manifest uses (formats,
 backend and slot names, and what older formats said), `manifest` a Craft anchor's manifest,
 `fit` how an anchor fits a model, `optim_state` the neutral optimizer schema,
-`member_anchors` the members of a BatchModule as anchors, `time_machine` the user's entry
-and `embeddings` the anchors of an `EmbeddingStore`.
+`member_anchors` the members of a BatchModule as anchors, `member_sets` TimeMachine's member
+methods, `time_machine` the user's entry and `embeddings` the anchors of an `EmbeddingStore`.
 """
 
 from __future__ import annotations

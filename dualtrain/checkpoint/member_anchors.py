@@ -23,6 +23,7 @@ __all__ = [
     "check_member",
     "check_set_names",
     "commit_set",
+    "craft_scope",
     "discard_set",
     "member_of",
 ]
@@ -47,6 +48,11 @@ def batch_of(obj: Any) -> int | None:
     ):
         return batch
     return None
+
+
+def craft_scope(craft: Any) -> str:
+    """The scope a realized module's anchors are named for: its Craft's, else the class name."""
+    return craft.craft.scope or type(craft.craft).__name__
 
 
 def check_member(member: object, batch: int) -> int:

@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import numbers
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dualtrain import backends
-from dualtrain.checkpoint.anchor_file import Anchor, stage_anchor, write_anchor
+from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
 from dualtrain.checkpoint.anchor_names import (
     _absent,
     _check_unnumbered,
@@ -27,10 +26,7 @@ from dualtrain.checkpoint.anchor_names import (
     _next_numbered,
     _with_suffix,
     anchor_stem,
-    member_file,
     member_stem,
-    newest_set,
-    next_set_number,
     source_path,
 )
 from dualtrain.checkpoint.fit import BOOKKEEPING, _check_rng, _compare, _few, _select
@@ -43,14 +39,8 @@ from dualtrain.checkpoint.manifest import (  # FORMAT and the readers: re-export
     _manifest,
     craft_manifest,
 )
-from dualtrain.checkpoint.member_anchors import (
-    batch_of,
-    check_member,
-    check_set_names,
-    commit_set,
-    discard_set,
-    member_of,
-)
+from dualtrain.checkpoint.member_anchors import craft_scope, member_of
+from dualtrain.checkpoint.member_sets import MemberSets
 from dualtrain.checkpoint.optim_state import (
     check_optimizer,
     check_scheduler,
@@ -94,11 +84,7 @@ class Restored(list):
     manifest: dict[str, Any]
 
 
-def _scope(craft: Any) -> str:
-    return craft.craft.scope or type(craft.craft).__name__
-
-
-class TimeMachine:
+class TimeMachine(MemberSets):
     """Drops and loads checkpoints of realized Crafts, under either framework.
 
     Also the members of a BatchModule over a realized Craft, one (``member=``) or all
@@ -191,129 +177,6 @@ class TimeMachine:
         self._retain(stem)  # retention governs the anchors drop numbers itself, never a named file
         return path.absolute()
 
-    def drop_members(
-        self,
-        bm: Any,
-        file: str | os.PathLike = "",
-        save_scope: str | None = None,
-        step: int | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> list[Path]:
-        """Writes every member of a BatchModule as its own anchor: a set of `bm.batch` files.
-
-        Member i's file holds exactly what ``drop(bm.extract(i))`` writes. Every member is
-        written to a temporary file first and the set is renamed into place only when all
-        are written, so a failure (a full disk at member 5 of 8) leaves no file of the set.
-
-        Args:
-            bm: a BatchModule (``dualtrain_torch``'s or ``dualtrain_jax``'s) over a realized
-                Craft.
-            file: the set's name, as for `drop`: member i is ``<file>%m<i>.safetensors``
-                (an older set of that name is replaced). By default the set is numbered:
-                ``<save_path>/<stem>%m<i>-<n>.safetensors`` with one n for every member,
-                one past the highest of any member's series; `max_anchors` keeps that many
-                anchors of each member's series.
-            save_scope: as for `drop`.
-            step: the training step, recorded in every member's anchor.
-            extra: JSON-serializable data, recorded in every member's anchor.
-
-        Returns:
-            The members' anchors' absolute paths, member 0 first (`to_members` takes them).
-        """
-        batch = batch_of(bm)
-        if batch is None:
-            raise bad_argument(
-                "bm", type(bm).__name__, "a BatchModule of dualtrain_torch or dualtrain_jax"
-            )
-        first = member_of(bm, 0)
-        payload = self._payload(first, save_scope, None, step, extra, None)  # checks all
-        scope = _scope(first)
-        if _absent(file):
-            if self.save_path is None:
-                raise bad_argument(
-                    "file", file, "the set's name, since the TimeMachine has no save_path"
-                )
-            n, finals = self._numbered_set(scope, batch)
-        else:
-            base = self._target_file(file)
-            _check_unnumbered(base, file)
-            finals = [member_file(base, i) for i in range(batch)]
-        check_set_names(finals, file, named=not _absent(file))
-        staged: list[tuple[Path, Path]] = []
-        try:
-            for i in range(batch):
-                if i:  # one member's copy at a time: memory stays one member's
-                    payload = self._payload(member_of(bm, i), save_scope, None, step, extra, None)
-                tensors, manifest = payload
-                staged.append((stage_anchor(finals[i], tensors, manifest, _jsonable), finals[i]))
-            del payload
-            if not _absent(file):
-                commit_set(staged, replace=True)
-                return [p.absolute() for p in finals]
-            for _ in range(1000):
-                try:
-                    commit_set(staged, replace=False)
-                    break
-                except FileExistsError:  # another writer took n: the next one, for all
-                    n, finals = self._numbered_set(scope, batch, above=n)
-                    staged = [(tmp, final) for (tmp, _), final in zip(staged, finals, strict=True)]
-            else:  # pragma: no cover - a thousand writers racing for one scope
-                raise CheckpointError(f"no free set number for {scope!r} in {self.save_path}")
-        except BaseException:
-            discard_set(staged)
-            raise
-        for i in range(batch):
-            self._retain(member_stem(scope, i))
-        return [p.absolute() for p in finals]
-
-    def _numbered_set(self, scope: str, batch: int, above: int = 0) -> tuple[int, list[Path]]:
-        """The next set number past the members' series and `above`, and the set's files.
-
-        Past `above` too: a name taken by something numbering does not count (a folder)
-        must not be tried again.
-        """
-        assert self.save_path is not None
-        n = max(next_set_number(self.save_path, scope, batch), above + 1)
-        stems = [member_stem(scope, i) for i in range(batch)]
-        return n, [self.save_path / f"{stem}-{n}.safetensors" for stem in stems]
-
-    def _member_argument(
-        self, craft: Any, member: Any, every: str, optimizer: Any, scheduler: Any
-    ) -> int | None:
-        """Member `member` of `craft` (a BatchModule), or None for a single model.
-
-        Refuses a member of a single model, a BatchModule without one, and an optimizer or
-        scheduler with one (the stacked optimizer state holds every member).
-        """
-        batch = batch_of(craft)
-        if batch is None:
-            if member is not None:
-                raise bad_argument(
-                    "member",
-                    member,
-                    f"None for a single model (craft is a {type(craft).__name__}, not a "
-                    "BatchModule)",
-                )
-            return None
-        if member is None:
-            raise bad_argument(
-                "member",
-                None,
-                f"the index of one of the BatchModule's {batch} members, in [0, {batch}) "
-                f"(or {every}(bm) for all of them)",
-            )
-        i = check_member(member, batch)
-        for name, value in (("optimizer", optimizer), ("scheduler", scheduler)):
-            if value is not None:
-                raise bad_argument(
-                    name,
-                    type(value).__name__,
-                    "None with member=: a member's optimizer and scheduler state are not "
-                    "stored (the stacked state holds every member); save it with "
-                    "bm.extract(i) and an optimizer of its own",
-                )
-        return i
-
     def _payload(
         self,
         craft: Any,
@@ -366,7 +229,7 @@ class TimeMachine:
             return path, None
         if self.save_path is None:
             raise bad_argument("file", file, "a path, since the TimeMachine has no save_path")
-        scope = _scope(craft)
+        scope = craft_scope(craft)
         stem = anchor_stem(scope) if member is None else member_stem(scope, member)
         return _next_numbered(self.save_path, stem), stem
 
@@ -424,7 +287,7 @@ class TimeMachine:
         i = self._member_argument(craft, member, "to_members", optimizer, scheduler)
         if i is not None:
             one = member_of(craft, i)  # a copy: loaded, then inserted only if it all loaded
-            path = self._source(_scope(one), file, i)
+            path = self._source(craft_scope(one), file, i)
             strict = True if frozen is None else frozen
             restored = self.to(one, path, ckpt_scope, strict, restore_rng=restore_rng)
             craft.insert(i, one)
@@ -434,7 +297,7 @@ class TimeMachine:
         if ckpt_scope is not None and not isinstance(ckpt_scope, str):
             raise bad_argument("ckpt_scope", ckpt_scope, "a str or None")
         part.check_optimizer_argument(optimizer)
-        path = self._source(_scope(craft), file)
+        path = self._source(craft_scope(craft), file)
         anchor = Anchor(path)
         manifest = _checked(anchor)
         specs = part.specs(craft)
@@ -504,71 +367,6 @@ class TimeMachine:
         if restore_rng and "__rng__" in tensors:
             part.import_rng(tensors["__rng__"])
         return restored
-
-    def to_members(
-        self,
-        bm: Any,
-        file: str | os.PathLike | Sequence[str | os.PathLike] = "",
-        ckpt_scope: str | None = None,
-        frozen: bool = True,
-    ) -> list[Restored]:
-        """Loads a set of member anchors into every member of a BatchModule.
-
-        Every anchor is checked, and loaded into a copy of its member, before any member
-        changes: one that fails leaves the whole BatchModule as it was.
-
-        Args:
-            bm: a BatchModule (either framework's) over a realized Craft.
-            file: the list of `bm.batch` anchors, member 0 first (what `drop_members`
-                returned; any Craft anchors of the architecture, from either framework), or
-                a set's name as given to `drop_members`. By default the newest set numbered
-                by `drop_members` in `ckpt_path` (or `save_path`) that holds every member.
-            ckpt_scope: load only names equal to it or under it.
-            frozen: as for `to`; by default each member is filled whole, as `insert` does.
-
-        Returns:
-            One `Restored` per member.
-        """
-        batch = batch_of(bm)
-        if batch is None:
-            raise bad_argument(
-                "bm", type(bm).__name__, "a BatchModule of dualtrain_torch or dualtrain_jax"
-            )
-        first = member_of(bm, 0)
-        paths = self._member_sources(_scope(first), file, batch)
-        loaded = []
-        for i, path in enumerate(paths):
-            one = first if i == 0 else member_of(bm, i)
-            loaded.append((one, self.to(one, path, ckpt_scope, frozen)))
-        for i, (one, _) in enumerate(loaded):
-            bm.insert(i, one)
-        return [restored for _, restored in loaded]
-
-    def _member_sources(
-        self, scope: str, file: str | os.PathLike | Sequence[str | os.PathLike], batch: int
-    ) -> list[Path]:
-        """The anchors `to_members` reads, member 0 first."""
-        if isinstance(file, Sequence) and not isinstance(file, (str, bytes)):
-            if len(file) != batch:
-                raise bad_argument(
-                    "file", file, f"one anchor per member: a list of batch={batch} paths"
-                )
-            return [self._source(scope, f) for f in file]
-        if not _absent(file):
-            named = _inside(None, file)  # checked here, found where `to` looks for it
-            return [self._source(scope, member_file(named, i)) for i in range(batch)]
-        folder = self.ckpt_path if self.ckpt_path is not None else self.save_path
-        if folder is None:
-            raise bad_argument(
-                "ckpt_path", None, "a folder of member anchors (or a save_path), or pass file="
-            )
-        if folder.is_file():
-            raise bad_argument(
-                "file",
-                file,
-                f"the set's name or its {batch} paths (ckpt_path {folder} is one anchor file)",
-            )
-        return newest_set(folder, scope, batch)
 
     def drop_embeddings(
         self, rows: Any, file: str | os.PathLike, extra: dict[str, Any] | None = None
