@@ -271,8 +271,8 @@ class BatchModule:
             spec.batch,
             chunk,
             key,
-            lambda options: batching_run.timed_runs(
-                spec.one, options, params, state, inputs, spec.shared_input, keys, train
+            lambda options, members: batching_run.timed_runs(
+                spec.one, options, params, state, inputs, spec.shared_input, keys, train, members
             ),
         )
         if spec.check_isolation and spec.isolation is None and not traced:

@@ -98,11 +98,18 @@ def timed_runs(
     shared: bool,
     keys: Any,
     train: bool,
+    members: int | None = None,
 ) -> dict[str, Callable[[], None]]:
     """One callable per candidate: the jitted forward and backward.
 
-    As a training step runs it; the untimed first call compiles.
+    As a training step runs it; the untimed first call compiles. `members` runs only the
+    first that many.
     """
+    if members is not None:
+        params, state = _row(params, slice(0, members)), _row(state, slice(0, members))
+        keys = None if keys is None else keys[:members]
+        if not shared:
+            inputs = [x[:members] if _is_array(x) else x for x in inputs]
 
     def make(strategy: str, chunk: int | None) -> Callable[[], None]:
         def loss(p: Any) -> Any:

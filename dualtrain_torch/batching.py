@@ -55,6 +55,12 @@ class BatchModule(nn.Module):
     """
 
     _template: nn.Module  # set with object.__setattr__: not a submodule
+    # Lay parameters out like their gradients on the first backward (match_gradient_layout:
+    # vmap's Linear weight gradients come out transposed per member, and a contiguous
+    # parameter pays a strided copy of each every step). False keeps them contiguous, for
+    # code that flattens parameters or gradients with .view(-1) (LBFGS,
+    # parameters_to_vector). state_dict() gives contiguous tensors either way.
+    match_gradient_layout: bool = True
 
     def __init__(
         self,
@@ -90,6 +96,7 @@ class BatchModule(nn.Module):
         self._decisions: dict[tuple[Any, ...], dispatch.Decision] = {}
         self._decision: dispatch.Decision | None = None
         self._isolation: str | None = None
+        self._laid_out = False  # parameters laid out like their gradients (first backward)
         self.stack = Stack()
         sources = dict(template.named_parameters()) | dict(template.named_buffers())
         for name, *_, trainable in entries:
@@ -99,6 +106,7 @@ class BatchModule(nn.Module):
             params, buffers = self._tensors()
             draw_members(template, params | buffers, seeds)
         self.train(module.training)
+        self._register_state_dict_hook(_contiguous_state)
 
     # -- members -------------------------------------------------------------------------
 
@@ -180,6 +188,7 @@ class BatchModule(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> BatchModule:
         super()._apply(fn, recurse)
+        self._laid_out = False  # .to() may lay parameters out afresh
         self._template._apply(fn, recurse)  # extract() copies the template: same dtype, device
         return self
 
@@ -228,8 +237,8 @@ class BatchModule(nn.Module):
             self.batch,
             chunk,
             key,
-            lambda options: batching_run.timed_runs(
-                self._template, options, params, buffers, inputs, self.shared_input
+            lambda options, members: batching_run.timed_runs(
+                self._template, options, params, buffers, inputs, self.shared_input, members
             ),
         )
         if self.check_isolation and self._isolation is None:
@@ -246,6 +255,17 @@ class BatchModule(nn.Module):
                 decision.strategy,
                 ran=decision.reason == "measured",
             )
+        if not self._laid_out and self.match_gradient_layout and torch.is_grad_enabled():
+            batching_run.match_gradient_layout(
+                self._template,
+                decision.strategy,
+                decision.chunk,
+                params,
+                buffers,
+                inputs,
+                self.shared_input,
+            )
+            self._laid_out = True
         self._decisions[key] = decision
         self._decision = decision
         return decision
@@ -280,3 +300,10 @@ class BatchModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"batch={self.batch}, module={self._kind}, strategy={self.strategy!r}"
+
+
+def _contiguous_state(module: nn.Module, state: dict[str, Any], prefix: str, local: Any) -> None:
+    """state_dict() values are contiguous (safetensors refuses strided tensors)."""
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor) and not value.is_contiguous():
+            state[name] = value.contiguous()

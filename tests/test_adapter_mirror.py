@@ -12,8 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # file -> why only torch has it
 TORCH_ONLY = {
-    "compat": "migration shims for torch-only tools (SpeedTorch, torchmb): "
-    "their APIs are torch's",
+    "compat": "migration shims for torch-only tools (SpeedTorch, torchmb): their APIs are torch's",
 }
 JAX_ONLY: dict[str, str] = {}
 

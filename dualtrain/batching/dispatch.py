@@ -32,6 +32,13 @@ __all__ = [
 
 # The most members one chunk holds when "chunked" (torch) runs without a memory budget.
 CHUNK = 8
+# Above this many members, "auto" first times the candidates on this many (a preliminary
+# round) and times only those within PRUNE of the best there on every member: some
+# strategies grow faster than linearly in the member count (XLA:CPU's gradient of a
+# vmapped conv: 2 s a call at 8 members, minutes at 128), and timing them at full size
+# would cost more than any training step saves.
+PRELIMINARY = 8
+PRUNE = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +53,8 @@ class Decision:
             earlier for the same key), or ``"default"`` (JAX under a trace, not measured).
         timings: seconds per call of each candidate measured, fastest first.
         errors: candidates that raised, with the error's text.
+        preliminary: candidates dropped in the preliminary round, with their seconds per
+            call on `PRELIMINARY` members.
     """
 
     strategy: str
@@ -53,6 +62,7 @@ class Decision:
     reason: str = "forced"
     timings: Mapping[str, float] = dataclasses.field(default_factory=dict)
     errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    preliminary: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 class DecisionCache:
@@ -180,9 +190,13 @@ def decide(
     batch: int,
     chunk: int,
     key: tuple[Any, ...],
-    make_runs: Callable[[dict[str, int | None]], Mapping[str, Callable[[], object]]],
+    make_runs: Callable[[dict[str, int | None], int | None], Mapping[str, Callable[[], object]]],
 ) -> Decision:
     """The strategy for one call: forced, cached under `key`, or measured now.
+
+    Above `PRELIMINARY` members the candidates are first timed on that many members, and
+    those more than `PRUNE` times slower than the best there are dropped unmeasured at
+    full size (one survivor is chosen without more timing).
 
     Args:
         backend: ``"torch"`` or ``"jax"``.
@@ -190,7 +204,8 @@ def decide(
         batch: the member count.
         chunk: the most members one vmapped call may hold (the budget's `chunk_size`).
         key: the cache key: backend, architecture, input shapes and dtypes, device, mode.
-        make_runs: builds one timed callable per candidate ``{strategy: chunk}``.
+        make_runs: ``make_runs(options, members)`` builds one timed callable per candidate
+            ``{strategy: chunk}``, running the first `members` members (None: all).
 
     Raises:
         Exception: the first candidate's own error, when every candidate failed.
@@ -201,12 +216,24 @@ def decide(
     if cached is not None:
         return dataclasses.replace(cached, reason="cached")
     options = candidates(backend, batch, chunk)
-    timings, errors = measure(make_runs(options))
-    if not timings:
-        raise next(iter(errors.values()))
-    best = next(iter(timings))
+    dropped: dict[str, float] = {}
+    errors: dict[str, BaseException] = {}
+    if batch > PRELIMINARY and len(options) > 1:
+        small, errors = measure(make_runs(options, PRELIMINARY))
+        if small:
+            fastest = min(small.values())
+            dropped = {k: v for k, v in small.items() if v > PRUNE * fastest}
+            options = {k: v for k, v in options.items() if k in small and k not in dropped}
+    if len(options) == 1 and (dropped or errors):
+        timings: dict[str, float] = {}
+    else:
+        timings, more = measure(make_runs(options, None))
+        errors |= more
+        if not timings:
+            raise next(iter(errors.values()))
+    best = next(iter(timings), next(iter(options)))
     text = {k: f"{type(e).__name__}: {e}".splitlines()[0][:200] for k, e in errors.items()}
-    decision = Decision(best, options[best], "measured", timings, text)
+    decision = Decision(best, options[best], "measured", timings, text, dropped)
     CACHE.put(key, decision)
     return decision
 
@@ -224,6 +251,11 @@ def explain_text(
         for name, seconds in decision.timings.items():
             mark = "  <- chosen" if name == decision.strategy else ""
             lines.append(f"    {name:<8} {seconds * 1e3:10.3f} ms per call{mark}")
+        for name, seconds in decision.preliminary.items():
+            lines.append(
+                f"    {name:<8} {seconds * 1e3:10.3f} ms per call on {PRELIMINARY} members: "
+                f"over {PRUNE:g}x the best there, not timed on all"
+            )
         for name, error in decision.errors.items():
             lines.append(f"    {name:<8} failed: {error}")
     lines.append(f"  isolation probe: {isolation or 'not run yet (runs on the first call)'}")

@@ -117,6 +117,40 @@ def test_measure_keeps_the_fastest_and_reports_the_ones_that_failed():
     assert "not chosen yet" in dispatch.explain_text(None, "jax", 2)
 
 
+def _sleeper(seconds_by_members):
+    """make_runs whose candidates sleep seconds_by_members[members][name]; records calls."""
+    calls = []
+
+    def make_runs(options, members):
+        calls.append((dict(options), members))
+        table = seconds_by_members[members]
+        return {name: (lambda s=table[name]: time.sleep(s)) for name in options}
+
+    return make_runs, calls
+
+
+def test_many_members_are_first_timed_on_a_few_and_far_slower_ones_are_dropped():
+    make_runs, calls = _sleeper({8: {"vmap": 0.03, "chunked": 0.001, "loop": 0.0}})
+    decision = dispatch.decide("torch", "auto", 128, 128, ("prelim", 1), make_runs)
+    # vmap and chunked lost by far on 8 members: the loop is chosen without timing all 128.
+    assert [m for _, m in calls] == [8]
+    assert decision.strategy == "loop" and set(decision.preliminary) == {"vmap", "chunked"}
+    text = dispatch.explain_text(decision, "torch", 128)
+    assert "on 8 members: over 2x the best there, not timed on all" in text
+
+
+def test_close_candidates_are_timed_again_on_every_member():
+    slow = {"vmap": 0.004, "chunked": 0.001, "loop": 0.0012}
+    make_runs, calls = _sleeper({8: slow, None: {"vmap": 0.0, "chunked": 0.01, "loop": 0.01}})
+    decision = dispatch.decide("torch", "auto", 32, 32, ("prelim", 2), make_runs)
+    assert [m for _, m in calls] == [8, None] and set(calls[1][0]) == {"chunked", "loop"}
+    assert decision.strategy in {"chunked", "loop"} and "vmap" in decision.preliminary
+    # At most PRELIMINARY members there is one round, on every member.
+    make_runs, calls = _sleeper({None: {"vmap": 0.0, "map": 0.001, "loop": 0.001}})
+    assert dispatch.decide("jax", "auto", 8, 8, ("prelim", 3), make_runs).strategy == "vmap"
+    assert [m for _, m in calls] == [None]
+
+
 def test_the_cache_is_keyed_and_clearable():
     cache = dispatch.DecisionCache()
     cache.put(("a",), dispatch.Decision("loop"))

@@ -339,6 +339,7 @@ MIXING = {
 def trajectory(make, scale: float, clip: bool = False, closure: bool = False):
     """Member 1's parameters after 3 steps when member 0's loss is scaled by `scale`."""
     bm = batched(2)
+    bm.match_gradient_layout = False  # LBFGS flattens gradients with .view(-1)
     opt = make(bm.parameters())
     x, weight = data(2), torch.tensor([scale, 1.0], dtype=torch.float64)
 

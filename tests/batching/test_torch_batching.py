@@ -336,3 +336,34 @@ def test_state_dict_names_and_conversions_reach_every_member_and_the_template():
     assert member[0].weight.dtype == torch.float64 and member.training
     assert bm(torch.randn(2, 5, 3, dtype=torch.float64)).dtype == torch.float64
     assert "strategy: loop (forced)" in bm.tune(torch.randn(2, 5, 3, dtype=torch.float64))
+
+
+def test_parameters_take_their_gradients_layout_and_keep_their_values():
+    # vmap's gradient of a Linear weight is transposed per member in memory; the parameters
+    # are laid out like it on the first backward, so no step pays a strided copy.
+    net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3))
+    bm = BatchModule(net, 3, strategy="vmap")
+    before = {k: v.detach().clone() for k, v in bm.state_dict().items()}
+    ids = [id(p) for p in bm.parameters()]
+    opt = torch.optim.SGD(bm.parameters(), lr=0.1, momentum=0.9)
+    bm(torch.randn(3, 2, 5)).sum().backward()
+    for p in bm.parameters():
+        assert p.stride() == p.grad.stride()
+    assert [id(p) for p in bm.parameters()] == ids  # the optimizer's parameters still
+    after = bm.state_dict()
+    for name, value in before.items():
+        assert torch.equal(after[name], value)
+    opt.step()
+    for i in range(3):  # members still run as themselves
+        x = torch.randn(2, 5)
+        torch.testing.assert_close(bm(torch.stack([x] * 3))[i], bm.extract(i)(x))
+    bm.double()  # .to() lays them out afresh, and the next backward again
+    bm(torch.randn(3, 2, 5, dtype=torch.float64)).sum().backward()
+    assert all(p.stride() == p.grad.stride() for p in bm.parameters())
+    assert not all(p.is_contiguous() for p in bm.parameters())
+    assert all(v.is_contiguous() for v in bm.state_dict().values())  # safetensors takes it
+    plain = BatchModule(net, 3, strategy="vmap")
+    plain.match_gradient_layout = False  # for code that flattens with .view(-1)
+    plain(torch.randn(3, 2, 5)).sum().backward()
+    torch.nn.utils.parameters_to_vector(plain.parameters())
+    assert all(p.grad.view(-1) is not None for p in plain.parameters())
