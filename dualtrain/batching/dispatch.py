@@ -38,7 +38,7 @@ CHUNK = 8
 # vmapped conv: 2 s a call at 8 members, minutes at 128), and timing them at full size
 # would cost more than any training step saves.
 PRELIMINARY = 8
-PRUNE = 2.0
+PRUNE = 1.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,14 +155,17 @@ def measure(
     runs: Mapping[str, Callable[[], object]],
     *,
     repeats: int = 3,
+    budget: float = 3.0,
     clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[dict[str, float], dict[str, BaseException]]:
     """Times each candidate; returns ``(seconds per call, errors)``.
 
-    Each candidate runs once untimed (compilation, caches, allocation), then `repeats`
-    rounds taken round-robin so a change of machine load touches every candidate alike; a
-    candidate's time is its fastest round. One more than three times slower than the best
-    after a round is not run again. A candidate that raises is dropped with its error.
+    Each candidate runs once untimed (compilation, caches, allocation), then up to
+    `repeats` rounds taken round-robin so a change of machine load touches every candidate
+    alike; a candidate's time is its fastest round. One more than three times slower than
+    the best after a round is not run again. No round starts once the rounds have taken
+    `budget` seconds (slow calls need fewer samples to be told apart). A candidate that
+    raises is dropped with its error.
     """
     errors: dict[str, BaseException] = {}
     live: list[str] = []
@@ -174,7 +177,10 @@ def measure(
         else:
             live.append(name)
     best: dict[str, float] = {}
+    started = clock()
     for _ in range(repeats):
+        if best and clock() - started > budget:
+            break
         for name in live:
             start = clock()
             runs[name]()

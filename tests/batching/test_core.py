@@ -117,6 +117,19 @@ def test_measure_keeps_the_fastest_and_reports_the_ones_that_failed():
     assert "not chosen yet" in dispatch.explain_text(None, "jax", 2)
 
 
+def test_rounds_stop_once_they_have_taken_the_budget():
+    calls = {"a": 0, "b": 0}
+
+    def run(name):
+        calls[name] += 1
+
+    runs = {name: (lambda n=name: run(n)) for name in calls}
+    timings, _ = dispatch.measure(runs, repeats=3, budget=0.0)
+    assert set(timings) == {"a", "b"} and calls == {"a": 2, "b": 2}  # untimed + one round
+    dispatch.measure(runs, repeats=3, budget=60.0)
+    assert calls == {"a": 6, "b": 6}
+
+
 def _sleeper(seconds_by_members):
     """make_runs whose candidates sleep seconds_by_members[members][name]; records calls."""
     calls = []
@@ -136,7 +149,7 @@ def test_many_members_are_first_timed_on_a_few_and_far_slower_ones_are_dropped()
     assert [m for _, m in calls] == [8]
     assert decision.strategy == "loop" and set(decision.preliminary) == {"vmap", "chunked"}
     text = dispatch.explain_text(decision, "torch", 128)
-    assert "on 8 members: over 2x the best there, not timed on all" in text
+    assert "on 8 members: over 1.5x the best there, not timed on all" in text
 
 
 def test_close_candidates_are_timed_again_on_every_member():
