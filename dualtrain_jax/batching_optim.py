@@ -183,13 +183,14 @@ def member_optimizer(
             return _transform(hyper.name, hyper.nesterov, values).init(p)
 
         clip = hyper.max_grad_norm
-        return MemberState(
+        state = MemberState(
             inner=jax.vmap(one)(params, numbers),
             active=jnp.asarray(hyper.active),
             max_grad_norm=None if clip is None else jnp.asarray(clip),
             name=hyper.name,
             nesterov=hyper.nesterov,
         )
+        return _placed(state, jax.tree_util.tree_leaves(params)[0])
 
     def update(grads: Any, state: MemberState, params: Any = None) -> tuple[Any, MemberState]:
         def one(g: Any, s: Any, p: Any, clip: Any) -> Any:
@@ -252,12 +253,28 @@ def set_hyper(state: MemberState, **changes: object) -> MemberState:
         if name in found:
             found[name] = jnp.asarray(value, dtype=found[name].dtype)
     clip = state.max_grad_norm
-    return dataclasses.replace(
+    changed = dataclasses.replace(
         state,
         inner=state.inner._replace(hyperparams=found),
         active=jnp.asarray(new.active),
         max_grad_norm=None if clip is None else jnp.asarray(new.max_grad_norm, clip.dtype),
     )
+    return _placed(changed, jax.tree_util.tree_leaves(state.inner)[0])
+
+
+def _placed(tree: Any, like: Any) -> Any:
+    """`tree` on `like`'s device when `like` is committed to one device.
+
+    A jitted step keys its compilation on where its arguments are committed: a state of
+    uncommitted arrays beside committed params made the step compile once more after its
+    first call (its outputs are committed), and again after each `set_active`.
+    """
+    sharding = getattr(like, "sharding", None)
+    if not getattr(like, "committed", False) or not isinstance(
+        sharding, jax.sharding.SingleDeviceSharding
+    ):
+        return tree
+    return jax.device_put(tree, sharding)
 
 
 def set_active(state: MemberState, active: object) -> MemberState:

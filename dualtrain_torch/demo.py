@@ -39,7 +39,11 @@ def train_sweep(
 ) -> list[list[float]]:
     """A learning-rate sweep as one BatchModule; the contract is `demo.sweep.SWEEP_CONTRACT`."""
     batch = len(lrs)
-    bm = BatchModule(realize(craft, seed=seed), batch, init="identical", shared_input=True)
+    # Eight tiny MLPs over one batch: vmap, forced. "auto" would first time every
+    # strategy, which costs more than these 30 steps (JAX compiles each candidate).
+    bm = BatchModule(
+        realize(craft, seed=seed), batch, init="identical", shared_input=True, strategy="vmap"
+    )
     optimizer = member_optimizer(bm, "sgd", batch, lr=lrs)
     inputs, labels = convert((x, y), to="torch")
     targets = labels.long()

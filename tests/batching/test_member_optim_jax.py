@@ -195,3 +195,24 @@ def test_bad_params_and_changes_are_refused():
         set_hyper(state, max_grad_norm=math.inf)
     with pytest.raises(ArgumentError, match="state must be a member_optimizer state"):
         set_hyper(optax.adam(0.1).init(stacked(2)), lr=0.1)
+
+
+def test_a_jitted_step_compiles_once_across_steps_and_set_active():
+    # The state sits where the params are committed, so its placement never changes the
+    # step's compilation key (an uncommitted state compiled the step twice, then again
+    # after set_active).
+    from dualtrain_jax.batching_optim import set_active
+
+    params = jax.device_put({"w": jnp.ones((3, 2))}, jax.devices()[0])
+    tx = member_optimizer("adam", 3, lr=[0.1, 0.2, 0.3])
+
+    @jax.jit
+    def step(params, state):
+        updates, state = tx.update(jax.tree_util.tree_map(jnp.ones_like, params), state, params)
+        return optax.apply_updates(params, updates), state
+
+    state = tx.init(params)
+    for i in range(3):
+        params, state = step(params, state)
+        state = set_active(state, [True, i != 1, True])
+    assert step._cache_size() == 1  # one executable (2 when the state was uncommitted)
