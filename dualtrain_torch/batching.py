@@ -13,12 +13,20 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from dualtrain.batching import dispatch, isolation, members
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch import batching_run
 from dualtrain_torch.batching_loss import batch_loss, batch_topk
-from dualtrain_torch.batching_members import Stack, copy_module, draw_members, entries_of, kind_of
+from dualtrain_torch.batching_members import (
+    Stack,
+    copy_module,
+    draw_members,
+    entries_of,
+    kind_of,
+    non_persistent,
+)
 
 __all__ = ["BatchModule", "batch_loss", "batch_topk"]
 
@@ -99,9 +107,16 @@ class BatchModule(nn.Module):
         self._laid_out = False  # parameters laid out like their gradients (first backward)
         self.stack = Stack()
         sources = dict(template.named_parameters()) | dict(template.named_buffers())
+        skipped = non_persistent(template)
         for name, *_, trainable in entries:
             value = sources[name].detach()
-            self.stack.put(name, value.unsqueeze(0).repeat_interleave(batch, 0), trainable)
+            self.stack.put(
+                name,
+                value.unsqueeze(0).repeat_interleave(batch, 0),
+                trainable,
+                requires_grad=sources[name].requires_grad,  # frozen members stay frozen
+                persistent=name not in skipped,
+            )
         if init == "independent":
             params, buffers = self._tensors()
             draw_members(template, params | buffers, seeds)
@@ -190,6 +205,9 @@ class BatchModule(nn.Module):
         super()._apply(fn, recurse)
         self._laid_out = False  # .to() may lay parameters out afresh
         self._template._apply(fn, recurse)  # extract() copies the template: same dtype, device
+        # insert() compares against the members as they are now (.double() changes dtypes).
+        self._entries = entries_of(self._template)
+        self._arch = members.architecture_key(self._kind, self._entries)
         return self
 
     def _check_inputs(self, inputs: Sequence[Any]) -> None:
@@ -198,13 +216,19 @@ class BatchModule(nn.Module):
         if self.shared_input:
             return
         for i, x in enumerate(inputs):
-            if isinstance(x, torch.Tensor):
-                members.check_leading(f"inputs[{i}]", x.shape, self.batch, "[batch, B, ...]")
+            for path, leaf in pytree.tree_flatten_with_path(x)[0]:
+                if isinstance(leaf, torch.Tensor):
+                    name = f"inputs[{i}]{pytree.keystr(path)}"
+                    members.check_leading(name, leaf.shape, self.batch, "[batch, B, ...]")
 
     def _key(self, params: dict[str, torch.Tensor], inputs: Sequence[Any]) -> tuple[Any, ...]:
-        shapes = tuple(
-            (tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else type(x).__name__
-            for x in inputs
+        leaves, spec = pytree.tree_flatten(list(inputs))
+        shapes = (
+            str(spec),
+            *(
+                (tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else type(x).__name__
+                for x in leaves
+            ),
         )
         device = str(next(iter(params.values())).device)
         mode = (self.training, torch.is_grad_enabled())

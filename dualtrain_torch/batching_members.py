@@ -12,7 +12,14 @@ from dualtrain.batching import members
 from dualtrain.errors import bad_argument
 from dualtrain_torch.craft import CraftModule
 
-__all__ = ["Stack", "copy_module", "draw_members", "entries_of", "kind_of"]
+__all__ = [
+    "Stack",
+    "copy_module",
+    "draw_members",
+    "entries_of",
+    "kind_of",
+    "non_persistent",
+]
 
 
 class Stack(nn.Module):
@@ -21,16 +28,28 @@ class Stack(nn.Module):
     The BatchModule's ``state_dict`` then reads ``stack.fc.weight``, shape ``[batch, ...]``.
     """
 
-    def put(self, name: str, value: torch.Tensor, parameter: bool) -> None:
+    def put(
+        self,
+        name: str,
+        value: torch.Tensor,
+        parameter: bool,
+        *,
+        requires_grad: bool = True,
+        persistent: bool = True,
+    ) -> None:
+        """Stores `value` under `name`; `requires_grad` and `persistent` follow the member's."""
         *path, last = name.split(".")
         holder: nn.Module = self
         for part in path:
             # Straight into _modules: names like "train" are module attributes (as in craft.py).
             holder = holder._modules.setdefault(part, nn.Module())  # type: ignore[assignment]
         if parameter:
-            holder._parameters[last] = nn.Parameter(value, requires_grad=value.is_floating_point())
+            trainable = requires_grad and value.is_floating_point()
+            holder._parameters[last] = nn.Parameter(value, requires_grad=trainable)
         else:
             holder._buffers[last] = value
+            if not persistent:  # left out of state_dict(), as the member leaves it out
+                holder._non_persistent_buffers_set.add(last)
 
 
 def entries_of(module: nn.Module) -> list[members.Entry]:
@@ -41,6 +60,15 @@ def entries_of(module: nn.Module) -> list[members.Entry]:
     for name, b in module.named_buffers():
         out.append((name, tuple(b.shape), str(b.dtype).removeprefix("torch."), False))
     return out
+
+
+def non_persistent(module: nn.Module) -> set[str]:
+    """The full names of the buffers `module` leaves out of its ``state_dict``."""
+    return {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, m in module.named_modules()
+        for name in m._non_persistent_buffers_set
+    }
 
 
 def copy_module(module: nn.Module) -> nn.Module:

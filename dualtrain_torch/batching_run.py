@@ -44,7 +44,18 @@ def _groups(tensors: Tensors, size: int | None) -> list[dict[str, torch.Tensor]]
 def _member_inputs(inputs: Sequence[Any], index: Any, shared: bool) -> tuple[Any, ...]:
     if shared:
         return tuple(inputs)
-    return tuple(x[index] if isinstance(x, torch.Tensor) else x for x in inputs)
+    # Tensors inside tuples, lists and dicts are per member too, as vmap's in_dims say.
+    return tuple(
+        pytree.tree_map(lambda t: t[index] if isinstance(t, torch.Tensor) else t, x) for x in inputs
+    )
+
+
+def _input_dims(inputs: Sequence[Any], shared: bool) -> tuple[Any, ...]:
+    """Vmap's in_dims for the inputs: 0 for every tensor leaf (None when shared)."""
+    return tuple(
+        pytree.tree_map(lambda t: None if shared or not isinstance(t, torch.Tensor) else 0, x)
+        for x in inputs
+    )
 
 
 def run_members(
@@ -64,7 +75,7 @@ def run_members(
             for i, rows in enumerate(_groups(params, None))
         ]
         return _stack(outs)
-    dims = tuple(None if shared or not isinstance(x, torch.Tensor) else 0 for x in inputs)
+    dims = _input_dims(inputs, shared)
 
     def one(p: Tensors, b: Tensors, *x: Any) -> Any:
         return functional_call(template, (p, b), x)
@@ -134,8 +145,7 @@ def timed_runs(
             k: v[:members].detach().requires_grad_(v.requires_grad) for k, v in params.items()
         }
         buffers = {k: v[:members] for k, v in buffers.items()}
-        if not shared:
-            inputs = [x[:members] if isinstance(x, torch.Tensor) else x for x in inputs]
+        inputs = _member_inputs(inputs, slice(0, members), shared)
     device = next(iter(params.values())).device
     backward = torch.is_grad_enabled()
     plist = [p for p in params.values() if p.requires_grad]
@@ -229,7 +239,7 @@ def member_bytes(
             )
     size = lambda ts: sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))  # noqa: E731
     per = lambda ts: size(ts) // max(1, next(iter(params.values())).shape[0])  # noqa: E731
-    inputs_bytes = 0 if shared else per(list(inputs))
+    inputs_bytes = 0 if shared else per(pytree.tree_leaves(list(inputs)))
     return (
         2 * per(params.values())
         + per(buffers.values())
