@@ -52,7 +52,8 @@ class BatchModule:
         strategy: ``"auto"`` (measure on the first call outside a trace, keep the
             fastest), ``"vmap"``, ``"map"`` (``lax.map``) or ``"loop"``.
         memory_budget: bytes one vmapped call may take; members run in chunks that fit.
-        check_isolation: probe on the first call that no member moves another.
+        check_isolation: probe, on the first call of each strategy and mode, that no
+            member moves another.
 
     Attributes:
         params: ``{name: [batch, ...]}`` (or the pair's params pytree, stacked).
@@ -222,8 +223,10 @@ class BatchModule:
         if self.shared_input:
             return
         for i, x in enumerate(inputs):
-            if hasattr(x, "shape"):
-                members.check_leading(f"inputs[{i}]", x.shape, self.batch, "[batch, B, ...]")
+            if batching_run.is_mapped(x, False):  # arrays, also inside tuples, lists, dicts
+                for path, leaf in jax.tree_util.tree_flatten_with_path(x)[0]:
+                    name = f"inputs[{i}]{jax.tree_util.keystr(path)}"
+                    members.check_leading(name, leaf.shape, self.batch, "[batch, B, ...]")
 
     def _member_keys(self, rng: Any) -> Any:
         if rng is None:
@@ -235,7 +238,11 @@ class BatchModule:
     ) -> dispatch.Decision:
         spec = self._spec
         shapes = tuple(
-            (tuple(x.shape), str(x.dtype)) if hasattr(x, "shape") else type(x).__name__
+            (tuple(x.shape), str(x.dtype))
+            if hasattr(x, "shape")
+            else str(jax.tree_util.tree_map(lambda a: (tuple(a.shape), str(a.dtype)), x))
+            if batching_run.is_mapped(x, False)
+            else type(x).__name__
             for x in inputs
         )
         traced = batching_run.is_traced(params, state, inputs, keys)
@@ -254,6 +261,8 @@ class BatchModule:
         )
         for known_key, known in spec.decisions.items():
             if known_key == key or (traced and known_key[:3] + known_key[4:] == key[:3] + key[4:]):
+                spec.decision = known
+                spec.isolation = spec.probed.get((known.strategy, train), spec.isolation)
                 return known
         chunk = spec.batch
         if spec.memory_budget is not None:  # estimated from shapes: works under a trace
@@ -275,13 +284,16 @@ class BatchModule:
                 spec.one, options, params, state, inputs, spec.shared_input, keys, train, members
             ),
         )
-        if spec.check_isolation and spec.isolation is None and not traced:
+        probe_key = (decision.strategy, train)
+        # Once per strategy and mode: a module may mix members only in training (a batch
+        # statistic), or only under one strategy.
+        if spec.check_isolation and probe_key not in spec.probed and not traced:
             culprit = (
                 f"the Craft {type(spec.template.craft).__name__}'s run"
                 if spec.template is not None
                 else f"apply_fn {getattr(spec.apply_fn, '__qualname__', spec.apply_fn)!r}"
             )
-            spec.isolation = isolation.run_probe(
+            spec.probed[probe_key] = isolation.run_probe(
                 lambda: batching_run.probe(
                     spec.one,
                     decision.strategy,
@@ -297,6 +309,7 @@ class BatchModule:
                 decision.strategy,
                 ran=decision.reason == "measured",
             )
+        spec.isolation = spec.probed.get(probe_key)
         spec.decisions[key] = decision
         spec.decision = decision
         return decision

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from dualtrain.batching import members
-from dualtrain.errors import ShapeError
+from dualtrain.errors import ShapeError, bad_argument
 
 __all__ = ["batch_loss", "batch_topk", "cross_entropy"]
 
@@ -22,6 +22,17 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     logp = jax.nn.log_softmax(logits, axis=1)
     picked = jnp.take_along_axis(logp, jnp.expand_dims(labels, 1).astype(jnp.int32), axis=1)
     return -jnp.squeeze(picked, 1)
+
+
+def _outputs(outputs: Any, expected: str) -> jax.Array:
+    """`outputs` as an array; a dict or tuple (a pytree output) is refused, naming it."""
+    if not hasattr(outputs, "shape"):
+        raise bad_argument(
+            "outputs",
+            type(outputs).__name__,
+            f"one array {expected} (for pytree outputs, call it on each leaf)",
+        )
+    return jnp.asarray(outputs)
 
 
 def _targets(outputs: jax.Array, targets: Any, batch: int) -> tuple[jax.Array, bool]:
@@ -65,6 +76,7 @@ def batch_loss(
     """
     batch = members.check_batch(batch)
     reduction = members.check_reduction(reduction)
+    outputs = _outputs(outputs, "[batch, B, ...]")
     members.check_leading("outputs", outputs.shape, batch, "[batch, B, ...]")
     targets, shared = _targets(outputs, targets, batch)
 
@@ -90,6 +102,7 @@ def batch_topk(outputs: jax.Array, targets: Any, batch: int, ks: Any = (1, 5)) -
     """
     batch = members.check_batch(batch)
     ks = members.check_ks(ks)
+    outputs = _outputs(outputs, "[batch, B, classes]")
     members.check_leading("outputs", outputs.shape, batch, "[batch, B, classes]")
     if outputs.ndim != 3:
         raise ShapeError(

@@ -61,28 +61,39 @@ class Spec:
     entries: list[members.Entry]
     decisions: dict[tuple[Any, ...], dispatch.Decision] = dataclasses.field(default_factory=dict)
     decision: dispatch.Decision | None = None
-    isolation: str | None = None
+    isolation: str | None = None  # the probe's verdict for the decision in use
+    probed: dict[tuple[str, bool], str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.arch = members.architecture_key(self.kind, self.entries)  # built once, keyed often
 
 
+# Classes, not closures, so a BatchModule pickles as a JaxModule does; compared and hashed
+# by identity, as the closures were (the key of the loop strategy's jit cache).
+class _CraftMember:
+    def __init__(self, template: JaxModule) -> None:
+        self.template = template
+
+    def __call__(self, p: Any, s: Any, key: Any, train: bool, *x: Any) -> tuple[Any, Any]:
+        return self.template.apply(p, s, *x, train=train, rng=key)
+
+
+class _PairMember:
+    def __init__(self, apply_fn: Callable[..., Any]) -> None:
+        self.apply_fn = apply_fn
+
+    def __call__(self, p: Any, s: Any, key: Any, train: bool, *x: Any) -> tuple[Any, Any]:
+        return (self.apply_fn(p, *x) if key is None else self.apply_fn(p, *x, rng=key)), s
+
+
 def craft_member(template: JaxModule) -> Callable[..., tuple[Any, Any]]:
     """One member of a realized Craft: ``one(params, state, key, train, *inputs)``."""
-
-    def one(p: Any, s: Any, key: Any, train: bool, *x: Any) -> tuple[Any, Any]:
-        return template.apply(p, s, *x, train=train, rng=key)
-
-    return one
+    return _CraftMember(template)
 
 
 def pair_member(apply_fn: Callable[..., Any]) -> Callable[..., tuple[Any, Any]]:
     """One member of a ``(params, apply_fn)`` pair; its state stays ``{}``."""
-
-    def one(p: Any, s: Any, key: Any, train: bool, *x: Any) -> tuple[Any, Any]:
-        return (apply_fn(p, *x) if key is None else apply_fn(p, *x, rng=key)), s
-
-    return one
+    return _PairMember(apply_fn)
 
 
 def _keys(seeds: Sequence[int]) -> jax.Array:

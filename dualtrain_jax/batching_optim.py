@@ -216,6 +216,7 @@ def hyper_of(state: MemberState) -> hyper_checks.MemberHyper:
     """The state's hyper-parameters as NumPy arrays (host values: call outside ``jit``)."""
     if not isinstance(state, MemberState):
         raise bad_argument("state", type(state), "a member_optimizer state (MemberState)")
+    _check_concrete("state", state)
     found = state.inner.hyperparams
     batch = int(np.shape(state.active)[0])
     defaults = {"momentum": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
@@ -236,6 +237,17 @@ def hyper_of(state: MemberState) -> hyper_checks.MemberHyper:
     )
 
 
+def _check_concrete(name: str, tree: Any) -> None:
+    """Refuses traced values (inside ``jit``): the values are checked on the host."""
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree)):
+        raise bad_argument(
+            name,
+            "a traced value",
+            "concrete: call set_hyper / set_active / hyper_of outside jit (between steps), "
+            "or change state.inner.hyperparams[...] inside it, unchecked",
+        )
+
+
 def set_hyper(state: MemberState, **changes: object) -> MemberState:
     """`state` with hyper-parameters changed; moments and step counts are kept.
 
@@ -246,7 +258,9 @@ def set_hyper(state: MemberState, **changes: object) -> MemberState:
     Raises:
         ArgumentError: an unknown keyword or a bad value (as under torch).
     """
-    new = hyper_checks.check_changes(hyper_of(state), changes)
+    hyper = hyper_of(state)
+    _check_concrete("set_hyper's values", changes)
+    new = hyper_checks.check_changes(hyper, changes)
     found = dict(state.inner.hyperparams)
     for key, value in new.arrays().items():
         name = _OPTAX_NAMES.get(key)

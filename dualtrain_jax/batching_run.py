@@ -18,7 +18,7 @@ import numpy as np
 
 from dualtrain.batching import isolation
 
-__all__ = ["is_traced", "member_bytes", "probe", "run_members", "timed_runs"]
+__all__ = ["is_mapped", "is_traced", "member_bytes", "probe", "run_members", "timed_runs"]
 
 Member = Callable[..., tuple[Any, Any]]
 
@@ -34,6 +34,16 @@ def _row(tree: Any, index: Any) -> Any:
 
 def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray))
+
+
+def is_mapped(x: Any, shared: bool) -> bool:
+    """Whether input `x` is split per member: an array, or a tuple, list or dict of arrays.
+
+    Anything else (a Python number, a flag, a container holding one) reaches every member
+    whole, as do all inputs with `shared`.
+    """
+    leaves = jax.tree_util.tree_leaves(x)
+    return not shared and bool(leaves) and all(_is_array(leaf) for leaf in leaves)
 
 
 @functools.lru_cache(maxsize=256)
@@ -54,7 +64,7 @@ def run_members(
 ) -> tuple[Any, Any]:
     """``(outputs, new_state)``, each leaf ``[batch, ...]``, under `strategy`."""
     batch = jax.tree_util.tree_leaves(params)[0].shape[0]
-    mapped = [not shared and _is_array(x) for x in inputs]
+    mapped = [is_mapped(x, shared) for x in inputs]
     if strategy == "loop":
         f = _jitted(one, train)
         results = [
@@ -62,7 +72,7 @@ def run_members(
                 _row(params, i),
                 _row(state, i),
                 None if keys is None else keys[i],
-                *(x[i] if m else x for x, m in zip(inputs, mapped, strict=True)),
+                *(_row(x, i) if m else x for x, m in zip(inputs, mapped, strict=True)),
             )
             for i in range(batch)
         ]
@@ -109,14 +119,15 @@ def timed_runs(
         params, state = _row(params, slice(0, members)), _row(state, slice(0, members))
         keys = None if keys is None else keys[:members]
         if not shared:
-            inputs = [x[:members] if _is_array(x) else x for x in inputs]
+            inputs = [_row(x, slice(0, members)) if is_mapped(x, shared) else x for x in inputs]
 
     def make(strategy: str, chunk: int | None) -> Callable[[], None]:
         def loss(p: Any) -> Any:
             out, _ = run_members(one, strategy, chunk, p, state, inputs, shared, keys, train)
             return _total(out)
 
-        fn = jax.jit(jax.grad(loss))
+        # allow_int: a pair's params may hold integer leaves (they get float0 gradients).
+        fn = jax.jit(jax.grad(loss, allow_int=True))
         return lambda: jax.block_until_ready(fn(params))
 
     return {name: make(name, chunk) for name, chunk in options.items()}
@@ -141,8 +152,10 @@ def member_bytes(
     p1 = jax.tree_util.tree_map(one_row, params)
     s1 = jax.tree_util.tree_map(one_row, state)
     k1 = None if keys is None else one_row(keys)
-    mapped = [not shared and _is_array(x) for x in inputs]
-    x1 = [one_row(x) if m else x for x, m in zip(inputs, mapped, strict=True)]
+    mapped = [is_mapped(x, shared) for x in inputs]
+    x1 = [
+        jax.tree_util.tree_map(one_row, x) if m else x for x, m in zip(inputs, mapped, strict=True)
+    ]
     batched = [x for x, m in zip(x1, mapped, strict=True) if m]
 
     def loss(p: Any, s: Any, k: Any, xs: list[Any]) -> Any:
@@ -155,7 +168,7 @@ def member_bytes(
         int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(tree)
     )
     try:
-        compiled = jax.jit(jax.grad(loss)).lower(p1, s1, k1, batched).compile()
+        compiled = jax.jit(jax.grad(loss, allow_int=True)).lower(p1, s1, k1, batched).compile()
         stats = compiled.memory_analysis()
         if stats is None:
             raise TypeError("no memory analysis")
@@ -189,7 +202,7 @@ def probe(
     if batch < 2:
         return "skipped (one member)"
     p0, s0 = _row(params, slice(0, 2)), _row(state, slice(0, 2))
-    x0 = [x if shared or not _is_array(x) else x[:2] for x in inputs]
+    x0 = [_row(x, slice(0, 2)) if is_mapped(x, shared) else x for x in inputs]
     k0 = None if keys is None else keys[:2]
     chunk = 1 if strategy == "map" else chunk
     run = _prober(one, strategy, chunk, x0, shared, train)
@@ -197,7 +210,12 @@ def probe(
     rng = np.random.default_rng(7)
     for member in (0, 1):
         p1 = jax.tree_util.tree_map(lambda a, m=member: _nudge(a, m, 0.05, rng), p0)
-        x1 = x0 if shared else [_nudge(x, member, 0.5, rng) for x in x0]
+        x1 = [
+            jax.tree_util.tree_map(lambda a, m=member: _nudge(a, m, 0.5, rng), x)
+            if is_mapped(x, shared)
+            else x
+            for x in x0
+        ]
         changed = run(p1, s0, x1, k0)
         found = isolation.leaks(base, changed, member)
         if found:
@@ -244,7 +262,8 @@ def _prober(
         for i, leaf in enumerate(jax.tree_util.tree_leaves(out)):
             found[f"outputs[{i}]"] = np.asarray(leaf, dtype=np.float64)
         for name, g in _named(grads[0]).items():
-            found[f"the gradient of {name}"] = np.asarray(g, dtype=np.float64)
+            if g.dtype != jax.dtypes.float0:  # an integer leaf has no gradient to compare
+                found[f"the gradient of {name}"] = np.asarray(g, dtype=np.float64)
         for i, g in zip(floats, grads[1:], strict=True):
             found[f"the gradient of inputs[{i}]"] = np.asarray(g, dtype=np.float64)
         for name, v in _named(new_state).items():

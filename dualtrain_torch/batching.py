@@ -54,7 +54,8 @@ class BatchModule(nn.Module):
             ``"chunked"`` or ``"loop"``.
         memory_budget: bytes one vmapped call may take; members are split into chunks that
             fit (estimated from one member's call).
-        check_isolation: probe on the first call that no member moves another.
+        check_isolation: probe, on the first call of each strategy and mode, that no
+            member moves another.
 
     Raises:
         ArgumentError: a bad argument (the message names it, the value and what is
@@ -103,7 +104,8 @@ class BatchModule(nn.Module):
         self._arch = members.architecture_key(self._kind, entries)  # built once, keyed often
         self._decisions: dict[tuple[Any, ...], dispatch.Decision] = {}
         self._decision: dispatch.Decision | None = None
-        self._isolation: str | None = None
+        self._isolation: str | None = None  # the probe's verdict for the decision in use
+        self._probed: dict[tuple[str, bool], str] = {}  # by (strategy, training)
         self._laid_out = False  # parameters laid out like their gradients (first backward)
         self.stack = Stack()
         sources = dict(template.named_parameters()) | dict(template.named_buffers())
@@ -248,6 +250,8 @@ class BatchModule(nn.Module):
         key = self._key(params, inputs)
         known = self._decisions.get(key)
         if known is not None:
+            self._decision = known
+            self._isolation = self._probed.get((known.strategy, self.training), self._isolation)
             return known
         chunk = self.batch
         if self.memory_budget is not None:
@@ -265,8 +269,11 @@ class BatchModule(nn.Module):
                 self._template, options, params, buffers, inputs, self.shared_input, members
             ),
         )
-        if self.check_isolation and self._isolation is None:
-            self._isolation = isolation.run_probe(
+        probe_key = (decision.strategy, self.training)
+        if self.check_isolation and probe_key not in self._probed:
+            # Once per strategy and mode: a module may mix members only in training
+            # (a batch statistic), or only under one strategy.
+            self._probed[probe_key] = isolation.run_probe(
                 lambda: batching_run.probe(
                     self._template,
                     decision.strategy,
@@ -279,6 +286,7 @@ class BatchModule(nn.Module):
                 decision.strategy,
                 ran=decision.reason == "measured",
             )
+        self._isolation = self._probed.get(probe_key)
         if not self._laid_out and self.match_gradient_layout and torch.is_grad_enabled():
             batching_run.match_gradient_layout(
                 self._template,

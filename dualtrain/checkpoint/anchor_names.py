@@ -52,6 +52,7 @@ def anchor_stem(scope: str) -> str:
 # scope as ``%XX`` (two hex digits), so no scope's stem holds ``%m``: member series never
 # meet a scope's own anchors (nor another scope's members) in numbering or retention.
 _MEMBER_MARK = "%m"
+_MEMBER_FORM = re.compile(r".*%m(0|[1-9][0-9]*)\.safetensors")
 
 
 def member_stem(scope: str, member: int) -> str:
@@ -100,7 +101,18 @@ def newest_set(folder: Path, scope: str, batch: int) -> list[Path]:
 
 
 def _check_unnumbered(path: Path, file: str | os.PathLike) -> None:
-    """Refuses a name the user gives in the numbered-anchor form, which only `drop` writes."""
+    """Refuses a name the user gives in a form only `drop` writes: numbered or a member's.
+
+    `drop_members` replaces a named set's files, deleting a smaller set's leftovers, so a
+    name of the member form ``<name>%m<i>`` would be a file the user named that it deletes.
+    """
+    if _MEMBER_FORM.fullmatch(path.name):
+        raise bad_argument(
+            "file",
+            os.fspath(file),
+            "a name without the member form <name>%m<digits>.safetensors, which "
+            "drop_members() keeps for the members of a named set",
+        )
     if _NUMBERED_FORM.fullmatch(path.name):
         raise bad_argument(
             "file",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "commit_set",
     "craft_scope",
     "discard_set",
+    "discard_stale_members",
     "member_of",
 ]
 
@@ -132,3 +134,23 @@ def discard_set(staged: list[tuple[Path, Path]]) -> None:
     """Removes the temporary files of a set that will not be renamed (never raises)."""
     for tmp, _ in staged:
         atomic.discard(tmp)
+
+
+def discard_stale_members(first: Path, batch: int) -> None:
+    """Removes the files of members ``batch, batch + 1, ...`` of a named set (never raises).
+
+    `first` is member 0's file (``best%m0.safetensors``). A set of `batch` members replaces
+    an older set of that name that had more: its extra members must go, or a later load of
+    more members would mix the two sets.
+    """
+    tail = "%m0.safetensors"  # member_file's form: <name>%m<i>.safetensors
+    if not first.name.endswith(tail):
+        return
+    prefix = first.name[: -len(tail)]
+    form = re.compile(re.escape(prefix) + r"%m(0|[1-9][0-9]*)\.safetensors")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(first.parent):
+            found = form.fullmatch(entry.name)
+            if found and int(found.group(1)) >= batch and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)

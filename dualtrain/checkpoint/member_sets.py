@@ -33,6 +33,7 @@ from dualtrain.checkpoint.member_anchors import (
     commit_set,
     craft_scope,
     discard_set,
+    discard_stale_members,
     member_of,
 )
 from dualtrain.errors import CheckpointError, bad_argument
@@ -142,6 +143,7 @@ class MemberSets:
             del payload
             if not _absent(file):
                 commit_set(staged, replace=True)
+                discard_stale_members(finals[0], batch)  # an older, larger set's extra members
                 return [p.absolute() for p in finals]
             for _ in range(1000):
                 try:

@@ -285,3 +285,20 @@ def test_a_set_that_fails_midway_leaves_no_file(tmp_path):
         with pytest.raises(RuntimeError, match="member 2 is unreadable"):
             tm.drop_members(bm, file)
         assert _files(tmp_path) == []  # no anchor and no temporary file
+
+
+def test_a_name_of_the_member_form_is_refused_so_no_set_can_delete_it(tmp_path):
+    # drop_members deletes a replaced set's extra members; a file the user named in that
+    # form would be among them, so drop refuses the form, as it refuses numbered names.
+    from dualtrain.checkpoint import TimeMachine
+    from dualtrain.demo.run import DemoNet
+    from dualtrain.errors import ArgumentError
+
+    torch_part = pytest.importorskip("dualtrain_torch")
+    tm = TimeMachine(save_path=tmp_path, ckpt_path=tmp_path)
+    net = torch_part.realize(DemoNet())
+    for name in ("best%m5", "runs/best%m0.safetensors"):
+        with pytest.raises(ArgumentError, match="member form"):
+            tm.drop(net, name)
+    assert not any(tmp_path.rglob("*.safetensors"))
+    assert tm.drop(net, "best%mx").name == "best%mx.safetensors"  # not the form: a name

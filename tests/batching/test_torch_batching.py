@@ -266,6 +266,21 @@ def test_a_module_that_mixes_members_is_refused_naming_it():
     assert quiet(torch.randn(2, 4, 3)).shape == (2, 4, 2)
 
 
+class LeaksInTraining(UnregisteredStats):
+    def forward(self, x):
+        return super().forward(x) if self.training else x - self.avg
+
+
+def test_each_mode_and_strategy_is_probed_on_its_first_call():
+    bm = BatchModule(nn.Sequential(nn.Linear(3, 2), LeaksInTraining()), 2, strategy="loop")
+    bm.eval()
+    assert bm(torch.randn(2, 4, 3)).shape == (2, 4, 2)  # no leak in eval
+    assert "passed (loop" in bm.explain()
+    bm.train()
+    with pytest.raises(IsolationError, match=r"LeaksInTraining"):
+        bm(torch.randn(2, 4, 3))
+
+
 def test_isolation_holds_for_batchnorm_in_training():
     module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).train()
     for strategy in STRATEGIES:
