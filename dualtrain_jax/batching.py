@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from dualtrain.batching import dispatch, isolation, members
 from dualtrain.errors import ArgumentError, bad_argument
-from dualtrain_jax import batching_run
+from dualtrain_jax import batching_probe, batching_run
 from dualtrain_jax.batching_loss import batch_loss, batch_topk
 from dualtrain_jax.batching_members import (
     Spec,
@@ -294,7 +294,7 @@ class BatchModule:
                 else f"apply_fn {getattr(spec.apply_fn, '__qualname__', spec.apply_fn)!r}"
             )
             spec.probed[probe_key] = isolation.run_probe(
-                lambda: batching_run.probe(
+                lambda: batching_probe.probe(
                     spec.one,
                     decision.strategy,
                     decision.chunk,

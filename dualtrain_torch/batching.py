@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 
 from dualtrain.batching import dispatch, isolation, members
 from dualtrain.errors import ArgumentError, bad_argument
-from dualtrain_torch import batching_run
+from dualtrain_torch import batching_probe, batching_run
 from dualtrain_torch.batching_loss import batch_loss, batch_topk
 from dualtrain_torch.batching_members import (
     Stack,
@@ -274,7 +274,7 @@ class BatchModule(nn.Module):
             # Once per strategy and mode: a module may mix members only in training
             # (a batch statistic), or only under one strategy.
             self._probed[probe_key] = isolation.run_probe(
-                lambda: batching_run.probe(
+                lambda: batching_probe.probe(
                     self._template,
                     decision.strategy,
                     decision.chunk,

@@ -11,14 +11,16 @@ manifest. Written to a temporary name and renamed, like every anchor.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dualtrain import dtypes
 from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
+from dualtrain.checkpoint.anchor_names import _absent
 from dualtrain.checkpoint.vocabulary import (
     EMBEDDINGS_FORMAT,
     EMBEDDINGS_READS,
@@ -28,7 +30,15 @@ from dualtrain.checkpoint.vocabulary import (
 )
 from dualtrain.errors import CheckpointError, bad_argument
 
-__all__ = ["CHUNK", "FORMAT", "LEGACY_FORMATS", "OLDER_FORMATS", "load_rows", "save_rows"]
+__all__ = [
+    "CHUNK",
+    "FORMAT",
+    "LEGACY_FORMATS",
+    "OLDER_FORMATS",
+    "EmbeddingAnchors",
+    "load_rows",
+    "save_rows",
+]
 
 FORMAT = EMBEDDINGS_FORMAT
 # Older formats that still load: with their CRC-32s (OLDER; /2 named the backend by its
@@ -244,3 +254,47 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
         store.counters[...] = manifest["step"]  # a lazy run's rows count as current
     session.t = manifest["step"]
     return manifest
+
+
+class EmbeddingAnchors:
+    """The embedding methods of `TimeMachine` (documented there); a mixin, not used alone."""
+
+    if TYPE_CHECKING:  # provided by TimeMachine
+
+        def _target(
+            self, craft: Any, file: str | os.PathLike, member: int | None = None
+        ) -> tuple[Path, str | None]: ...
+
+        def _source(
+            self, scope: str | None, file: str | os.PathLike, member: int | None = None
+        ) -> Path: ...
+
+    def drop_embeddings(
+        self, rows: Any, file: str | os.PathLike, extra: dict[str, Any] | None = None
+    ) -> Path:
+        """Writes an embedding store with its optimizer state (see ``checkpoint.embeddings``).
+
+        Args:
+            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
+            file: the anchor's name or path, as for `drop`.
+            extra: JSON-serializable data to record.
+
+        Returns:
+            The anchor's absolute path.
+        """
+        if _absent(file):
+            raise bad_argument("file", file, "the embedding anchor's name or path")
+        path, _ = self._target(None, file)
+        return save_rows(rows, path, extra).absolute()
+
+    def to_embeddings(self, rows: Any, file: str | os.PathLike = "") -> dict[str, Any]:
+        """Loads an embedding anchor, written under either framework, into `rows`' store.
+
+        Args:
+            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
+            file: the anchor, named as for `to`; may be left out when `ckpt_path` is the file.
+
+        Returns:
+            The anchor's manifest (step, mode, hyper-parameters, extra).
+        """
+        return load_rows(rows, self._source(None, file))

@@ -16,7 +16,7 @@ from dualtrain import dtypes
 from dualtrain.checkpoint.anchor_file import Anchor
 from dualtrain.errors import CheckpointError
 
-__all__ = ["BOOKKEEPING", "Spec"]
+__all__ = ["BOOKKEEPING", "Restored", "Spec"]
 
 # Framework bookkeeping that one realization keeps and the other has no place for: torch's
 # BatchNorm counts its training batches in ``num_batches_tracked``; JAX's keeps no count (with
@@ -95,3 +95,22 @@ def _in_scope(name: str, scope: str | None) -> bool:
 
 def _select(tensors: dict[str, Any], scope: str | None) -> dict[str, Any]:
     return {k: v for k, v in tensors.items() if _in_scope(k, scope)}
+
+
+class Restored(list):
+    """What `TimeMachine.to` skipped (a list of names), plus what else it restored.
+
+    Attributes:
+        file: the anchor read.
+        step: the step recorded at `drop`, or None.
+        extra: the `extra` dict recorded at `drop`.
+        optimizer: the optimizer given to `to`, loaded (torch: the same object; optax: a new
+            state, since JAX state is immutable), or None.
+        manifest: the whole manifest.
+    """
+
+    file: Path
+    step: int | None
+    extra: dict[str, Any]
+    optimizer: Any
+    manifest: dict[str, Any]

@@ -25,6 +25,7 @@ from dualtrain.checkpoint.anchor_names import (
     newest_set,
     next_set_number,
 )
+from dualtrain.checkpoint.fit import Restored
 from dualtrain.checkpoint.manifest import _jsonable
 from dualtrain.checkpoint.member_anchors import (
     batch_of,
@@ -37,9 +38,6 @@ from dualtrain.checkpoint.member_anchors import (
     member_of,
 )
 from dualtrain.errors import CheckpointError, bad_argument
-
-if TYPE_CHECKING:  # for the annotations only: time_machine imports this module
-    from dualtrain.checkpoint.time_machine import Restored
 
 __all__ = ["MemberSets"]
 

@@ -29,7 +29,8 @@ from dualtrain.checkpoint.anchor_names import (
     member_stem,
     source_path,
 )
-from dualtrain.checkpoint.fit import BOOKKEEPING, _check_rng, _compare, _few, _select
+from dualtrain.checkpoint.embeddings import EmbeddingAnchors
+from dualtrain.checkpoint.fit import BOOKKEEPING, Restored, _check_rng, _compare, _few, _select
 from dualtrain.checkpoint.manifest import (  # FORMAT and the readers: re-exported here too
     FORMAT,
     LEGACY_FORMATS,
@@ -65,26 +66,7 @@ __all__ = [
 _READERS = (_manifest,)  # tests and tools read an anchor's manifest as time_machine._manifest
 
 
-class Restored(list):
-    """What `TimeMachine.to` skipped (a list of names), plus what else it restored.
-
-    Attributes:
-        file: the anchor read.
-        step: the step recorded at `drop`, or None.
-        extra: the `extra` dict recorded at `drop`.
-        optimizer: the optimizer given to `to`, loaded (torch: the same object; optax: a new
-            state, since JAX state is immutable), or None.
-        manifest: the whole manifest.
-    """
-
-    file: Path
-    step: int | None
-    extra: dict[str, Any]
-    optimizer: Any
-    manifest: dict[str, Any]
-
-
-class TimeMachine(MemberSets):
+class TimeMachine(MemberSets, EmbeddingAnchors):
     """Drops and loads checkpoints of realized Crafts, under either framework.
 
     Also the members of a BatchModule over a realized Craft, one (``member=``) or all
@@ -367,40 +349,6 @@ class TimeMachine(MemberSets):
         if restore_rng and "__rng__" in tensors:
             part.import_rng(tensors["__rng__"])
         return restored
-
-    def drop_embeddings(
-        self, rows: Any, file: str | os.PathLike, extra: dict[str, Any] | None = None
-    ) -> Path:
-        """Writes an embedding store with its optimizer state (see ``checkpoint.embeddings``).
-
-        Args:
-            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
-            file: the anchor's name or path, as for `drop`.
-            extra: JSON-serializable data to record.
-
-        Returns:
-            The anchor's absolute path.
-        """
-        from dualtrain.checkpoint.embeddings import save_rows
-
-        if _absent(file):
-            raise bad_argument("file", file, "the embedding anchor's name or path")
-        path, _ = self._target(None, file)
-        return save_rows(rows, path, extra).absolute()
-
-    def to_embeddings(self, rows: Any, file: str | os.PathLike = "") -> dict[str, Any]:
-        """Loads an embedding anchor, written under either framework, into `rows`' store.
-
-        Args:
-            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
-            file: the anchor, named as for `to`; may be left out when `ckpt_path` is the file.
-
-        Returns:
-            The anchor's manifest (step, mode, hyper-parameters, extra).
-        """
-        from dualtrain.checkpoint.embeddings import load_rows
-
-        return load_rows(rows, self._source(None, file))
 
     def _target_file(self, file: str | os.PathLike) -> Path:
         return _with_suffix(_inside(self.save_path, file))
