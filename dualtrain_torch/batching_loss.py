@@ -19,18 +19,7 @@ def _targets(outputs: torch.Tensor, targets: Any, batch: int) -> tuple[torch.Ten
     """The targets and whether every member shares them (``[B, ...]``, not ``[batch, B]``)."""
     if not isinstance(targets, torch.Tensor):
         targets = torch.as_tensor(targets, device=outputs.device)
-    if outputs.ndim < 2:
-        raise ShapeError(
-            f"outputs must be [batch, B, ...]; got outputs of shape {tuple(outputs.shape)}"
-        )
-    per_member = tuple(targets.shape[:2]) == tuple(outputs.shape[:2])
-    if not per_member and (targets.ndim == 0 or targets.shape[0] != outputs.shape[1]):
-        raise ShapeError(
-            f"targets must be [batch, B, ...] or [B, ...] shared by every member, with "
-            f"batch={batch} and B={outputs.shape[1]}; got targets of shape "
-            f"{tuple(targets.shape)}"
-        )
-    return targets, not per_member
+    return targets, members.shared_targets(outputs.shape, targets.shape, batch)
 
 
 def batch_loss(

@@ -28,6 +28,7 @@ __all__ = [
     "check_member",
     "check_memory_budget",
     "check_reduction",
+    "shared_targets",
     "check_strategy",
     "architecture_key",
     "compare_architectures",
@@ -103,6 +104,28 @@ def check_member(index: object, batch: int) -> int:
     """A member index in ``[-batch, batch)``, returned in ``[0, batch)``."""
     i = check_int("index", index, minimum=-batch, maximum=batch - 1)
     return i % batch
+
+
+def shared_targets(outputs: Sequence[int], targets: Sequence[int], batch: int) -> bool:
+    """Whether targets of shape `targets` are ``[B, ...]`` shared by every member.
+
+    Per-member targets are ``[batch, B, ...]`` like the `outputs`; where both readings fit
+    they are read as per member (docs/batching.md, "Losses and accuracies").
+
+    Raises:
+        ShapeError: outputs not ``[batch, B, ...]``, or targets of neither form.
+    """
+    outputs, targets = tuple(outputs), tuple(targets)
+    if len(outputs) < 2:
+        raise ShapeError(f"outputs must be [batch, B, ...]; got outputs of shape {outputs}")
+    if targets[:2] == outputs[:2]:
+        return False
+    if not targets or targets[0] != outputs[1]:
+        raise ShapeError(
+            f"targets must be [batch, B, ...] or [B, ...] shared by every member, with "
+            f"batch={batch} and B={outputs[1]}; got targets of shape {targets}"
+        )
+    return True
 
 
 def check_leading(name: str, shape: Sequence[int], batch: int, layout: str) -> None:
