@@ -360,8 +360,11 @@ def canonical_jax(module):
 
 
 def assert_close(got, expected):
+    # float64 across frameworks: torch and optax order RMSprop's sqrt and division
+    # differently, and a few steps amplify that rounding to ~3e-8 relative (a fresh-clone
+    # run found lr=0.039, 3 + 3 steps at 2e-10 absolute). A wrong slot moves far more.
     for key, value in expected.items():
-        np.testing.assert_allclose(got[key], value, rtol=1e-8, atol=1e-10, err_msg=key)
+        np.testing.assert_allclose(got[key], value, rtol=1e-7, atol=1e-9, err_msg=key)
 
 
 @pytest.mark.parametrize("torch_first", [True, False], ids=["torch-to-jax", "jax-to-torch"])
