@@ -57,10 +57,13 @@ def test_torch_and_jax_step_each_member_alike(case, steps, seed):
         for _ in range(steps):
             updates, opt_state = tx.update(jax.grad(loss)(params), opt_state, params)
             params = optax.apply_updates(params, updates)
-        # Clipping differs by torch's 1e-6 in max / (norm + 1e-6); without it, rounding only.
+        # Clipping differs by torch's 1e-6 in max / (norm + 1e-6), relatively 1e-6 / norm a
+        # step, and Adam with beta1=0 passes it on whole (a fresh-clone run saw 3.2e-5 with
+        # a clip of 0.0625); a wrong clip is off by the clip ratio itself. Without clipping,
+        # rounding only.
         close = {"rtol": 1e-9, "atol": 1e-12}
         if keywords["max_grad_norm"] is not None:
-            close = {"rtol": 1e-5, "atol": 1e-6}
+            close = {"rtol": 1e-3, "atol": 1e-5}
         for key, value in params.items():
             np.testing.assert_allclose(
                 np.asarray(value), tb.stack.get_parameter(key).detach().numpy(), **close
