@@ -25,6 +25,7 @@ from dualtrain.errors import (
 from dualtrain.fuel import Comburant, FuelGenerator, Tank
 from dualtrain.interop import CopyCount, convert, count_copies
 from dualtrain.memory import aligned_copy, aligned_empty, is_aligned
+from dualtrain.preload import NebulDataset, Preloader, accelerate_dataset, patch_dataset
 from dualtrain.version import __version__
 
 __all__ = [
@@ -39,13 +40,16 @@ __all__ = [
     "DualtrainError",
     "EmbeddingStore",
     "FuelGenerator",
+    "NebulDataset",
     "OutOfRangeError",
     "PackError",
     "PrecisionWarning",
+    "Preloader",
     "ShapeError",
     "Tank",
     "TimeMachine",
     "__version__",
+    "accelerate_dataset",
     "aligned_copy",
     "aligned_empty",
     "autopad",
@@ -56,4 +60,5 @@ __all__ = [
     "dock",
     "is_aligned",
     "load",
+    "patch_dataset",
 ]

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the seams sit beside their consumers, which import this mod
     from dualtrain.demo.seams import DemoPart
     from dualtrain.embeddings.seams import EmbeddingsPart, TorchEmbeddingsPart
     from dualtrain.fuel.seams import DataPart
+    from dualtrain.preload.seams import PreloadPart
 
 __all__ = [
     "NAMES",
@@ -85,6 +86,7 @@ PARTS: dict[str, dict[str, str]] = {
         "jax": _EMBEDDINGS + "EmbeddingsPart",
     },
     "demo": dict.fromkeys(("torch", "jax"), "dualtrain.demo.seams:DemoPart"),
+    "preload": dict.fromkeys(("torch", "jax"), "dualtrain.preload.seams:PreloadPart"),
 }
 
 
@@ -133,6 +135,8 @@ def load_part(name: Literal["torch"], part: Literal["embeddings"]) -> TorchEmbed
 def load_part(name: str, part: Literal["embeddings"]) -> EmbeddingsPart: ...
 @overload
 def load_part(name: str, part: Literal["demo"]) -> DemoPart: ...
+@overload
+def load_part(name: str, part: Literal["preload"]) -> PreloadPart: ...
 
 
 def load_part(name: str, part: str) -> Any:

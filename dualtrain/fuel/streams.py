@@ -13,7 +13,7 @@ import contextvars
 import dataclasses
 from collections.abc import Iterator
 
-from dualtrain.errors import bad_argument
+from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.random import AUGMENT, EMBED, FILL, ORDER, stream
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "ORDER",
     "SampleKey",
     "current_sample",
+    "no_sample_scope",
     "sample_scope",
     "stream",
 ]
@@ -37,14 +38,32 @@ class SampleKey:
     index: int
 
 
-_current: contextvars.ContextVar[SampleKey | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[SampleKey | str | None] = contextvars.ContextVar(
     "dualtrain_fuel_sample", default=None
 )
 
 
 def current_sample() -> SampleKey | None:
-    """The sample a Tank is preparing in this thread, or None outside a Tank."""
-    return _current.get()
+    """The sample a Tank is preparing in this thread, or None outside a Tank.
+
+    Raises:
+        ArgumentError: inside `no_sample_scope` (a fetch whose output is cached), where a
+            random draw would repeat every epoch.
+    """
+    current = _current.get()
+    if isinstance(current, str):
+        raise ArgumentError(current)
+    return current
+
+
+@contextlib.contextmanager
+def no_sample_scope(reason: str) -> Iterator[None]:
+    """Code in this scope must not draw per sample: `current_sample` raises `reason`."""
+    token = _current.set(reason)
+    try:
+        yield
+    finally:
+        _current.reset(token)
 
 
 @contextlib.contextmanager

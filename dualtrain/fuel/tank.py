@@ -16,6 +16,8 @@ from dualtrain.fuel.casts import _check_jax_floats, _check_spec, _check_value, _
 from dualtrain.fuel.order import EpochOrder
 from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.pipeline import Pipeline, Recipe
+from dualtrain.fuel.preloading import cached_fetch, preload_settings
+from dualtrain.preload import PreloadCache
 from dualtrain.validate import check_seed
 
 __all__ = ["Tank"]
@@ -78,6 +80,13 @@ class Tank:
             ``(T, C, H, W)``) after prep_fn, so batches feed ``dock.Conv`` as they come.
         scale: None, a finite number, or a dict key -> number: images multiplied by it as
             float32 after prep_fn (``scale=1 / 255`` gives [0, 1]).
+        preload: cache fetch_fn's output (decoded rows, before prep_fn) within a byte
+            budget, loading the rows of coming batches ahead in this Tank's order
+            (docs/preload.md): False (default), True (a quarter of the available memory),
+            a budget in bytes, or a dict of ``max_memory_size``, ``preloaded_data``,
+            ``threads``, ``copy``, ``sizeof``. The batches are the same as without it;
+            fetch_fn must be a plain read (a random draw there is an error). `preloader`
+            is the cache (``stats()``).
     """
 
     def __init__(
@@ -104,8 +113,10 @@ class Tank:
         cast: str | Mapping[str, str] = "safe",
         layout: str = "NHWC",
         scale: float | Mapping[str, float] | None = None,
+        preload: bool | int | Mapping[str, Any] = False,
     ) -> None:
         batch_size = _int("batch_size", batch_size, 1)
+        preload_kw = preload_settings(preload)
         workers, prefetch = _int("workers", workers, 0), _int("prefetch", prefetch, 0)
         rank, world = _int("rank", rank, 0), _int("world", world, 1)
         seed = check_seed("seed", seed)
@@ -151,6 +162,11 @@ class Tank:
             seed=seed, rank=rank, world=world, last=last,
         )  # fmt: skip
         fetch = fetch_fn if fetch_fn is not None else _DefaultFetch(self.pack, self.spec)
+        self.preloader: PreloadCache | None = None
+        if preload_kw is not None:
+            processes = workers > 0 and worker_mode == "process"
+            self.preloader, fetch = cached_fetch(preload_kw, fetch, self.pack, processes)
+        self._prefetch = prefetch if workers else 0
         recipe = Recipe(
             self.pack, fetch, prep_fn, seed, finish_fn=finish if finish.keys else None,
             dict_samples=collate_fn is None or finish.keys != {},
@@ -184,9 +200,23 @@ class Tank:
         after = (epoch, number + 1) if number + 1 < self.MPE else (epoch + 1, 0)
         return self._order.batch(epoch, number), after
 
+    def _expect(self) -> None:
+        """Tells the cache the rows of the batches after the ones being prepared."""
+        assert self.preloader is not None
+        want = self.preloader.preloaded_data
+        key, rows = (self.epoch, self.position), list[int]()
+        for _ in range(self._prefetch + 1):  # the batches the pipeline prepares itself
+            key = self._plan(key)[1]
+        while len(rows) < want:
+            batch, key = self._plan(key)
+            rows.extend(int(r) for r in batch)
+        self.preloader.expect(rows[:want])
+
     def next(self) -> Any:
         """The next batch, moving on to the next epoch after the last one."""
         number = self.position
+        if self.preloader is not None and self.preloader.threads:
+            self._expect()
         batch = self._pipeline.get((self.epoch, self.position), self._plan)
         if self.mask_key is not None:
             if not isinstance(batch, dict) or self.mask_key in batch:
@@ -248,6 +278,8 @@ class Tank:
     def close(self) -> None:
         """Stops the workers and closes the files (a later `next` opens them again)."""
         self._pipeline.close()
+        if self.preloader is not None:
+            self.preloader.close()
         self.pack.close()
 
     def __enter__(self) -> Tank:

@@ -1,0 +1,267 @@
+"""Preloader: any indexable dataset, its items cached within a byte budget and loaded ahead.
+
+`Preloader(source)` is a dataset again (``__getitem__``, ``__len__``, ``__getitems__`` for
+torch's DataLoader batches), so it goes wherever `source` went. The order of use reaches it
+three ways, and only these (it never guesses index+1, +2, ...): ``order=`` (one epoch's
+order, repeated), a sampler wrapped by `sampler()` (each epoch's order as the DataLoader
+draws it), or `expect(keys)`. Without one it caches, and loads each DataLoader batch's
+missing items in parallel.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import sys
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from typing import Any
+
+from dualtrain import backends
+from dualtrain.errors import bad_argument
+from dualtrain.preload.cache import PreloadCache
+from dualtrain.random import ORDER, stream
+from dualtrain.validate import check_seed
+
+__all__ = ["NebulDataset", "PlannedSampler", "Preloader", "index_key", "pinning"]
+
+# The key of an index the cache cannot hold (a slice, a list): served by the source directly.
+_UNCACHED = object()
+
+
+def index_key(index: Any, length: int) -> Any:
+    """The cache key of ``dataset[index]``.
+
+    An int in [0, length) for int-like indices (NumPy and 0-d torch ints included, negative
+    ones counted from the end), the index itself for other hashable keys, `_UNCACHED` for
+    unhashable ones (slices, lists).
+    """
+    try:
+        i = operator.index(index)
+    except TypeError:
+        try:
+            hash(index)
+        except TypeError:
+            return _UNCACHED
+        return index
+    return i + length if -length <= i < 0 else i
+
+
+def pinning(pin_memory: bool | str) -> Callable[[Any], Any] | None:
+    """The ``pin(item)`` of `pin_memory` (None: no pinning).
+
+    False: none; "torch" or "jax": that adapter's; True: the framework already imported
+    (torch first), none when neither is.
+    """
+    if pin_memory is False:
+        return None
+    if pin_memory is True:
+        pin_memory = "torch" if "torch" in sys.modules else "jax" if "jax" in sys.modules else ""
+        if not pin_memory:
+            return None  # neither framework is in use: nothing to pin for
+    if pin_memory not in ("torch", "jax"):
+        raise bad_argument("pin_memory", pin_memory, "a bool, 'torch' or 'jax'")
+    pin: Callable[[Any], Any] = backends.load_part(pin_memory, "preload").pin
+    return pin
+
+
+class Preloader:
+    """`source`'s items, cached within `max_memory_size` bytes and loaded ahead in order.
+
+    Args:
+        source: anything with ``__getitem__`` and ``__len__`` (a torch Dataset, a list, a
+            Tank's pack column, a user's class); ``source[i]`` must give the same item each
+            time (random augmentation belongs after the cache).
+        max_memory_size: the budget in bytes; None: a quarter of the memory available now
+            (`dualtrain.preload.budget.DEFAULT_FRACTION`). Held bytes never exceed it.
+        preloaded_data: how many items of the known order are loaded ahead (nebulgym's name).
+        order: one epoch's order of indices, followed every epoch; None: see `sampler()`.
+        threads: loader threads; None: ``min(preloaded_data, os.cpu_count())``.
+        copy: hits return copies (arrays, tensors, images; containers rebuilt), so an item
+            changed in place never changes the cache; False returns the held object.
+        sizeof: ``sizeof(obj) -> int | None`` for objects the byte count cannot see into.
+        pin_memory: pin held tensors and arrays for fast copies to a CUDA device: "torch",
+            "jax", True (the framework in use) or False; nothing happens without CUDA.
+
+    Items come back as the source gave them (same types and values). ``stats()`` says what
+    the cache did; under DataLoader workers (fork or spawn) the items are shared through
+    one folder in memory, within the same budget (`dualtrain.preload.shared`).
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        max_memory_size: int | None = None,
+        preloaded_data: int = 20,
+        order: Iterable[Any] | None = None,
+        *,
+        threads: int | None = None,
+        copy: bool = True,
+        sizeof: Callable[[Any], int | None] | None = None,
+        pin_memory: bool | str = False,
+        _shared_path: str | None = None,
+    ) -> None:
+        if not (hasattr(source, "__getitem__") and hasattr(source, "__len__")):
+            raise bad_argument("source", source, "an object with __getitem__ and __len__")
+        plan = None
+        if order is not None:
+            if isinstance(order, (str, bytes)) or not isinstance(order, Iterable):
+                raise bad_argument("order", order, "an iterable of indices, or None")
+            plan = [index_key(i, len(source)) for i in order]
+            if any(k is _UNCACHED for k in plan):
+                raise bad_argument("order", order, "indices (ints or hashable keys)")
+        self.source = source
+        self.cache = PreloadCache(
+            functools.partial(operator.getitem, source), max_memory_size=max_memory_size,
+            preloaded_data=preloaded_data, threads=threads, copy=copy, sizeof=sizeof,
+            pin=pinning(pin_memory), shared_path=_shared_path,
+        )  # fmt: skip
+        if plan:
+            self.cache.expect(plan, cyclic=True)
+
+    @property
+    def max_memory_size(self) -> int:
+        """The budget in bytes."""
+        return self.cache.max_memory_size
+
+    @property
+    def preloaded_data(self) -> int:
+        return self.cache.preloaded_data
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: Any) -> Any:
+        key = index_key(index, len(self.source))
+        if key is _UNCACHED:
+            return self.source[index]
+        return self.cache.get(key)
+
+    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
+        """The items of `indices` (torch's DataLoader asks a batch at once through this)."""
+        n = len(self.source)
+        keys = [index_key(i, n) for i in indices]
+        if any(k is _UNCACHED for k in keys):
+            return [self[i] for i in indices]
+        return self.cache.get_many(keys)
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def expect(self, indices: Iterable[Any]) -> None:
+        """Says the next items asked for are `indices`, in this order; loads them ahead."""
+        n = len(self.source)
+        self.cache.expect(index_key(i, n) for i in indices)
+
+    def sampler(
+        self, sampler: Iterable[Any] | None = None, *, shuffle: bool = False, seed: int = 0
+    ) -> PlannedSampler:
+        """A sampler whose every epoch's order this Preloader loads ahead.
+
+        Args:
+            sampler: a sampler to follow (torch's RandomSampler, a DistributedSampler, any
+                iterable of indices or of index lists); None: this Preloader's own, in order
+                or shuffled per (seed, epoch) by dualtrain's streams.
+            shuffle: the own sampler shuffles each epoch (not with `sampler`).
+            seed: the own sampler's seed.
+
+        Pass it as ``DataLoader(preloader, batch_size=..., sampler=preloader.sampler(...))``.
+        """
+        if sampler is not None and shuffle:
+            raise bad_argument("shuffle", shuffle, "False when a sampler is given")
+        if sampler is None:
+            sampler = _Order(len(self), bool(shuffle), check_seed("seed", seed))
+        elif not isinstance(sampler, Iterable):
+            raise bad_argument("sampler", sampler, "an iterable of indices (a sampler)")
+        return PlannedSampler(self, sampler)
+
+    def stats(self) -> dict[str, Any]:
+        """The cache's counters and bytes (`PreloadCache.stats`)."""
+        return self.cache.stats()
+
+    def clear(self) -> None:
+        """Drops the held items."""
+        self.cache.clear()
+
+    def close(self) -> None:
+        """Stops the loader threads; held items stay."""
+        self.cache.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # The source's own methods and attributes stay reachable (nebulgym lost them).
+        if name.startswith("__") or name in ("source", "cache"):
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.source!r}, max_memory_size={self.max_memory_size}, "
+            f"preloaded_data={self.preloaded_data})"
+        )
+
+
+class NebulDataset(Preloader):
+    """nebulgym's spelling: ``NebulDataset(input_data, preloaded_data, max_memory_size)``.
+
+    `input_data` is the dataset; the rest is `Preloader`'s (same keywords after these).
+    """
+
+    def __init__(
+        self,
+        input_data: Any,
+        preloaded_data: int = 20,
+        max_memory_size: int | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(input_data, max_memory_size, preloaded_data, **options)
+
+
+class _Order:
+    """Indices 0..n-1 each epoch, shuffled per (seed, epoch) when asked."""
+
+    def __init__(self, n: int, shuffle: bool, seed: int) -> None:
+        self.n, self.shuffle, self.seed, self.epoch = n, shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        if not self.shuffle:
+            return iter(range(self.n))
+        return iter(stream(self.seed, ORDER, epoch).permutation(self.n).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class PlannedSampler:
+    """A sampler that tells its Preloader each epoch's order before yielding it.
+
+    Iterating draws the inner sampler's whole epoch (a list of its indices, or of index
+    lists for a batch sampler), gives the flattened order to `Preloader.expect`, then yields
+    it unchanged. `set_epoch` and `len` pass through.
+    """
+
+    def __init__(self, preloader: Preloader, sampler: Iterable[Any]) -> None:
+        self.preloader, self.sampler = preloader, sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = list(self.sampler)
+        flat: list[Hashable] = []
+        for entry in epoch:
+            if isinstance(entry, (list, tuple)):
+                flat.extend(entry)
+            else:
+                flat.append(entry)
+        self.preloader.expect(flat)
+        return iter(epoch)
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if set_epoch is None:
+            raise AttributeError(f"{type(self.sampler).__name__} has no set_epoch")
+        set_epoch(epoch)

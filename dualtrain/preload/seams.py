@@ -1,0 +1,22 @@
+"""What the preloader asks of an adapter's ``preload`` module: pinned staging of items.
+
+`dualtrain.backends.load_part` returns the adapter's module typed as `PreloadPart`, and
+``tests/core/test_seams.py`` checks both adapters against these signatures.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+__all__ = ["PreloadPart"]
+
+
+class PreloadPart(Protocol):
+    """``dualtrain_<name>.preload``, used by `dualtrain.preload.Preloader(pin_memory=...)`."""
+
+    def pin(self, item: Any, /) -> Any:
+        """`item` with its host arrays in page-locked memory when a CUDA device is present.
+
+        The same values and structure; without CUDA the item itself, unchanged.
+        """
+        ...

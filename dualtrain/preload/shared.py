@@ -1,0 +1,236 @@
+"""A cache's items shared by processes: one file per item in a RAM-backed folder.
+
+DataLoader workers (fork or spawn) and a Tank's worker processes each hold a copy of the
+dataset, so an in-memory cache would be one per worker and lost with it. A shared cache
+keeps its items in a folder under ``/dev/shm`` (memory, not disk; the system's temporary
+folder where there is none), one pickled item per file, written to a temporary name and
+renamed, so a reader sees a whole item or none. The bytes held are the files' sizes plus
+the owner's in-memory items; a ledger file, locked with ``flock`` around every admission,
+keeps their sum at or below the budget across all processes.
+
+Only the process that made the folder removes it (at exit or when its cache goes away); a
+folder whose owner was killed is removed by the next one made on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import shutil
+import struct
+import tempfile
+from collections.abc import Hashable, Iterator
+from typing import Any
+
+__all__ = ["COUNTERS", "SharedStore"]
+
+PREFIX = "dualtrain-preload-"
+_LEDGER = "ledger"
+_STATS = "stats-"
+# The counters each worker process keeps in its own stats file, in this order.
+COUNTERS = ("hits", "misses", "loads", "not_kept", "data_wait_ns")
+_RECORD = struct.Struct(f"<{len(COUNTERS)}q")
+
+
+def _base_dir() -> str:
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return tempfile.gettempdir()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep(base: str | None = None) -> list[str]:
+    """Removes shared folders whose owner process is gone; returns their paths."""
+    base = base or _base_dir()
+    removed: list[str] = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        pid_text = name[len(PREFIX) :].partition("-")[0]
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and not _alive(int(pid_text)):
+            path = os.path.join(base, name)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _token(key: Hashable) -> str | None:
+    """A file name for `key` (None: the key cannot be named, so it is not shared)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return f"i{key}"
+    if isinstance(key, str):
+        return "s" + hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()
+    try:
+        return "p" + hashlib.sha1(pickle.dumps(key, protocol=5)).hexdigest()
+    except Exception:  # an unpicklable key: not shared, loaded every time
+        return None
+
+
+class SharedStore:
+    """The shared folder of one cache: its items, its ledger and its workers' counters.
+
+    Args:
+        path: the folder (made by `create`).
+        limit: the budget in bytes.
+    """
+
+    def __init__(self, path: str, limit: int) -> None:
+        self.path, self.limit = path, limit
+        self._stats_fd: int | None = None
+
+    @classmethod
+    def create(cls, limit: int, used: int) -> SharedStore:
+        """A new folder owned by this process, its ledger starting at `used` bytes."""
+        sweep()
+        path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=_base_dir())
+        with open(os.path.join(path, _LEDGER), "wb") as f:
+            f.write(struct.pack("<q", used))
+        return cls(path, limit)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SharedStore, (self.path, self.limit))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[int]:
+        import fcntl  # POSIX: shared caches need it (Linux and macOS)
+
+        # A folder removed under us (its owner exited) raises here: callers treat it as full.
+        fd = os.open(os.path.join(self.path, _LEDGER), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield fd
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    @staticmethod
+    def _read_used(fd: int) -> int:
+        return int(struct.unpack("<q", os.pread(fd, 8, 0))[0])
+
+    @property
+    def used(self) -> int:
+        """Bytes held against the budget, by every process (0 once the folder is gone)."""
+        try:
+            with self._locked() as fd:
+                return self._read_used(fd)
+        except FileNotFoundError:
+            return 0
+
+    def free(self) -> int:
+        return self.limit - self.used
+
+    def try_add(self, n: int) -> bool:
+        """Admits `n` bytes if they fit under the limit; False (nothing changed) if not."""
+        try:
+            with self._locked() as fd:
+                used = self._read_used(fd)
+                if used + n > self.limit:
+                    return False
+                os.pwrite(fd, struct.pack("<q", used + n), 0)
+                return True
+        except FileNotFoundError:
+            return False
+
+    def sub(self, n: int) -> None:
+        try:
+            with self._locked() as fd:
+                os.pwrite(fd, struct.pack("<q", self._read_used(fd) - n), 0)
+        except FileNotFoundError:
+            pass
+
+    def read(self, key: Hashable) -> tuple[bool, Any]:
+        """(True, item) if another process (or this one) stored `key`; else (False, None)."""
+        token = _token(key)
+        if token is None:
+            return False, None
+        try:
+            with open(os.path.join(self.path, token), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return False, None
+        return True, pickle.loads(data)
+
+    def write(self, key: Hashable, item: Any) -> bool:
+        """Stores `item` if it pickles and fits; False when it is not kept (nothing changed)."""
+        token = _token(key)
+        if token is None:
+            return False
+        try:
+            data = pickle.dumps(item, protocol=5)
+        except Exception:  # not picklable: served, not shared
+            return False
+        final = os.path.join(self.path, token)
+        try:
+            return self._write(final, data)
+        except FileNotFoundError:  # the folder is gone
+            return False
+
+    def _write(self, final: str, data: bytes) -> bool:
+        with self._locked() as fd:
+            used = self._read_used(fd)
+            if os.path.exists(final) or used + len(data) > self.limit:
+                return False
+            temp = f"{final}.tmp{os.getpid()}"
+            try:
+                with open(temp, "wb") as f:
+                    f.write(data)
+                os.replace(temp, final)
+            except OSError:  # the folder's file system is full: the item is not kept
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                return False
+            os.pwrite(fd, struct.pack("<q", used + len(data)), 0)
+        return True
+
+    def record(self, counts: dict[str, int]) -> None:
+        """Writes this process's counters where the owner's `stats()` sums them."""
+        if self._stats_fd is None:
+            name = os.path.join(self.path, f"{_STATS}{os.getpid()}")
+            try:
+                self._stats_fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError:  # the owner removed the folder: nothing to report to
+                return
+        with contextlib.suppress(OSError):
+            os.pwrite(self._stats_fd, _RECORD.pack(*(counts.get(k, 0) for k in COUNTERS)), 0)
+
+    def counters(self) -> dict[str, int]:
+        """The workers' counters, summed."""
+        total = dict.fromkeys(COUNTERS, 0)
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.path):
+                if not name.startswith(_STATS) or name == f"{_STATS}{os.getpid()}":
+                    continue
+                with contextlib.suppress(OSError), open(os.path.join(self.path, name), "rb") as f:
+                    raw = f.read(_RECORD.size)
+                if len(raw) == _RECORD.size:
+                    for k, v in zip(COUNTERS, _RECORD.unpack(raw), strict=True):
+                        total[k] += v
+        return total
+
+    def files(self) -> int:
+        """Items stored in the folder."""
+        try:
+            return sum(
+                1 for n in os.listdir(self.path) if n[:1] in "isp" and ".tmp" not in n
+                and not n.startswith(_STATS)
+            )  # fmt: skip
+        except OSError:
+            return 0
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
