@@ -65,6 +65,10 @@ def test_demo_shares_memory_trains_one_craft_in_both_and_crosses_its_checkpoint(
     assert result["packed_rows"] == 256 and fuel_torch[-1] < fuel_torch[0] * 0.5
     for a, b in zip(fuel_torch, fuel_jax, strict=True):
         assert abs(a - b) <= 1e-4 * max(1.0, abs(a))
+    # The Tanks preloaded: every row decoded once over 7.5 epochs, within the budget.
+    for stats in result["preload_stats"].values():
+        assert stats["loads"] == 256 and stats["peak_resident_bytes"] <= stats["max_memory_size"]
+    assert "PNG decodes for 1920 samples" in " ".join(text.split())
 
 
 def test_python_dash_m_runs_the_cli():

@@ -23,6 +23,9 @@ T = TypeVar("T", bound=type)
 
 _MARK = "__dualtrain_preload__"  # the class attribute holding the decorator's settings
 _SLOT = "_dualtrain_preload_slot"  # the instance attribute holding its Preloader
+# The class attribute holding the decorated class's own __getitem__: looked up on an
+# instance's class, it is that of the most derived decorated class, the one its cache serves.
+_GETITEM = "__dualtrain_preload_getitem__"
 _OPTIONS = ("threads", "copy", "sizeof", "pin_memory")
 
 
@@ -86,23 +89,28 @@ def _decorate(cls: T, settings: dict[str, Any]) -> T:
         return cls  # decorated again: new settings for new instances, nothing wrapped twice
     original_init: Callable[..., None] = cls.__init__  # type: ignore[misc]
     original_getitem: Callable[..., Any] = getattr(cls, "__getitem__")  # noqa: B009
+    setattr(cls, _GETITEM, original_getitem)
 
     @functools.wraps(original_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original_init(self, *args, **kwargs)
         # Made now, so a DataLoader forking its workers before the first item shares it.
-        _preloader(self, original_getitem)
+        _preloader(self)
 
     @functools.wraps(original_getitem)
     def __getitem__(self: Any, index: Any) -> Any:  # noqa: N807
-        return _preloader(self, original_getitem)[index]
+        if getattr(type(self), _GETITEM) is not original_getitem:
+            # A decorated subclass's __getitem__ called this one (super()): its cache holds
+            # the subclass's items, so this class's item is computed, not cached again.
+            return original_getitem(self, index)
+        return _preloader(self)[index]
 
     def __getitems__(self: Any, indices: Any) -> list[Any]:  # noqa: N807
-        return _preloader(self, original_getitem).__getitems__(indices)
+        return _preloader(self).__getitems__(indices)
 
     def preloader(self: Any) -> Preloader:
         """This instance's Preloader (its cache, `stats()`, `sampler()`)."""
-        return _preloader(self, original_getitem)
+        return _preloader(self)
 
     cls.__init__ = __init__  # type: ignore[misc]
     setattr(cls, "__getitem__", __getitem__)  # noqa: B010
@@ -126,7 +134,12 @@ class _Source:
 
 
 class _Slot:
-    """Holds an instance's Preloader; pickles as its settings and shared folder only."""
+    """Holds an instance's Preloader; pickles as its settings and shared folder only.
+
+    A pickled instance (a DataLoader's spawned worker) joins the original's shared cache; a
+    deep copy gets a cache of its own (a copy may change what its items are), and so does a
+    shallow copy (its dict still holds the original's slot, see `serves`).
+    """
 
     def __init__(self, settings: dict[str, Any], shared_path: str | None = None) -> None:
         self.settings, self.shared_path = settings, shared_path
@@ -140,6 +153,13 @@ class _Slot:
             )
         return self.preloader
 
+    def serves(self, owner: Any) -> bool:
+        """Whether this slot's Preloader (if made) reads `owner`'s items, not another's."""
+        return self.preloader is None or self.preloader.source.owner is owner
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Slot:
+        return _Slot(dict(self.settings))
+
     def __reduce__(self) -> tuple[Any, ...]:
         path = self.shared_path
         if self.preloader is not None:
@@ -147,7 +167,7 @@ class _Slot:
         return (_Slot, (self.settings, path))
 
 
-def _preloader(owner: Any, getitem: Callable[..., Any]) -> Preloader:
+def _preloader(owner: Any) -> Preloader:
     try:
         slot = owner.__dict__.get(_SLOT)
     except AttributeError:
@@ -155,8 +175,8 @@ def _preloader(owner: Any, getitem: Callable[..., Any]) -> Preloader:
             f"{type(owner).__name__} instances have no __dict__ (__slots__); "
             "wrap an instance with Preloader(instance) instead of decorating the class"
         ) from None
-    if slot is None:
+    if slot is None or not slot.serves(owner):  # new, or a shallow copy's: its own cache
         slot = _Slot(getattr(type(owner), _MARK))
         owner.__dict__[_SLOT] = slot
-    preloader: Preloader = slot.get(owner, getitem)
+    preloader: Preloader = slot.get(owner, getattr(type(owner), _GETITEM))
     return preloader

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from dualtrain import backends
 from dualtrain.errors import bad_argument
 from dualtrain.preload.cache import PreloadCache
@@ -32,18 +34,47 @@ def index_key(index: Any, length: int) -> Any:
     """The cache key of ``dataset[index]``.
 
     An int in [0, length) for int-like indices (NumPy and 0-d torch ints included, negative
-    ones counted from the end), the index itself for other hashable keys, `_UNCACHED` for
-    unhashable ones (slices, lists).
+    ones counted from the end), the index itself for other hashable keys (a str, a tuple of
+    keys: its ints as ints), `_UNCACHED` for the rest: slices, lists, ``...``, None, bools
+    and arrays or tensors of indices, which select something other than one item.
     """
+    if getattr(index, "ndim", 0) != 0 or _is_bool(index):
+        return _UNCACHED  # a mask or an index array: a[True] is not a[1], a[t([3])] not a[3]
     try:
         i = operator.index(index)
     except TypeError:
-        try:
-            hash(index)
-        except TypeError:
-            return _UNCACHED
-        return index
+        return _plain_key(index)
     return i + length if -length <= i < 0 else i
+
+
+def _is_bool(index: Any) -> bool:
+    return isinstance(index, bool) or "bool" in str(getattr(index, "dtype", ""))
+
+
+def _plain_key(key: Any) -> Any:
+    """`key` as a cache key (its ints as ints), or `_UNCACHED`."""
+    if key is None or key is Ellipsis or isinstance(key, slice):
+        return _UNCACHED  # hashable on Python 3.12+, yet they select several items
+    if type(key) is tuple:
+        parts = []
+        for part in key:
+            if getattr(part, "ndim", 0) != 0 or _is_bool(part):
+                return _UNCACHED
+            try:
+                parts.append(operator.index(part))
+            except TypeError:
+                part = _plain_key(part)
+                if part is _UNCACHED:
+                    return _UNCACHED
+                parts.append(part)
+        return tuple(parts)
+    if hasattr(key, "ndim") and not isinstance(key, np.generic):
+        return _UNCACHED  # a tensor hashes by identity: every call would be a new key
+    try:
+        hash(key)
+    except TypeError:
+        return _UNCACHED
+    return key
 
 
 def pinning(pin_memory: bool | str) -> Callable[[Any], Any] | None:
@@ -151,7 +182,9 @@ class Preloader:
     def expect(self, indices: Iterable[Any]) -> None:
         """Says the next items asked for are `indices`, in this order; loads them ahead."""
         n = len(self.source)
-        self.cache.expect(index_key(i, n) for i in indices)
+        keys = (index_key(i, n) for i in indices)
+        # A slice or index array in a plan is served by the source: nothing to load ahead.
+        self.cache.expect(k for k in keys if k is not _UNCACHED)
 
     def sampler(
         self, sampler: Iterable[Any] | None = None, *, shuffle: bool = False, seed: int = 0
@@ -239,8 +272,10 @@ class PlannedSampler:
     """A sampler that tells its Preloader each epoch's order before yielding it.
 
     Iterating draws the inner sampler's whole epoch (a list of its indices, or of index
-    lists for a batch sampler), gives the flattened order to `Preloader.expect`, then yields
-    it unchanged. `set_epoch` and `len` pass through.
+    lists or 1-d index arrays for a batch sampler), gives the flattened order to
+    `Preloader.expect`, then yields it unchanged. `len` and the inner sampler's attributes
+    (``set_epoch``, ``batch_size``, ...) pass through; ``hasattr(s, "set_epoch")`` says
+    whether the inner sampler has one, as trainers that call it check.
     """
 
     def __init__(self, preloader: Preloader, sampler: Iterable[Any]) -> None:
@@ -252,6 +287,8 @@ class PlannedSampler:
         for entry in epoch:
             if isinstance(entry, (list, tuple)):
                 flat.extend(entry)
+            elif getattr(entry, "ndim", 0) == 1 and hasattr(entry, "tolist"):
+                flat.extend(entry.tolist())  # a batch as a NumPy array or a tensor
             else:
                 flat.append(entry)
         self.preloader.expect(flat)
@@ -260,8 +297,7 @@ class PlannedSampler:
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
 
-    def set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.sampler, "set_epoch", None)
-        if set_epoch is None:
-            raise AttributeError(f"{type(self.sampler).__name__} has no set_epoch")
-        set_epoch(epoch)
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("preloader", "sampler"):
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
