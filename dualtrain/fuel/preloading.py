@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dualtrain.errors import bad_argument
+from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.fuel.streams import no_sample_scope
 from dualtrain.preload import PreloadCache
 
@@ -36,15 +36,28 @@ def preload_settings(preload: object) -> dict[str, Any] | None:
     if preload is True:
         return {}
     if isinstance(preload, int) and not isinstance(preload, bool):
+        if preload < 0:
+            raise bad_argument("preload", preload, "a budget in bytes >= 0")
         return {"max_memory_size": preload}
     if isinstance(preload, Mapping):
         unknown = sorted(set(preload) - set(_KEYS))
         if unknown:
             raise bad_argument("preload", dict(preload), f"keys among {_KEYS}; got {unknown}")
-        return dict(preload)
+        settings = dict(preload)
+        # The values checked now, by the cache itself, before the Tank opens anything; the
+        # error names `preload`, the argument the caller gave.
+        try:
+            PreloadCache(_no_load, shareable=False, **settings).close()
+        except ArgumentError as e:
+            raise bad_argument("preload", settings, f"valid preload settings ({e})") from None
+        return settings
     raise bad_argument(
         "preload", preload, "False, True, a budget in bytes, or a dict of preload settings"
     )
+
+
+def _no_load(key: Any) -> None:
+    """The loader of the throwaway cache that checks the settings (never called)."""
 
 
 class _Load:
@@ -69,13 +82,20 @@ class _CachedFetch:
 
 
 def cached_fetch(
-    settings: dict[str, Any], fetch_fn: Callable[[Any, int], Any], data: Any, processes: bool
+    settings: dict[str, Any],
+    fetch_fn: Callable[[Any, int], Any],
+    data: Any,
+    processes: bool,
+    window: int,
 ) -> tuple[PreloadCache, Callable[[Any, int], Any]]:
     """The cache and the fetch_fn that reads through it.
 
-    With worker processes the cache is shared through memory and the Tank's own process
-    loads nothing ahead (the workers, not it, would use what it loads).
+    `window` is the default of ``preloaded_data`` (rows loaded ahead): the Tank passes the
+    rows of the batches its pipeline prepares plus one more batch. With worker processes
+    the cache is shared through memory and the Tank's own process loads nothing ahead (the
+    workers, not it, would use what it loads).
     """
+    settings = {"preloaded_data": window, **settings}
     if processes:
         settings = {**settings, "threads": 0}
     cache = PreloadCache(_Load(fetch_fn, data), shareable=processes, **settings)

@@ -83,7 +83,8 @@ class Tank:
         preload: cache fetch_fn's output (decoded rows, before prep_fn) within a byte
             budget, loading the rows of coming batches ahead in this Tank's order
             (docs/preload.md): False (default), True (a quarter of the available memory),
-            a budget in bytes, or a dict of ``max_memory_size``, ``preloaded_data``,
+            a budget in bytes, or a dict of ``max_memory_size``, ``preloaded_data`` (rows
+            ahead; default the rows of the batches being prepared plus one batch),
             ``threads``, ``copy``, ``sizeof``. The batches are the same as without it;
             fetch_fn must be a plain read (a random draw there is an error). `preloader`
             is the cache (``stats()``).
@@ -165,7 +166,8 @@ class Tank:
         self.preloader: PreloadCache | None = None
         if preload_kw is not None:
             processes = workers > 0 and worker_mode == "process"
-            self.preloader, fetch = cached_fetch(preload_kw, fetch, self.pack, processes)
+            window = batch_size * ((prefetch + 2) if workers else 2)  # pipeline + 1 batch
+            self.preloader, fetch = cached_fetch(preload_kw, fetch, self.pack, processes, window)
         self._prefetch = prefetch if workers else 0
         recipe = Recipe(
             self.pack, fetch, prep_fn, seed, finish_fn=finish if finish.keys else None,
@@ -201,12 +203,14 @@ class Tank:
         return self._order.batch(epoch, number), after
 
     def _expect(self) -> None:
-        """Tells the cache the rows of the batches after the ones being prepared."""
+        """Tells the cache the rows of this batch and the next ones, in serving order.
+
+        The rows of the batches being prepared come first, so the window protects them
+        until they are served (planned after them, they would be the first evicted).
+        """
         assert self.preloader is not None
         want = self.preloader.preloaded_data
         key, rows = (self.epoch, self.position), list[int]()
-        for _ in range(self._prefetch + 1):  # the batches the pipeline prepares itself
-            key = self._plan(key)[1]
         while len(rows) < want:
             batch, key = self._plan(key)
             rows.extend(int(r) for r in batch)

@@ -21,6 +21,7 @@ import pickle
 import shutil
 import struct
 import tempfile
+import threading
 from collections.abc import Hashable, Iterator
 from typing import Any
 
@@ -32,6 +33,13 @@ _STATS = "stats-"
 # The counters each worker process keeps in its own stats file, in this order.
 COUNTERS = ("hits", "misses", "loads", "not_kept", "data_wait_ns")
 _RECORD = struct.Struct(f"<{len(COUNTERS)}q")
+# One process's counters per folder, summed over every cache of that folder in the process:
+# a cache is unpickled again for each task a process pool runs (a Tank's process workers),
+# and each copy's counts must add up in the process's one stats file, written through one
+# open file. Keyed by (pid, folder): a forked child starts its own.
+_TOTALS: dict[tuple[int, str], list[int]] = {}
+_FDS: dict[tuple[int, str], int] = {}
+_TOTALS_LOCK = threading.Lock()
 
 
 def _base_dir() -> str:
@@ -92,7 +100,11 @@ class SharedStore:
 
     def __init__(self, path: str, limit: int) -> None:
         self.path, self.limit = path, limit
-        self._stats_fd: int | None = None
+        self._recorded = [0] * len(COUNTERS)  # this store's counts already in the totals
+        # The process that made the folder, the only one that removes it (None: a worker's
+        # view of it). A forked child holds a copy of the owner's store and of the finalizer
+        # that calls `remove`: without this a child exiting normally would remove the folder.
+        self._owner_pid: int | None = None
 
     @classmethod
     def create(cls, limit: int, used: int) -> SharedStore:
@@ -101,7 +113,9 @@ class SharedStore:
         path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=_base_dir())
         with open(os.path.join(path, _LEDGER), "wb") as f:
             f.write(struct.pack("<q", used))
-        return cls(path, limit)
+        store = cls(path, limit)
+        store._owner_pid = os.getpid()
+        return store
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (SharedStore, (self.path, self.limit))
@@ -185,6 +199,10 @@ class SharedStore:
             used = self._read_used(fd)
             if os.path.exists(final) or used + len(data) > self.limit:
                 return False
+            # The bytes are counted before the file is written: a process killed while
+            # writing leaves the ledger over (never under) what the folder holds, so the
+            # budget still bounds the memory the folder takes.
+            os.pwrite(fd, struct.pack("<q", used + len(data)), 0)
             temp = f"{final}.tmp{os.getpid()}"
             try:
                 with open(temp, "wb") as f:
@@ -193,20 +211,32 @@ class SharedStore:
             except OSError:  # the folder's file system is full: the item is not kept
                 with contextlib.suppress(OSError):
                     os.unlink(temp)
+                os.pwrite(fd, struct.pack("<q", used), 0)
                 return False
-            os.pwrite(fd, struct.pack("<q", used + len(data)), 0)
         return True
 
     def record(self, counts: dict[str, int]) -> None:
-        """Writes this process's counters where the owner's `stats()` sums them."""
-        if self._stats_fd is None:
-            name = os.path.join(self.path, f"{_STATS}{os.getpid()}")
-            try:
-                self._stats_fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
-            except OSError:  # the owner removed the folder: nothing to report to
-                return
-        with contextlib.suppress(OSError):
-            os.pwrite(self._stats_fd, _RECORD.pack(*(counts.get(k, 0) for k in COUNTERS)), 0)
+        """Adds this cache's counters to its process's, where the owner's `stats()` sums them.
+
+        `counts` are this cache's totals so far; the process's stats file holds the sum over
+        every cache of this folder in the process.
+        """
+        values = [counts.get(k, 0) for k in COUNTERS]
+        place = (os.getpid(), self.path)
+        with _TOTALS_LOCK:
+            total = _TOTALS.setdefault(place, [0] * len(COUNTERS))
+            for i, (new, old) in enumerate(zip(values, self._recorded, strict=True)):
+                total[i] += new - old
+            self._recorded = values
+            fd = _FDS.get(place)
+            if fd is None:
+                name = os.path.join(self.path, f"{_STATS}{os.getpid()}")
+                try:
+                    fd = _FDS[place] = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
+                except OSError:  # the owner removed the folder: nothing to report to
+                    return
+            with contextlib.suppress(OSError):
+                os.pwrite(fd, _RECORD.pack(*total), 0)
 
     def counters(self) -> dict[str, int]:
         """The workers' counters, summed."""
@@ -233,4 +263,6 @@ class SharedStore:
             return 0
 
     def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        """Removes the folder, in the process that made it only (elsewhere nothing happens)."""
+        if self._owner_pid == os.getpid():
+            shutil.rmtree(self.path, ignore_errors=True)

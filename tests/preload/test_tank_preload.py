@@ -1,0 +1,192 @@
+"""A Tank with ``preload=`` serves exactly the batches it serves without, within its budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dualtrain import ArgumentError
+from dualtrain.fuel import FuelGenerator, Tank
+from tests.fuel.raw import DTYPES, SPEC, make_folder
+from tests.preload.workers_data import augment, fetch_augmented
+
+N = 23
+ARRAYS = {"image": "uint8", "label": "int64", "box": "float32"}  # what every framework takes
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("raw")
+    make_folder(str(folder), N)
+    gen = FuelGenerator(file_dir=str(folder), file_list=str(folder / "list.csv"), dtype=DTYPES)
+    return gen.generate(str(folder / "p.h5"), 12, 16, encode="PNG", shards=2, workers=0).paths
+
+
+@pytest.fixture(scope="module")
+def row_bytes(pack):
+    """The cache's byte count of one decoded row (every row decodes to one image size)."""
+    with Tank(pack, SPEC, 1, shuffle=False, preload={"threads": 0}) as tank:
+        tank.next()
+        return tank.preloader.stats()["local_bytes"]
+
+
+def serve(tank: Tank, count: int) -> list:
+    with tank:
+        return [tank.next() for _ in range(count)]
+
+
+def assert_same(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], list):
+                assert len(x[key]) == len(y[key])
+                for u, v in zip(x[key], y[key], strict=True):
+                    np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+            else:
+                np.testing.assert_array_equal(np.asarray(x[key]), np.asarray(y[key]))
+
+
+def preloads(row_bytes: int):
+    budgets = st.integers(0, (N + 2) * row_bytes)
+    return st.one_of(
+        st.just(True),
+        budgets,
+        st.fixed_dictionaries(
+            {"max_memory_size": budgets},
+            optional={
+                "preloaded_data": st.integers(0, 30),
+                "threads": st.integers(0, 3),
+                "copy": st.booleans(),
+            },
+        ),
+    )
+
+
+@settings(max_examples=25)
+@given(
+    data=st.data(), workers=st.sampled_from([0, 2]), shuffle=st.booleans(),
+    batch=st.integers(1, 9), full=st.booleans(), seed=st.integers(0, 2**40),
+)  # fmt: skip
+def test_preload_serves_exactly_the_batches_served_without(
+    pack, row_bytes, data, workers, shuffle, batch, full, seed
+):
+    preload = data.draw(preloads(row_bytes), label="preload")
+    args = {"shuffle": shuffle, "in_same_size": full, "prep_fn": augment, "seed": seed}
+    args["workers"] = workers
+    plain = Tank(pack, SPEC, batch, **args)
+    count = 3 * plain.MPE  # three epochs
+    want = serve(plain, count)
+    cached = Tank(pack, SPEC, batch, preload=preload, **args)
+    assert_same(serve(cached, count), want)
+    stats = cached.preloader.stats()
+    assert stats["peak_resident_bytes"] <= stats["max_memory_size"]
+    assert stats["resident_bytes"] <= stats["max_memory_size"]
+
+
+def test_augmentation_still_differs_between_epochs(pack):
+    with Tank(pack, SPEC, N, shuffle=False, prep_fn=augment, preload=True) as tank:
+        first, second = tank.next(), tank.next()
+    np.testing.assert_array_equal(first["label"], second["label"])  # the same rows
+    assert not np.array_equal(first["image"], second["image"])  # drawn again
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epochs_after_the_first_are_all_hits_when_the_pack_fits(pack, workers):
+    with Tank(pack, SPEC, 5, prep_fn=augment, workers=workers, preload=True) as tank:
+        per_epoch = tank.samples_per_epoch
+        for _ in range(tank.MPE):
+            tank.next()
+        before = tank.preloader.stats()
+        for _ in range(2 * tank.MPE):
+            tank.next()
+        after = tank.preloader.stats()
+    assert after["loads"] == N  # every row decoded once
+    assert after["evictions"] == 0 and after["items"] == N
+    # Every get that was not a hit came in the first epoch (worker threads prepare the
+    # batches after the one served ahead, so a snapshot can fall inside an epoch).
+    assert after["misses"] + after["prefetch_waits"] <= per_epoch
+    assert after["hits"] >= 2 * per_epoch
+    if workers == 0:  # the snapshots fall between epochs: hit rate 1 over epochs 2 and 3
+        assert after["hits"] - before["hits"] == 2 * per_epoch
+        assert after["misses"] == before["misses"]
+        assert after["prefetch_waits"] == before["prefetch_waits"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_budget_smaller_than_the_pack_is_never_exceeded(pack, row_bytes, workers):
+    budget = 7 * row_bytes + row_bytes // 2
+    args = {"prep_fn": augment, "workers": workers, "seed": 5}
+    want = serve(Tank(pack, SPEC, 4, **args), 18)
+    tank = Tank(pack, SPEC, 4, preload=budget, **args)
+    assert_same(serve(tank, 18), want)
+    stats = tank.preloader.stats()
+    assert stats["max_memory_size"] == budget
+    assert stats["peak_resident_bytes"] <= budget and stats["items"] <= 7
+    assert stats["loads"] > N  # some rows were decoded again: they could not all stay
+
+
+@pytest.mark.parametrize("to", ["jax", "torch"])
+def test_framework_batches_with_preload_equal_those_without(pack, to):
+    pytest.importorskip(to)
+    args = {"prep_fn": augment, "seed": 3, "to": to}
+    want = serve(Tank(pack, ARRAYS, 6, **args), 9)
+    got = serve(Tank(pack, ARRAYS, 6, preload=True, **args), 9)
+    assert type(got[0]["image"]) is type(want[0]["image"])
+    assert_same(got, want)
+
+
+@pytest.mark.slow
+def test_process_workers_with_preload_serve_the_same_batches(pack):
+    args = {"prep_fn": augment, "seed": 9, "workers": 2, "worker_mode": "process"}
+    want = serve(Tank(pack, SPEC, 6, prep_fn=augment, seed=9), 12)
+    tank = Tank(pack, SPEC, 6, preload=True, **args)
+    assert_same(serve(tank, 12), want)
+    stats = tank.preloader.stats()
+    # The workers share one folder: rows are loaded about once (two processes asking for one
+    # row at the same moment both load it: loads are not shared across processes).
+    assert N <= stats["loads"] < 2 * N and stats["hits"] >= tank.samples_per_epoch
+    assert stats["resident_bytes"] <= stats["max_memory_size"]
+
+
+@settings(max_examples=10)
+@given(skip=st.integers(0, 12), workers=st.sampled_from([0, 2]))
+def test_resume_with_preload_continues_the_same_stream(pack, row_bytes, skip, workers):
+    args = {"prep_fn": augment, "seed": 2, "workers": workers}
+    whole = serve(Tank(pack, SPEC, 5, **args), 14)
+    first = Tank(pack, SPEC, 5, preload=10 * row_bytes, **args)
+    with first:
+        for _ in range(skip):
+            first.next()
+        state = first.state_dict()
+    resumed = Tank(pack, SPEC, 5, preload=10 * row_bytes, **args)
+    resumed.load_state_dict(state)
+    assert_same(serve(resumed, 14 - skip), whole[skip:])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_random_draw_in_fetch_fn_is_refused_with_preload(pack, workers):
+    spec = {"image": "uint8", "label": "int64"}
+    with Tank(pack, spec, 4, fetch_fn=fetch_augmented, workers=workers) as tank:
+        tank.next()  # without preload the draw is fine
+    tank = Tank(pack, spec, 4, fetch_fn=fetch_augmented, workers=workers, preload=True)
+    with tank, pytest.raises(ArgumentError, match="prep_fn"):
+        tank.next()
+
+
+@pytest.mark.parametrize(
+    "preload",
+    ["yes", -1, 1.5, [1], {"bogus": 1}, {"max_memory_size": -1}, {"threads": "two"},
+     {"preloaded_data": -3}, {"sizeof": 3}],
+)  # fmt: skip
+def test_bad_preload_values_are_named(pack, preload):
+    with pytest.raises(ArgumentError, match=r"^preload must be .*got preload="):
+        Tank(pack, SPEC, 4, preload=preload)
+
+
+def test_preload_off_leaves_no_cache(pack):
+    for off in (False, None):
+        with Tank(pack, SPEC, 4, preload=off) as tank:
+            assert tank.preloader is None
