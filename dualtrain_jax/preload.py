@@ -13,7 +13,7 @@ import numpy as np
 
 from dualtrain.preload.sizes import map_leaves
 
-__all__ = ["pin"]
+__all__ = ["pickle_reduce", "pin"]
 
 
 def pin(item: Any, /) -> Any:
@@ -35,3 +35,8 @@ def pin(item: Any, /) -> Any:
         return x
 
     return map_leaves(item, leaf)
+
+
+def pickle_reduce(obj: Any, /) -> tuple[Any, ...] | None:
+    """None: a JAX array's own pickle already sends its bytes as a NumPy array."""
+    return None

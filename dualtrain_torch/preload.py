@@ -13,7 +13,7 @@ import torch
 
 from dualtrain.preload.sizes import map_leaves
 
-__all__ = ["pin"]
+__all__ = ["pickle_reduce", "pin"]
 
 
 def pin(item: Any, /) -> Any:
@@ -36,3 +36,35 @@ def _pin_leaf(x: Any) -> Any:
             return x
         return tensor.pin_memory().numpy()
     return x
+
+
+def pickle_reduce(obj: Any, /) -> tuple[Any, ...] | None:
+    """A plain CPU tensor as the NumPy array of its bytes (None: torch's own pickle).
+
+    torch's pickle serializes the storage (about 275 us for 48 KiB, against 11 us for the
+    array); rebuilt with ``torch.from_numpy``, contiguous. Subclasses (Parameter), tensors
+    that need grad, other devices and layouts, and dtypes NumPy lacks keep torch's pickle.
+    """
+    if (
+        type(obj) is not torch.Tensor
+        or obj.device.type != "cpu"
+        or obj.layout != torch.strided
+        or obj.requires_grad
+        or obj.is_conj()
+        or obj.is_neg()
+        or obj.dtype not in _NUMPY_DTYPES
+    ):
+        return None
+    return (_from_numpy, (obj.numpy(),))  # NumPy pickles it C-contiguous (0-d stays 0-d)
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array)
+
+
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+        torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+    }
+)  # fmt: skip

@@ -5,9 +5,9 @@ copies, trains one Craft (a small MLP with BatchNorm) in torch and in JAX from t
 and the same seed, printing the two loss curves side by side, then drops the torch model's
 checkpoint and loads it into a fresh JAX module, which then predicts what torch does.
 It sweeps eight learning rates as one batched model under both. Then it packs synthetic
-images into a Fuel pack and trains from a preloading Tank under both, and last it trains a user x item
-factorization from two host-memory EmbeddingStores under both. Adapters are reached only
-through `dualtrain.backends`; nothing is downloaded.
+images into a Fuel pack and trains from a preloading Tank under both, and last it trains a
+user x item factorization from two host-memory EmbeddingStores under both. Adapters are
+reached only through `dualtrain.backends`; nothing is downloaded.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the preloader asks of an adapter's ``preload`` module: pinned staging of items.
+"""What the preloader asks of an adapter's ``preload`` module: pinned staging, fast pickles.
 
 `dualtrain.backends.load_part` returns the adapter's module typed as `PreloadPart`, and
 ``tests/core/test_seams.py`` checks both adapters against these signatures.
@@ -18,5 +18,13 @@ class PreloadPart(Protocol):
         """`item` with its host arrays in page-locked memory when a CUDA device is present.
 
         The same values and structure; without CUDA the item itself, unchanged.
+        """
+        ...
+
+    def pickle_reduce(self, obj: Any, /) -> tuple[Any, ...] | None:
+        """A fast pickle reduction of one of this framework's arrays, or None for pickle's own.
+
+        The shared cache pickles items for worker processes; the rebuilt array must equal
+        `obj` in type, dtype, shape and values.
         """
         ...
