@@ -264,6 +264,15 @@ class Pack:
         return [f.path for f in self._files]
 
     @property
+    def generation(self) -> tuple[tuple[int, int, int, int], ...]:
+        """The identities (device, inode, size, mtime) of the files, as opened now.
+
+        Different after the pack was replaced on disk and opened again (after `close`).
+        """
+        self._reopen_if_closed()
+        return tuple(f.identity for f in self._files)
+
+    @property
     def shards(self) -> list[list[int]]:
         """Each file's [shard index, rows], in reading order (shard 0 for packs before ids)."""
         return [[int(f.meta.get("shard", 0)), int(f.meta["count"])] for f in self._files]

@@ -3,8 +3,9 @@
 ``Tank(..., preload=...)`` puts a `dualtrain.preload.PreloadCache` between the pack and
 prep_fn: fetch_fn's output (the decoded row) is cached, prep_fn (a Comburant's random draws)
 runs on a fresh copy every epoch, so the batches are exactly those served without it. The
-Tank knows its order for every epoch, so the cache loads the rows of the batches after
-the ones being prepared while the step runs.
+Tank knows its order for every epoch, so the cache loads the rows of the coming batches
+while the step runs. Rows are keyed with the identity of the pack's files, so a pack
+replaced on disk and read again after ``close`` never gets the old rows.
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.streams import no_sample_scope
 from dualtrain.preload import PreloadCache
 
-__all__ = ["cached_fetch", "preload_settings"]
+__all__ = ["RowKey", "cached_fetch", "preload_settings", "row_key"]
+
+RowKey = tuple[int, Any]  # (row, the identities of the pack's files)
 
 _KEYS = ("max_memory_size", "preloaded_data", "threads", "copy", "sizeof")
 _DRAW = (
@@ -35,6 +41,8 @@ def preload_settings(preload: object) -> dict[str, Any] | None:
         return None
     if preload is True:
         return {}
+    if isinstance(preload, np.integer):
+        preload = int(preload)
     if isinstance(preload, int) and not isinstance(preload, bool):
         if preload < 0:
             raise bad_argument("preload", preload, "a budget in bytes >= 0")
@@ -60,25 +68,46 @@ def _no_load(key: Any) -> None:
     """The loader of the throwaway cache that checks the settings (never called)."""
 
 
+def row_key(pack: Pack, row: int) -> RowKey:
+    """The cache key of `row`: the row and the identity of the pack's files.
+
+    A pack replaced on disk and read again after `Tank.close` has other identities, so its
+    rows are other keys: the old decoded rows are never served for it.
+    """
+    return (int(row), pack.generation)
+
+
 class _Load:
-    """``load(row)``: fetch_fn on the pack, where a per-sample random draw is an error."""
+    """``load(key)``: fetch_fn on the pack, where a per-sample random draw is an error."""
 
     def __init__(self, fetch_fn: Callable[[Any, int], Any], data: Any) -> None:
         self.fetch_fn, self.data = fetch_fn, data
 
-    def __call__(self, row: int) -> Any:
+    def __call__(self, key: RowKey) -> Any:
         with no_sample_scope(_DRAW):
-            return self.fetch_fn(self.data, row)
+            return self.fetch_fn(self.data, key[0])
 
 
 class _CachedFetch:
-    """A fetch_fn serving rows from the cache (picklable: worker processes share it)."""
+    """A fetch_fn serving rows from the cache (picklable: worker processes share it).
+
+    Dict samples come back as a new dict (shallow), so prep_fn and the Tank's own layout and
+    scale steps, which set keys of the sample, never change the held one, even with
+    ``copy=False``.
+    """
 
     def __init__(self, cache: PreloadCache) -> None:
         self.cache = cache
+        self.generation: Any = None
 
-    def __call__(self, data: Any, index: int) -> Any:
-        return self.cache.get(int(index))
+    def __call__(self, data: Pack, index: int) -> Any:
+        key = row_key(data, index)
+        if key[1] != self.generation:
+            if self.generation is not None:  # the files changed: drop the old rows
+                self.cache.clear()
+            self.generation = key[1]
+        sample = self.cache.get(key)
+        return dict(sample) if type(sample) is dict else sample
 
 
 def cached_fetch(

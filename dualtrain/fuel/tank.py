@@ -16,7 +16,7 @@ from dualtrain.fuel.casts import _check_jax_floats, _check_spec, _check_value, _
 from dualtrain.fuel.order import EpochOrder
 from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.pipeline import Pipeline, Recipe
-from dualtrain.fuel.preloading import cached_fetch, preload_settings
+from dualtrain.fuel.preloading import cached_fetch, preload_settings, row_key
 from dualtrain.preload import PreloadCache
 from dualtrain.validate import check_seed
 
@@ -214,7 +214,7 @@ class Tank:
         while len(rows) < want:
             batch, key = self._plan(key)
             rows.extend(int(r) for r in batch)
-        self.preloader.expect(rows[:want])
+        self.preloader.expect([row_key(self.pack, r) for r in rows[:want]])
 
     def next(self) -> Any:
         """The next batch, moving on to the next epoch after the last one."""

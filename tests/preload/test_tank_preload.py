@@ -190,3 +190,57 @@ def test_preload_off_leaves_no_cache(pack):
     for off in (False, None):
         with Tank(pack, SPEC, 4, preload=off) as tank:
             assert tank.preloader is None
+
+
+def test_a_numpy_int_budget_is_taken(pack):
+    with Tank(pack, ARRAYS, 4, preload=np.int64(1 << 20)) as tank:
+        tank.next()
+        assert tank.preloader.stats()["max_memory_size"] == 1 << 20
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_layout_scale_and_a_prep_fn_setting_keys_never_change_the_held_rows(pack, copy):
+    # The Tank's finish step and a prep_fn write keys of the sample: with copy=False they
+    # wrote into the held dict, so later epochs got NCHW of NCHW and images scaled twice.
+    def prep(sample):
+        sample["image"] = sample["image"][::-1]
+        return sample
+
+    settings_ = {"layout": "NCHW", "scale": {"image": 1 / 255}, "prep_fn": prep, "seed": 4}
+    plain = serve(Tank(pack, ARRAYS, 5, **settings_), 15)
+    tank = Tank(pack, ARRAYS, 5, preload={"max_memory_size": 1 << 20, "copy": copy}, **settings_)
+    assert_same(plain, serve(tank, 15))
+    from dualtrain.preload import nbytes
+
+    held = sum(nbytes(e.item) for e in tank.preloader._items.values())
+    assert tank.preloader.stats()["resident_bytes"] == held
+
+
+def _regenerate(paths):
+    """The pack made again from the same files with their pixels inverted."""
+    from PIL import Image
+
+    from tests.fuel.raw import picture
+
+    folder = paths[0].rsplit("/", 1)[0]
+    for i in range(N):
+        Image.fromarray(255 - picture(i, 20, 24)).save(f"{folder}/{i}.png")
+    gen = FuelGenerator(file_dir=folder, file_list=f"{folder}/list.csv", dtype=DTYPES)
+    return gen.generate(f"{folder}/p.h5", 12, 16, encode="PNG", shards=2, workers=0).paths
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pack_replaced_while_closed_is_read_anew_not_served_from_the_cache(tmp_path, workers):
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    make_folder(str(folder), N)
+    gen = FuelGenerator(file_dir=str(folder), file_list=str(folder / "list.csv"), dtype=DTYPES)
+    paths = gen.generate(str(folder / "p.h5"), 12, 16, encode="PNG", shards=2, workers=0).paths
+    plain = Tank(paths, ARRAYS, 8, shuffle=False, workers=workers)
+    cached = Tank(paths, ARRAYS, 8, shuffle=False, workers=workers, preload=1 << 20)
+    for _ in range(3):  # the whole pack, cached
+        plain.next(), cached.next()
+    plain.close(), cached.close()
+    assert _regenerate(paths) == paths  # new pixels, same files (renamed into place)
+    assert_same([plain.next() for _ in range(6)], [cached.next() for _ in range(6)])
+    plain.close(), cached.close()
