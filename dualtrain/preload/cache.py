@@ -30,7 +30,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 from dualtrain.errors import bad_argument
@@ -127,9 +127,10 @@ class PreloadCache:
         self._items: dict[Hashable, _Entry] = {}
         self._kept: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
         self._ahead: set[Hashable] = set()
-        self._dropped: set[Hashable] = set()  # loaded ahead without room: not again this plan
+        self._dropped: set[Hashable] = set()  # loaded ahead without room: not again till served
         self._kept_bytes = 0
         self._loading: dict[Hashable, Future[tuple[Any, bool]]] = {}
+        self._waiting = collections.Counter[Hashable]()  # callers waiting on a key's load
         self._plan: list[Hashable] = []
         self._at, self._cyclic = 0, False
         self._pool: ThreadPoolExecutor | None = None
@@ -203,10 +204,15 @@ class PreloadCache:
             if future is None:  # load it here; others asking meanwhile wait for this load
                 future = mine = Future()
                 self._loading[key] = mine
+            else:
+                self._waiting[key] += 1
         if mine is not None:
             item, kept = self._load_now(key, mine)
         else:
-            item, kept = self._wait(key, future)
+            try:
+                item, kept = self._wait(key, future)
+            except CancelledError:  # `close` cancelled that load ahead before it ran
+                return self.get(key)
         with self._cond:
             self._counts["misses" if mine is not None else "prefetch_waits"] += 1
             self._counts["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
@@ -233,11 +239,15 @@ class PreloadCache:
         """
         self._check_process()
         plan = list(keys)
-        if not self._owner:
+        if not self._owner or self._store is not None:
+            # Shared with worker processes, it is theirs to load (DataLoader workers take a
+            # sampler's order ahead through prefetch_factor); what this process loaded ahead
+            # would sit in its memory, where no worker reads it.
             return
         with self._cond:
+            # Keys dropped for want of room stay skipped until served (a Tank re-plans every
+            # batch: clearing them here would load them again at every batch).
             self._plan, self._at, self._cyclic = plan, 0, bool(cyclic) and bool(plan)
-            self._dropped.clear()
             self._pump()
 
     def stats(self) -> dict[str, Any]:
@@ -320,13 +330,18 @@ class PreloadCache:
         except BaseException as e:
             with self._cond:
                 self._loading.pop(key, None)
+                self._waiting.pop(key, None)
             future.set_exception(e)
             raise
         with self._cond:
             self._loading.pop(key, None)
+            waiting = self._waiting.pop(key, 0)
             kept = self._admit(key, item, ahead=False)
             self._pump()
-        future.set_result((item, kept))
+        # An item not kept comes back to this caller uncopied, who may change it as soon as
+        # `get` returns: those waiting for it copy a copy made now.
+        given = fresh(item) if waiting and not kept and self.copy else item
+        future.set_result((given, kept))
         return item, kept
 
     def _serve(self, key: Hashable, entry: _Entry) -> None:
@@ -336,10 +351,16 @@ class PreloadCache:
         self._kept.move_to_end(key)
 
     def _demote(self, key: Hashable, entry: _Entry) -> None:
-        """(lock held) An item loaded ahead becomes a kept one (evictable outside the window)."""
+        """(lock held) An item loaded ahead becomes a kept one (evictable outside the window).
+
+        Not yet served, it goes to the least-recently-used end, which is evicted last: it
+        was loaded because it is wanted soon (a Tank's next batches), unlike one just served.
+        `_serve` then moves it to the other end.
+        """
         entry.ahead = False
         self._ahead.discard(key)
         self._kept[key] = None
+        self._kept.move_to_end(key, last=False)
         self._kept_bytes += entry.size
 
     def _advance(self, key: Hashable) -> None:
@@ -416,9 +437,9 @@ class PreloadCache:
 
     def _pump(self) -> None:
         """(lock held) Starts loading the window's missing keys, within the budget."""
-        if not self.threads or not self._plan:
+        if not self.threads:
             return
-        window = self._window()
+        window = self._window()  # empty without a plan: every item ahead is evictable then
         in_window = set(window)
         for key in [k for k in self._ahead if k not in in_window]:  # the plan moved on
             self._demote(key, self._items[key])
@@ -442,6 +463,18 @@ class PreloadCache:
         self._reserved += estimate
         future = self._pool.submit(self._load_ahead, key, estimate)
         self._loading[key] = future
+        # A load `close` cancels before it runs never reaches `_load_ahead`: forget it here,
+        # or a later `get` of its key would wait on a cancelled future.
+        future.add_done_callback(lambda f: self._forget_cancelled(key, f, estimate))
+
+    def _forget_cancelled(self, key: Hashable, future: Future[Any], estimate: int) -> None:
+        if not future.cancelled():
+            return
+        with self._cond:
+            if self._loading.get(key) is future:
+                del self._loading[key]
+                self._waiting.pop(key, None)
+            self._reserved -= estimate
 
     def _load_ahead(self, key: Hashable, estimate: int) -> tuple[Any, bool]:
         try:
@@ -449,10 +482,15 @@ class PreloadCache:
         except BaseException:
             with self._cond:
                 self._loading.pop(key, None)
+                self._waiting.pop(key, None)
                 self._reserved -= estimate
+                # Not loaded ahead again (it would fail on every step) until the consumer's
+                # own `get` of it tries again and receives the error.
+                self._dropped.add(key)
             raise
         with self._cond:
             self._loading.pop(key, None)
+            self._waiting.pop(key, None)
             self._reserved -= estimate
             kept = self._admit(key, item, ahead=True)
             if not kept:

@@ -6,11 +6,12 @@ copied first, so a cached item never pins memory that it does not count. `fresh(
 what a hit returns: arrays and tensors copied, containers rebuilt, so a consumer that
 changes its item in place never changes the cache.
 
-Counted exactly: NumPy arrays (their buffer), torch tensors (their storage), JAX arrays
-(their buffers), Pillow images (pixel storage), bytes, bytearray, str, numbers, and lists,
-tuples, sets and dicts of them (``sys.getsizeof`` of each container plus its elements,
-each object once). Other objects count ``sys.getsizeof`` plus their ``__dict__`` and
-``__slots__``; one with an ``nbytes`` attribute (CuPy) counts that too.
+Counted exactly: NumPy arrays (their buffer; an object array's objects too), torch tensors
+(their storage), JAX arrays (their buffers), Pillow images (pixel storage), bytes,
+bytearray, str, numbers, and lists, tuples, sets and dicts of them (``sys.getsizeof`` of
+each container plus its elements, each object once). Other objects count
+``sys.getsizeof`` plus their ``__dict__`` and ``__slots__``; one with an ``nbytes``
+attribute (CuPy) counts that too.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def _own(obj: Any, memo: dict[int, Any]) -> Any:
     key = id(obj)
     if key in memo:
         return memo[key]
+    memo[key] = obj  # until it is done: an element that refers back to it (a cycle) stops here
     out = obj
     if isinstance(obj, np.ndarray):
         root = _array_root(obj)
@@ -128,7 +130,9 @@ def _nbytes(
             if id(root) in buffers:
                 return head
             buffers.add(id(root))
-            return head + root.nbytes
+            # An object array's buffer holds pointers: the objects it pins count too.
+            held = _elements(root, sizeof, seen, buffers) if root.dtype == object else 0
+            return head + root.nbytes + held
         # A buffer of another kind (bytes, mmap): its own size, through the buffer protocol.
         if id(root) in buffers:
             return head
@@ -174,6 +178,12 @@ def _nbytes(
     return size
 
 
+def _elements(
+    a: np.ndarray, sizeof: Callable[[Any], int | None] | None, seen: set[int], buffers: set[Any]
+) -> int:
+    return sum(_nbytes(x, sizeof, seen, buffers) for x in a.ravel(order="K"))
+
+
 def _has_buffer(obj: Any) -> bool:
     try:
         memoryview(obj)
@@ -200,10 +210,10 @@ def _slots(cls: type) -> list[str]:
 def fresh(item: Any) -> Any:
     """A copy of a cached item that shares no mutable memory with it.
 
-    NumPy arrays, torch tensors and Pillow images are copied; lists, tuples (namedtuples
-    too), dicts (subclasses too) and sets are rebuilt around fresh elements; JAX arrays,
-    str, bytes and numbers are immutable and come back as they are. Other objects come
-    back as they are (the same object on every hit).
+    NumPy arrays (an object array's objects too), torch tensors and Pillow images are
+    copied; lists, tuples (namedtuples too), dicts (subclasses too) and sets are rebuilt
+    around fresh elements; JAX arrays, str, bytes and numbers are immutable and come back
+    as they are. Other objects come back as they are (the same object on every hit).
     """
     return _fresh(item, {})
 
@@ -216,6 +226,10 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
         return memo[key]
     if isinstance(obj, np.ndarray):
         out: Any = obj.copy()
+        if obj.dtype == object:  # the copy holds the same objects: fresh ones instead
+            memo[key] = out
+            for index, x in np.ndenumerate(obj):
+                out[index] = _fresh(x, memo)
     elif _is_tensor(obj):
         out = obj.detach().clone()
         if obj.requires_grad:
@@ -224,7 +238,17 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
         out = obj.copy()
     elif isinstance(obj, bytearray):
         out = bytearray(obj)
-    elif isinstance(obj, (list, tuple, dict, set, frozenset)):
+    elif isinstance(obj, (list, dict)):
+        # The copy is known before its elements are made, so an element that refers back
+        # to it (a cycle) gets the copy, not the cached original.
+        out = copy.copy(obj)  # keeps the subclass (OrderedDict, defaultdict) and its extras
+        memo[key] = out
+        if isinstance(obj, list):
+            out[:] = [_fresh(x, memo) for x in obj]
+        else:
+            for k, v in obj.items():
+                out[k] = _fresh(v, memo)
+    elif isinstance(obj, (tuple, set, frozenset)):
         out = _rebuild(obj, lambda x: _fresh(x, memo), only_if_changed=False)
     else:
         out = obj

@@ -20,6 +20,10 @@ from dualtrain.preload import PreloadCache
 from dualtrain.preload.shared import SharedStore, sweep
 from tests.preload import workers_data as wd
 
+# These tests fork. JAX, when another test of this worker imported it, warns at every fork
+# that a forked JAX may deadlock; the children here never use JAX.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+
 ITEM = 512  # float64 values per item written by the helpers: about 4 KiB pickled
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
