@@ -22,7 +22,9 @@ def test_readme_quickstarts_run(index):
     exec(compile(blocks(ROOT / "README.md")[index], f"README.md block {index}", "exec"), {})
 
 
-@pytest.mark.parametrize("guide", ["craft.md", "checkpoints.md", "fuel.md", "embeddings.md", "preload.md"])
+@pytest.mark.parametrize(
+    "guide", ["craft.md", "checkpoints.md", "fuel.md", "embeddings.md", "preload.md"]
+)
 def test_guides_run_as_written(guide):
     """Each guide's Python blocks run in order, in one namespace, as a reader would."""
     pytest.importorskip("torch")

@@ -24,7 +24,9 @@ the DataLoader's or Tank's workers are the parallelism there.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -32,6 +34,8 @@ import weakref
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from dualtrain.errors import bad_argument
 from dualtrain.preload import shared
@@ -51,6 +55,8 @@ class _Entry:
 
 
 def _check_count(name: str, value: object, low: int) -> int:
+    if isinstance(value, np.integer):
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise bad_argument(name, value, f"an int >= {low}")
     return value
@@ -58,16 +64,26 @@ def _check_count(name: str, value: object, low: int) -> int:
 
 # Every live cache, so a fork shares them first (the child then finds their folder).
 _LIVE: weakref.WeakSet[PreloadCache] = weakref.WeakSet()
+# How long a fork waits for loads in flight (a source's lock held at the fork would stay
+# held in the child for good): seconds.
+_FORK_WAIT = 10.0
 
 
-def _share_before_fork() -> None:
+def _before_fork() -> None:
     for cache in list(_LIVE):
-        if cache._owner and cache._shareable:
+        if cache._owner and cache._shareable and cache._pid == os.getpid():
+            cache._pause()
             cache.share()
 
 
+def _after_fork_in_parent() -> None:
+    for cache in list(_LIVE):
+        if cache._pid == os.getpid():
+            cache._resume()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_share_before_fork)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 class PreloadCache:
@@ -135,7 +151,12 @@ class PreloadCache:
         self._at, self._cyclic = 0, False
         self._pool: ThreadPoolExecutor | None = None
         self._reserved = 0  # bytes set aside for items being loaded ahead
-        self._largest = 0  # the largest item seen: what a load ahead sets aside
+        self._sizes: collections.deque[int] = collections.deque(maxlen=16)  # recent items
+        self._ahead_bytes = 0
+        self._scan = 0  # plan position before which every key was seen to by `_pump`
+        self._paused = False  # a fork is under way: no source call starts
+        self._workers_checked, self._workers_seen = 0.0, False
+        self._active: collections.Counter[int] = collections.Counter()  # threads in `load`
         self._counts = collections.Counter[str]()
         self._peak = 0
         if worker_of is not None and not os.path.isdir(worker_of):
@@ -156,30 +177,52 @@ class PreloadCache:
     def share(self) -> str | None:
         """Makes (once) the shared folder worker processes use; returns its path.
 
-        The bytes this process holds move into the shared ledger, so the budget covers every
-        process. None where the cache is not shareable.
+        Held items move into the folder (as the workers' are), so every process sees one
+        copy of each within the one budget; from then on this process keeps its items there
+        too, and loads ahead into it. None where the cache is not shareable.
         """
         if not self._shareable:
             return None
         if self._store is None:
             with self._cond:
                 if self._store is None:
-                    store = shared.SharedStore.create(self.max_memory_size, self._ledger.used)
+                    store = shared.SharedStore.create(self.max_memory_size, 0)
+                    for key, entry in self._items.items():
+                        store.write(key, entry.item)  # what does not fit is dropped
+                    self._items.clear()
+                    self._kept.clear()
+                    self._ahead.clear()
+                    self._kept_bytes = self._ahead_bytes = 0
                     self._store, self._ledger = store, store
+                    self._scan = self._at
                     self._finalizer = weakref.finalize(self, store.remove)
         return self._store.path
 
-    def __getstate__(self) -> dict[str, Any]:
-        path = self.share() if self._owner else self._store.path if self._store else None
+    def _settings(self) -> dict[str, Any]:
         return {
             "load": self._load, "max_memory_size": self.max_memory_size,
             "preloaded_data": self.preloaded_data, "threads": self.threads,
             "copy": self.copy, "sizeof": self._sizeof, "shareable": self._shareable,
-            "pin": self._pin, "shared_path": path,
+            "pin": self._pin,
         }  # fmt: skip
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a worker process: the copy joins this cache's shared folder.
+        path = self.share() if self._owner else self._store.path if self._store else None
+        return {**self._settings(), "shared_path": path}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
+
+    def __copy__(self) -> PreloadCache:
+        """A new, empty cache with the same settings (a copy never shares its items)."""
+        return PreloadCache(**self._settings())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PreloadCache:
+        """A new, empty cache with the same settings and a deep copy of `load`."""
+        import copy
+
+        return PreloadCache(**{**self._settings(), "load": copy.deepcopy(self._load, memo)})
 
     # -- the consumer's side ---------------------------------------------------------------
 
@@ -207,29 +250,80 @@ class PreloadCache:
             else:
                 self._waiting[key] += 1
         if mine is not None:
-            item, kept = self._load_now(key, mine)
+            item, kept, found = self._load_now(key, mine)
         else:
             try:
                 item, kept = self._wait(key, future)
             except CancelledError:  # `close` cancelled that load ahead before it ran
                 return self.get(key)
+            found = False
         with self._cond:
-            self._counts["misses" if mine is not None else "prefetch_waits"] += 1
-            self._counts["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
+            what = "hits" if found else "misses" if mine is not None else "prefetch_waits"
+            self._counts[what] += 1
+            if not found:
+                self._counts["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
+        if found:  # read from the shared folder: a new object already
+            return item
         # An item another caller also received, or one the cache holds, is copied.
-        shared_item = kept or mine is None
+        shared_item = (kept and self._store is None) or mine is None
         return fresh(item) if self.copy and shared_item else item
 
     def get_many(self, keys: Iterable[Hashable]) -> list[Any]:
-        """The items of `keys`, in order; the missing ones loaded in parallel by the threads."""
+        """The items of `keys`, in order; the missing ones loaded in parallel by the threads.
+
+        Each load's item goes straight to this caller, kept or not, so an item the budget
+        cannot keep is still loaded once.
+        """
         keys = list(keys)
         self._check_process()
-        if self._owner and self.threads:
+        if not (self._owner and self.threads):
+            return [self.get(key) for key in keys]
+        mine: dict[Hashable, Future[tuple[Any, bool]]] = {}
+        with self._cond:
+            for key in dict.fromkeys(keys):
+                if key in self._items or key in self._loading:
+                    continue
+                if self._store is not None and self._store.has(key):
+                    continue
+                mine[key] = self._loading[key] = Future()
+            pool = self._executor()
+        for key, started in mine.items():
+            task = pool.submit(self._load_into, key, started)
+            task.add_done_callback(functools.partial(self._abandon, key, started))
+        out = []
+        for key in keys:
+            own_load = mine.pop(key, None)
+            if own_load is None:  # held, loaded by another, or asked twice in this batch
+                out.append(self.get(key))
+                continue
+            start = time.perf_counter()
+            try:
+                item, kept = own_load.result()  # the load's error, its key named
+            except CancelledError:  # `close` cancelled the load before it ran
+                out.append(self.get(key))
+                continue
             with self._cond:
-                for key in keys:
-                    if key not in self._items and key not in self._loading:
-                        self._start(key, self._largest)
-        return [self.get(key) for key in keys]
+                self._advance(key)
+                self._counts["prefetch_waits"] += 1  # loaded by the threads, in parallel
+                self._counts["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
+            held = kept and self._store is None
+            out.append(fresh(item) if self.copy and held else item)
+        return out
+
+    def _abandon(self, key: Hashable, future: Future[Any], task: Future[Any]) -> None:
+        """A `get_many` load that `close` cancelled before it ran: its waiters load it."""
+        if not task.cancelled():
+            return
+        with self._cond:
+            if self._loading.get(key) is future:
+                del self._loading[key]
+                self._waiting.pop(key, None)
+        future.cancel()
+
+    def _load_into(self, key: Hashable, future: Future[tuple[Any, bool]]) -> None:
+        """`_load_now` in a loader thread, for `get_many` (its future carries the result)."""
+        with contextlib.suppress(BaseException):  # the future carries the error
+            self._load_now(key, future)
 
     def expect(self, keys: Iterable[Hashable], *, cyclic: bool = False) -> None:
         """Says the next keys asked for are `keys`, in this order (replacing earlier plans).
@@ -239,15 +333,14 @@ class PreloadCache:
         """
         self._check_process()
         plan = list(keys)
-        if not self._owner or self._store is not None:
-            # Shared with worker processes, it is theirs to load (DataLoader workers take a
-            # sampler's order ahead through prefetch_factor); what this process loaded ahead
-            # would sit in its memory, where no worker reads it.
-            return
+        if not self._owner:
+            return  # a worker process: the DataLoader's or Tank's workers load ahead
         with self._cond:
             # Keys dropped for want of room stay skipped until served (a Tank re-plans every
             # batch: clearing them here would load them again at every batch).
-            self._plan, self._at, self._cyclic = plan, 0, bool(cyclic) and bool(plan)
+            self._plan, self._at, self._scan = plan, 0, 0
+            self._cyclic = bool(cyclic) and bool(plan)
+            self._demote_outside(set(self._window()))
             self._pump()
 
     def stats(self) -> dict[str, Any]:
@@ -283,7 +376,7 @@ class PreloadCache:
         }  # fmt: skip
 
     def clear(self) -> None:
-        """Drops every held item (the shared folder's items stay until its owner goes)."""
+        """Drops every held item, in this process and in the shared folder (every process)."""
         self._check_process()
         with self._cond:
             for entry in self._items.values():
@@ -291,26 +384,60 @@ class PreloadCache:
             self._items.clear()
             self._kept.clear()
             self._ahead.clear()
-            self._kept_bytes = 0
+            self._kept_bytes = self._ahead_bytes = 0
+            self._scan = self._at
+        if self._store is not None:
+            self._store.clear()
 
     def close(self) -> None:
         """Stops the loader threads (held items stay; a later `get` starts them again)."""
         with self._cond:
             pool, self._pool = self._pool, None
-            self._plan, self._at = [], 0
+            self._plan, self._at, self._scan = [], 0, 0
+            self._demote_outside(set())
         if pool is not None and os.getpid() == self._pid:
             pool.shutdown(wait=True, cancel_futures=True)
 
+    # -- forks ------------------------------------------------------------------------------
+
+    def _pause(self) -> None:
+        """Before a fork: no source call starts, and those running end (or time runs out)."""
+        me = threading.get_ident()
+        with self._cond:
+            self._paused = True
+            self._cond.wait_for(
+                lambda: not (self._active.keys() - {me}), timeout=_FORK_WAIT
+            )  # fmt: skip
+
+    def _resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
     # -- internals (the caller holds self._cond where noted) -----------------------------
 
+    @property
+    def _estimate(self) -> int:
+        """What a load ahead sets aside: the largest of the recent items."""
+        return max(self._sizes, default=0)
+
     def _call_load(self, key: Hashable) -> Any:
+        me = threading.get_ident()
         with self._cond:
             self._counts["loads"] += 1
+            self._cond.wait_for(lambda: not self._paused)
+            self._active[me] += 1
         try:
             item = self._load(key)
         except Exception as e:
             e.add_note(f"while loading item {key!r} for the preload cache")
             raise
+        finally:
+            with self._cond:
+                self._active[me] -= 1
+                if not self._active[me]:
+                    del self._active[me]
+                self._cond.notify_all()
         item = own(item)
         return item if self._pin is None else self._pin(item)
 
@@ -324,25 +451,37 @@ class PreloadCache:
             self._pump()
         return item, kept
 
-    def _load_now(self, key: Hashable, future: Future[tuple[Any, bool]]) -> tuple[Any, bool]:
+    def _load_now(self, key: Hashable, future: Future[tuple[Any, bool]]) -> tuple[Any, bool, bool]:
+        """Loads `key` for the caller: (item, kept, found in the shared folder)."""
         try:
-            item = self._call_load(key)
+            found, item = self._store.read(key) if self._store is not None else (False, None)
+            if not found:
+                item = self._call_load(key)
         except BaseException as e:
             with self._cond:
                 self._loading.pop(key, None)
                 self._waiting.pop(key, None)
             future.set_exception(e)
             raise
+        if found:
+            kept = True
+        elif self._store is not None:
+            kept = self._store.write(key, item)
+            if not kept:
+                self._counts["not_kept"] += 1
         with self._cond:
             self._loading.pop(key, None)
             waiting = self._waiting.pop(key, 0)
-            kept = self._admit(key, item, ahead=False)
+            if self._store is None:
+                kept = self._admit(key, item, ahead=False)
             self._pump()
-        # An item not kept comes back to this caller uncopied, who may change it as soon as
-        # `get` returns: those waiting for it copy a copy made now.
-        given = fresh(item) if waiting and not kept and self.copy else item
+        # The item comes back to this caller uncopied, who may change it as soon as `get`
+        # returns: those waiting for it copy a copy made now.
+        given = (
+            fresh(item) if waiting and self.copy and (found or not kept or self._store) else item
+        )
         future.set_result((given, kept))
-        return item, kept
+        return item, kept, found
 
     def _serve(self, key: Hashable, entry: _Entry) -> None:
         """(lock held) The entry was served: it is kept now, the most recently used."""
@@ -359,12 +498,31 @@ class PreloadCache:
         """
         entry.ahead = False
         self._ahead.discard(key)
+        self._ahead_bytes -= entry.size
         self._kept[key] = None
         self._kept.move_to_end(key, last=False)
         self._kept_bytes += entry.size
 
+    def _demote_outside(self, window: set[Hashable]) -> None:
+        """(lock held) Items loaded ahead that no plan wants now become evictable."""
+        for key in [k for k in self._ahead if k not in window]:
+            self._demote(key, self._items[key])
+
+    def _key_at(self, position: int) -> Hashable:
+        return self._plan[position % len(self._plan)]
+
+    def _end(self) -> int:
+        """(lock held) The plan position just past the window."""
+        n = len(self._plan)
+        if self._cyclic:
+            return self._at + min(self.preloaded_data, n)
+        return min(self._at + self.preloaded_data, n)
+
     def _advance(self, key: Hashable) -> None:
-        """(lock held) Moves the plan past `key` when it is among the next keys planned."""
+        """(lock held) Moves the plan past `key` when it is among the next keys planned.
+
+        Items loaded ahead for the positions passed without being served become evictable.
+        """
         if not self._plan:
             return
         n = len(self._plan)
@@ -372,28 +530,29 @@ class PreloadCache:
             position = self._at + offset
             if not self._cyclic and position >= n:
                 return
-            if self._plan[position % n] == key:
+            if self._key_at(position) == key:
+                passed = [self._key_at(p) for p in range(self._at, position)]
                 self._at = position + 1
-                if self._cyclic:
-                    self._at %= n
+                if passed:
+                    window = set(self._window())
+                    for k in passed:
+                        entry = self._items.get(k)
+                        if entry is not None and entry.ahead and k not in window:
+                            self._demote(k, entry)
                 return
 
     def _window(self) -> list[Hashable]:
         """(lock held) The next `preloaded_data` keys of the plan."""
-        n = len(self._plan)
-        if not n:
+        if not self._plan:
             return []
-        if self._cyclic:
-            count = min(self.preloaded_data, n)
-            return [self._plan[(self._at + i) % n] for i in range(count)]
-        return self._plan[self._at : self._at + self.preloaded_data]
+        return [self._key_at(p) for p in range(self._at, self._end())]
 
     def _admit(self, key: Hashable, item: Any, *, ahead: bool) -> bool:
         """(lock held) Holds `item` if it fits (making room when loaded ahead)."""
         if key in self._items:
             return False  # another load of the same key got there first
         size = nbytes(item, self._sizeof)
-        self._largest = max(self._largest, size)
+        self._sizes.append(size)
         if ahead:
             self._make_room(size)
         if not self._ledger.try_add(size):
@@ -402,6 +561,7 @@ class PreloadCache:
         self._items[key] = _Entry(item, size, ahead)
         if ahead:
             self._ahead.add(key)
+            self._ahead_bytes += size
         else:
             self._kept[key] = None
             self._kept_bytes += size
@@ -435,33 +595,75 @@ class PreloadCache:
             self._ledger.sub(entry.size)
             self._counts["evictions"] += 1
 
+    def _room(self) -> int:
+        """(lock held) Bytes loading ahead may still take.
+
+        In memory: the free bytes, less what loads under way set aside; and kept items too
+        (evictable unless in the window: counted all the same, the admission then decides
+        exactly), but only while the items waiting to be served take at most half the
+        budget, so the other half keeps what later epochs reuse. In a shared folder: its free
+        bytes.
+        """
+        free = self._ledger.free() - self._reserved
+        if self._store is not None:
+            return free
+        evicting = min(free + self._kept_bytes, self.max_memory_size // 2 - self._ahead_bytes)
+        return max(free, evicting - self._reserved)
+
     def _pump(self) -> None:
-        """(lock held) Starts loading the window's missing keys, within the budget."""
-        if not self.threads:
+        """(lock held) Starts loading the window's missing keys, within the budget.
+
+        Walks the window from where the last walk stopped, so a `get` costs O(1) however
+        large `preloaded_data` is.
+        """
+        if not self.threads or not self._plan or self._workers_use_the_folder():
             return
-        window = self._window()  # empty without a plan: every item ahead is evictable then
-        in_window = set(window)
-        for key in [k for k in self._ahead if k not in in_window]:  # the plan moved on
-            self._demote(key, self._items[key])
-        # Bytes that loading ahead may take: free, and kept items outside the window.
-        held_in_window = sum(self._items[k].size for k in in_window if k in self._kept)
-        room = self._ledger.free() - self._reserved + self._kept_bytes - held_in_window
-        for key in window:
-            if len(self._loading) >= self.threads:
-                return
+        end = self._end()
+        position = max(self._scan, self._at)
+        room: int | None = None
+        while position < end:
+            key = self._key_at(position)
             if key in self._items or key in self._loading or key in self._dropped:
+                position += 1
                 continue
-            if room < self._largest:
-                return  # back-pressure: the window fills the budget; wait for the consumer
-            room -= self._largest
-            self._start(key, self._largest)
+            if self._store is not None and self._store.has(key):
+                position += 1
+                continue
+            if len(self._loading) >= self.threads:
+                break
+            if room is None:
+                room = self._room()
+            if room < self._estimate:
+                break  # back-pressure: the window fills the budget; wait for the consumer
+            room -= self._estimate
+            self._start(key, self._estimate)
+            position += 1
+        self._scan = position
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """(lock held) The loader threads, started on first use."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="dualtrain-preload")
+        return self._pool
+
+    def _workers_use_the_folder(self) -> bool:
+        """(lock held) Whether worker processes use the shared folder (checked every 0.1 s).
+
+        They load ahead themselves then (a DataLoader's workers take the sampler's order
+        through prefetch_factor), and this process loading too would load items twice.
+        Shared only because of an unrelated fork, this process goes on loading ahead.
+        """
+        if self._store is None:
+            return False
+        now = time.monotonic()
+        if now - self._workers_checked > 0.1:
+            self._workers_checked, self._workers_seen = now, self._store.workers()
+        return self._workers_seen
 
     def _start(self, key: Hashable, estimate: int) -> None:
         """(lock held) Loads `key` in a thread and admits it as an item ahead."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="dualtrain-preload")
         self._reserved += estimate
-        future = self._pool.submit(self._load_ahead, key, estimate)
+        future = self._executor().submit(self._load_ahead, key, estimate)
         self._loading[key] = future
         # A load `close` cancels before it runs never reaches `_load_ahead`: forget it here,
         # or a later `get` of its key would wait on a cancelled future.
@@ -475,6 +677,7 @@ class PreloadCache:
                 del self._loading[key]
                 self._waiting.pop(key, None)
             self._reserved -= estimate
+            self._scan = min(self._scan, self._at)
 
     def _load_ahead(self, key: Hashable, estimate: int) -> tuple[Any, bool]:
         try:
@@ -488,11 +691,18 @@ class PreloadCache:
                 # own `get` of it tries again and receives the error.
                 self._dropped.add(key)
             raise
+        stored = self._store.write(key, item) if self._store is not None else None
         with self._cond:
             self._loading.pop(key, None)
             self._waiting.pop(key, None)
             self._reserved -= estimate
-            kept = self._admit(key, item, ahead=True)
+            if stored is None:
+                kept = self._admit(key, item, ahead=True)
+            else:
+                kept = stored
+                self._sizes.append(nbytes(item, self._sizeof))
+                if not kept:
+                    self._counts["dropped"] += 1
             if not kept:
                 self._dropped.add(key)
             self._pump()

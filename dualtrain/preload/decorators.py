@@ -10,6 +10,7 @@ its cache shared through memory, not copied. ``instance.preloader`` is the Prelo
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,6 +27,8 @@ _SLOT = "_dualtrain_preload_slot"  # the instance attribute holding its Preloade
 # The class attribute holding the decorated class's own __getitem__: looked up on an
 # instance's class, it is that of the most derived decorated class, the one its cache serves.
 _GETITEM = "__dualtrain_preload_getitem__"
+# The decorator's __getitem__ wrappers (by identity: functools.wraps copies attributes).
+_WRAPPERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 _OPTIONS = ("threads", "copy", "sizeof", "pin_memory")
 
 
@@ -106,12 +109,20 @@ def _decorate(cls: T, settings: dict[str, Any]) -> T:
         return _preloader(self)[index]
 
     def __getitems__(self: Any, indices: Any) -> list[Any]:  # noqa: N807
-        return _preloader(self).__getitems__(indices)
+        getitem = type(self).__getitem__
+        if getitem in _WRAPPERS:
+            # A decorated class's wrapper: its cache serves exactly what it would.
+            return _preloader(self).__getitems__(indices)
+        # An undecorated subclass overrode __getitem__: torch's DataLoader calls this
+        # __getitems__ for it, and must get the subclass's items (each through its own
+        # __getitem__, whose super() call still reaches the cache).
+        return [getitem(self, i) for i in indices]
 
     def preloader(self: Any) -> Preloader:
         """This instance's Preloader (its cache, `stats()`, `sampler()`)."""
         return _preloader(self)
 
+    _WRAPPERS.add(__getitem__)
     cls.__init__ = __init__  # type: ignore[misc]
     setattr(cls, "__getitem__", __getitem__)  # noqa: B010
     if "__getitems__" not in dir(cls):

@@ -10,6 +10,7 @@ missing items in parallel.
 
 from __future__ import annotations
 
+import copy as copying
 import functools
 import operator
 import sys
@@ -34,9 +35,11 @@ def index_key(index: Any, length: int) -> Any:
     """The cache key of ``dataset[index]``.
 
     An int in [0, length) for int-like indices (NumPy and 0-d torch ints included, negative
-    ones counted from the end), the index itself for other hashable keys (a str, a tuple of
-    keys: its ints as ints), `_UNCACHED` for the rest: slices, lists, ``...``, None, bools
-    and arrays or tensors of indices, which select something other than one item.
+    ones counted from the end); a str or bytes as itself; a tuple of keys as the tuple of
+    their keys; any other hashable tagged with its type, so a key that merely equals an
+    int never hits that int's entry (``p[1.0]`` is ``source[1.0]``, not the cached
+    ``source[1]``); `_UNCACHED` for the rest: slices, lists, ``...``, None, bools and arrays
+    or tensors of indices, which select something other than one item.
     """
     if getattr(index, "ndim", 0) != 0 or _is_bool(index):
         return _UNCACHED  # a mask or an index array: a[True] is not a[1], a[t([3])] not a[3]
@@ -74,7 +77,48 @@ def _plain_key(key: Any) -> Any:
         hash(key)
     except TypeError:
         return _UNCACHED
+    if type(key) in (str, bytes):
+        return key  # equal only to a str (bytes): never to an int, a tuple or a _Typed
+    # 1.0, Decimal(1), np.float64(1) equal 1 as dict keys, yet a source may serve them
+    # differently (a list refuses them): tagged with their type, they get entries of their own.
+    return _Typed(key)
+
+
+class _Typed:
+    """A key that is not an int, str, bytes or tuple: equal only to one of the same type."""
+
+    __slots__ = ("index", "kind")
+
+    def __init__(self, index: Hashable) -> None:
+        self.index, self.kind = index, type(index)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not _Typed or self.kind is not other.kind:
+            return False
+        return self.index is other.index or bool(self.index == other.index)  # as dict keys
+
+    def __hash__(self) -> int:
+        return hash((_Typed, self.kind, self.index))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Typed, (self.index,))
+
+    def __repr__(self) -> str:
+        return repr(self.index)  # as the load error's note names the item
+
+
+def _index_of(key: Any) -> Any:
+    """The index `key` was made from (ints as ints)."""
+    if type(key) is _Typed:
+        return key.index
+    if type(key) is tuple:
+        return tuple(_index_of(part) for part in key)
     return key
+
+
+def _load(source: Any, key: Any) -> Any:
+    """``source[index]`` for the cache `key` of that index."""
+    return source[_index_of(key)]
 
 
 def pinning(pin_memory: bool | str) -> Callable[[Any], Any] | None:
@@ -115,7 +159,9 @@ class Preloader:
 
     Items come back as the source gave them (same types and values). ``stats()`` says what
     the cache did; under DataLoader workers (fork or spawn) the items are shared through
-    one folder in memory, within the same budget (`dualtrain.preload.shared`).
+    one folder in memory, within the same budget (`dualtrain.preload.shared`). A copy
+    (``copy.copy``, ``copy.deepcopy``) gets an empty cache of its own with the same
+    settings; pickling, which is how worker processes get it, joins this one's.
     """
 
     def __init__(
@@ -140,14 +186,79 @@ class Preloader:
             plan = [index_key(i, len(source)) for i in order]
             if any(k is _UNCACHED for k in plan):
                 raise bad_argument("order", order, "indices (ints or hashable keys)")
-        self.source = source
+        self._source = source
+        pin = pinning(pin_memory)
         self.cache = PreloadCache(
-            functools.partial(operator.getitem, source), max_memory_size=max_memory_size,
+            functools.partial(_load, source), max_memory_size=max_memory_size,
             preloaded_data=preloaded_data, threads=threads, copy=copy, sizeof=sizeof,
-            pin=pinning(pin_memory), shared_path=_shared_path,
+            pin=pin, shared_path=_shared_path,
         )  # fmt: skip
+        # What a copy's own cache is made with: the budget and thread count as resolved here.
+        self._settings: dict[str, Any] = {
+            "max_memory_size": self.cache.max_memory_size, "threads": self.cache.threads,
+            "preloaded_data": self.cache.preloaded_data, "copy": copy, "sizeof": sizeof,
+            "pin": pin,
+        }  # fmt: skip
+        self._plan = plan
+        self._replan = False  # a copy's cache gets the order at its first item (_own_cache)
         if plan:
             self.cache.expect(plan, cyclic=True)
+
+    @property
+    def source(self) -> Any:
+        """The wrapped dataset; setting another gives a new, empty cache over it."""
+        return self._source
+
+    @source.setter
+    def source(self, source: Any) -> None:
+        if not (hasattr(source, "__getitem__") and hasattr(source, "__len__")):
+            raise bad_argument("source", source, "an object with __getitem__ and __len__")
+        # The held items are the old source's (the old cache may be a copy's too: left as is).
+        self._source = source
+        self._own_cache()
+
+    def __copy__(self) -> Preloader:
+        """A copy over the same source with a cache of its own.
+
+        Sharing the cache would serve this Preloader's items to a copy given another source.
+        """
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new._own_cache()
+        return new
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Preloader:
+        """A copy over a deep copy of the source with a fresh cache, sharing nothing.
+
+        The default deep copy went through the cache's pickling, which joins the original's
+        shared folder: a copy whose source was then changed (``val.source.split = "val"``)
+        and the original's DataLoader workers served each other's items. Pickling (worker
+        processes) still joins it, as it should.
+        """
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        state = {k: v for k, v in self.__dict__.items() if k != "cache"}
+        new.__dict__.update(copying.deepcopy(state, memo))
+        new._own_cache()
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for a worker process, which loads nothing ahead: the order stays here
+        # (an epoch's keys, pickled once per worker otherwise).
+        return {**self.__dict__, "_plan": None, "_replan": False}
+
+    def _own_cache(self) -> None:
+        """Gives this Preloader a new, empty cache over its source.
+
+        Its order (``order=``) is handed on at the first item asked for, not now: loading
+        ahead at once would read the source before ``val.source.split = "val"`` changes it.
+        """
+        self.cache = PreloadCache(functools.partial(_load, self._source), **self._settings)
+        self._replan = bool(self._plan)
+
+    def _start_plan(self) -> None:
+        self._replan = False
+        self.cache.expect(self._plan or (), cyclic=True)
 
     @property
     def max_memory_size(self) -> int:
@@ -159,17 +270,21 @@ class Preloader:
         return self.cache.preloaded_data
 
     def __len__(self) -> int:
-        return len(self.source)
+        return len(self._source)
 
     def __getitem__(self, index: Any) -> Any:
-        key = index_key(index, len(self.source))
+        if self._replan:
+            self._start_plan()
+        key = index_key(index, len(self._source))
         if key is _UNCACHED:
-            return self.source[index]
+            return self._source[index]
         return self.cache.get(key)
 
     def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
         """The items of `indices` (torch's DataLoader asks a batch at once through this)."""
-        n = len(self.source)
+        if self._replan:
+            self._start_plan()
+        n = len(self._source)
         keys = [index_key(i, n) for i in indices]
         if any(k is _UNCACHED for k in keys):
             return [self[i] for i in indices]
@@ -181,7 +296,8 @@ class Preloader:
 
     def expect(self, indices: Iterable[Any]) -> None:
         """Says the next items asked for are `indices`, in this order; loads them ahead."""
-        n = len(self.source)
+        self._replan = False  # this order replaces ``order=``
+        n = len(self._source)
         keys = (index_key(i, n) for i in indices)
         # A slice or index array in a plan is served by the source: nothing to load ahead.
         self.cache.expect(k for k in keys if k is not _UNCACHED)
@@ -222,9 +338,16 @@ class Preloader:
 
     def __getattr__(self, name: str) -> Any:
         # The source's own methods and attributes stay reachable (nebulgym lost them).
-        if name.startswith("__") or name in ("source", "cache"):
+        if name.startswith("__") or name in (
+            "source",
+            "_source",
+            "cache",
+            "_settings",
+            "_plan",
+            "_replan",
+        ):
             raise AttributeError(name)
-        return getattr(self.source, name)
+        return getattr(self._source, name)
 
     def __repr__(self) -> str:
         return (

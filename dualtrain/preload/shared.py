@@ -4,9 +4,10 @@ DataLoader workers (fork or spawn) and a Tank's worker processes each hold a cop
 dataset, so an in-memory cache would be one per worker and lost with it. A shared cache
 keeps its items in a folder under ``/dev/shm`` (memory, not disk; the system's temporary
 folder where there is none), one pickled item per file, written to a temporary name and
-renamed, so a reader sees a whole item or none. The bytes held are the files' sizes plus
-the owner's in-memory items; a ledger file, locked with ``flock`` around every admission,
-keeps their sum at or below the budget across all processes.
+renamed, so a reader sees a whole item or none. The bytes held are what the files take
+(whole blocks: tmpfs gives even a small file one); a ledger file, locked (``lockf``)
+around every admission, keeps their sum at or below the budget across all processes. The
+owner's own items move into the folder when it is first shared.
 
 Only the process that made the folder removes it (at exit or when its cache goes away); a
 folder whose owner was killed is removed by the next one made on the machine.
@@ -76,6 +77,29 @@ def dumps(item: Any) -> bytes:
     return out.getvalue()
 
 
+_thread_locks: dict[str, threading.Lock] = {}  # per folder, in this process
+_thread_locks_guard = threading.Lock()
+
+
+def _thread_lock(path: str) -> threading.Lock:
+    with _thread_locks_guard:
+        lock = _thread_locks.get(path)
+        if lock is None:
+            lock = _thread_locks[path] = threading.Lock()
+        return lock
+
+
+def _fresh_locks_in_child() -> None:
+    # A lock another thread of the parent held at the fork stays held in the child for good.
+    global _thread_locks_guard
+    _thread_locks_guard = threading.Lock()
+    _thread_locks.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+
+
 def _base_dir() -> str:
     shm = "/dev/shm"
     if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
@@ -134,6 +158,10 @@ class SharedStore:
 
     def __init__(self, path: str, limit: int) -> None:
         self.path, self.limit = path, limit
+        try:  # the folder's block size: a file takes whole blocks of it (4 KiB on tmpfs)
+            self.page = max(1, os.statvfs(path).f_bsize)
+        except (OSError, AttributeError):
+            self.page = 4096
         self._recorded = [0] * len(COUNTERS)  # this store's counts already in the totals
         # The process that made the folder, the only one that removes it (None: a worker's
         # view of it). A forked child holds a copy of the owner's store and of the finalizer
@@ -156,15 +184,24 @@ class SharedStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[int]:
+        """The ledger's fd, held exclusively by this thread among every process.
+
+        A POSIX record lock (``lockf``), not ``flock``: a child forked while this process
+        held an flock would share the lock through its copy of the fd and hold it for
+        good; record locks belong to the process and are not inherited. They do not
+        exclude this process's other threads, so a thread lock comes first.
+        """
         import fcntl  # POSIX: shared caches need it (Linux and macOS)
 
-        # A folder removed under us (its owner exited) raises here: callers treat it as full.
-        fd = os.open(os.path.join(self.path, _LEDGER), os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield fd
-        finally:
-            os.close(fd)  # closing releases the lock
+        with _thread_lock(self.path):
+            # A folder removed under us (its owner exited) raises here: callers treat it
+            # as full.
+            fd = os.open(os.path.join(self.path, _LEDGER), os.O_RDWR)
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX)
+                yield fd
+            finally:
+                os.close(fd)  # closing releases the lock
 
     @staticmethod
     def _read_used(fd: int) -> int:
@@ -228,15 +265,20 @@ class SharedStore:
         except FileNotFoundError:  # the folder is gone
             return False
 
+    def charge(self, size: int) -> int:
+        """What a file of `size` bytes takes: whole pages (tmpfs gives a file at least one)."""
+        return -(-size // self.page) * self.page
+
     def _write(self, final: str, data: bytes) -> bool:
+        cost = self.charge(len(data))
         with self._locked() as fd:
             used = self._read_used(fd)
-            if os.path.exists(final) or used + len(data) > self.limit:
+            if os.path.exists(final) or used + cost > self.limit:
                 return False
             # The bytes are counted before the file is written: a process killed while
             # writing leaves the ledger over (never under) what the folder holds, so the
             # budget still bounds the memory the folder takes.
-            os.pwrite(fd, struct.pack("<q", used + len(data)), 0)
+            os.pwrite(fd, struct.pack("<q", used + cost), 0)
             temp = f"{final}.tmp{os.getpid()}"
             try:
                 with open(temp, "wb") as f:
@@ -285,6 +327,35 @@ class SharedStore:
                     for k, v in zip(COUNTERS, _RECORD.unpack(raw), strict=True):
                         total[k] += v
         return total
+
+    def workers(self) -> bool:
+        """Whether another process has used the folder (its counters file exists)."""
+        mine = f"{_STATS}{os.getpid()}"
+        try:
+            return any(n.startswith(_STATS) and n != mine for n in os.listdir(self.path))
+        except OSError:
+            return False
+
+    def has(self, key: Hashable) -> bool:
+        """Whether `key` is stored (by any process)."""
+        token = _token(key)
+        return token is not None and os.path.exists(os.path.join(self.path, token))
+
+    def clear(self) -> None:
+        """Removes every stored item, giving its bytes back to the ledger."""
+        try:
+            with self._locked() as fd:
+                freed = 0
+                for name in os.listdir(self.path):
+                    if name[:1] in "isp" and ".tmp" not in name and not name.startswith(_STATS):
+                        path = os.path.join(self.path, name)
+                        with contextlib.suppress(OSError):
+                            size = os.path.getsize(path)
+                            os.unlink(path)
+                            freed += self.charge(size)
+                os.pwrite(fd, struct.pack("<q", max(0, self._read_used(fd) - freed)), 0)
+        except FileNotFoundError:
+            pass
 
     def files(self) -> int:
         """Items stored in the folder."""

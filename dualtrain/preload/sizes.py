@@ -1,23 +1,41 @@
 """What an item costs in bytes, exactly, and the copies that keep a cache honest.
 
-`own(item)` returns the item as the cache will hold it and the bytes it holds: an array that
-is a small view of a larger buffer (a row of an in-memory table, a memory-mapped file) is
-copied first, so a cached item never pins memory that it does not count. `fresh(item)` is
-what a hit returns: arrays and tensors copied, containers rebuilt, so a consumer that
-changes its item in place never changes the cache.
+`nbytes(item)` counts, each object and each buffer once: ``sys.getsizeof`` of every object
+plus the buffers it holds. NumPy arrays count their ROOT buffer (a view counts the whole
+array it pins; an object array counts its objects too; an array viewing a torch tensor
+counts that tensor's storage). A structured record (``np.void``) that views an array counts
+that array's buffer the same way. Torch tensors count their storage (for a tensor that
+borrows memory, e.g. ``torch.from_numpy(row)``, the storage is the borrowed part only:
+`own` copies such tensors, so what the cache holds is what it counted). JAX arrays count
+the bytes of their shards held by this process (a copy replicated over four devices counts
+four times). Pillow images count their pixels (1, 2 or 4 bytes each); bytes, bytearray, str
+and numbers count ``sys.getsizeof``; lists, tuples, sets and dicts count themselves plus
+their elements. Other objects count ``sys.getsizeof`` plus their ``__dict__`` and
+``__slots__``; one with an integer ``nbytes`` attribute (CuPy) counts that too.
 
-Counted exactly: NumPy arrays (their buffer; an object array's objects too), torch tensors
-(their storage), JAX arrays (their buffers), Pillow images (pixel storage), bytes,
-bytearray, str, numbers, and lists, tuples, sets and dicts of them (``sys.getsizeof`` of
-each container plus its elements, each object once). Other objects count
-``sys.getsizeof`` plus their ``__dict__`` and ``__slots__``; one with an ``nbytes``
-attribute (CuPy) counts that too.
+`own(item)` is the item as a cache holds it: every array or record that views less than
+half of a larger NumPy buffer, or memory NumPy does not own (bytes, mmap, a torch tensor),
+and every tensor whose storage is borrowed (from NumPy, DLPack, a file mapping:
+``untyped_storage().resizable()`` is False) or is less than half used, is replaced by a
+compact copy; Pillow images are decoded (``load()``). Containers are rebuilt only where
+an element changed.
+
+`fresh(item)` is what a hit returns, sharing no mutable memory with the cached item:
+NumPy arrays (and the objects of an object array), records (``np.void``), torch tensors,
+JAX arrays (a buffer donated to a jitted step is deleted: the cache keeps its own) and
+Pillow images are copied, keeping their types (``torch.nn.Parameter``, ``PngImageFile``);
+lists, tuples (namedtuples), dicts (subclasses) and sets are rebuilt around fresh
+elements; str, bytes, numbers and other immutables come back as they are. Other objects
+are ``copy.deepcopy``-ed; one that cannot be deep-copied comes back as it is (the same
+object on every hit: changing it in place changes the cache).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
+from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
@@ -33,21 +51,49 @@ _IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), np.generic, ran
 _VIEW_SHARE = 0.5
 
 
-def _framework(obj: object) -> str:
-    root = type(obj).__module__.partition(".")[0]
-    return root if root in ("torch", "jax", "jaxlib", "PIL") else ""
+# Kind of each type met ("torch", "jax", "PIL" or ""), found once from its classes: a user's
+# subclass of torch.Tensor or of PIL.Image.Image is one too. The core imports neither.
+_KINDS: dict[type, str] = {}
+_KIND_CLASSES = {
+    ("torch", "Tensor"): "torch",
+    ("torch._tensor", "Tensor"): "torch",
+    ("jax", "Array"): "jax",
+    ("PIL.Image", "Image"): "PIL",
+}
+
+
+def _kind(cls: type) -> str:
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = ""
+        for klass in cls.__mro__:
+            module = klass.__module__
+            if (module, klass.__name__) in _KIND_CLASSES:
+                kind = _KIND_CLASSES[module, klass.__name__]
+                break
+            if module.partition(".")[0] in ("jax", "jaxlib") and klass.__name__ == "ArrayImpl":
+                kind = "jax"
+                break
+        _KINDS[cls] = kind
+    return kind
 
 
 def _is_tensor(obj: object) -> bool:
-    return _framework(obj) == "torch" and hasattr(obj, "untyped_storage")
+    return _kind(type(obj)) == "torch" and hasattr(obj, "untyped_storage")
 
 
 def _is_jax(obj: object) -> bool:
-    return _framework(obj) in ("jax", "jaxlib") and hasattr(obj, "nbytes")
+    return _kind(type(obj)) == "jax" and hasattr(obj, "nbytes")
 
 
 def _is_image(obj: object) -> bool:
-    return _framework(obj) == "PIL" and hasattr(obj, "getbands") and hasattr(obj, "size")
+    return _kind(type(obj)) == "PIL" and hasattr(obj, "getbands") and hasattr(obj, "size")
+
+
+def _is_plain(obj: object, module: str, name: str) -> bool:
+    """Whether `obj`'s type is exactly the class `module.name` (not a subclass)."""
+    cls = type(obj)
+    return cls.__name__ == name and cls.__module__ == module
 
 
 def _array_root(a: np.ndarray) -> Any:
@@ -64,11 +110,14 @@ def _image_bytes(im: Any) -> int:
 
 
 def own(item: Any) -> Any:
-    """`item` with every array that views a larger buffer replaced by a compact copy.
+    """`item` with every array that pins memory it does not count replaced by a compact copy.
 
-    Arrays and tensors that own their memory (or view most of it) are kept as they are;
-    Pillow images are decoded (``load()``), so the cache holds pixels, not an open file.
-    Containers are rebuilt only where an element changed.
+    Copied: NumPy arrays and records viewing less than half of their root array or memory
+    that NumPy does not own (bytes, mmap, a torch tensor), and torch tensors whose storage
+    is borrowed (``untyped_storage().resizable()`` is False: from NumPy, DLPack, a file
+    mapping) or less than half used. Arrays and tensors that own their memory (or view most
+    of it) are kept as they are; Pillow images are decoded (``load()``), so the cache holds
+    pixels, not an open file. Containers are rebuilt only where an element changed.
     """
     return _own(item, {})
 
@@ -80,20 +129,54 @@ def _own(obj: Any, memo: dict[int, Any]) -> Any:
     memo[key] = obj  # until it is done: an element that refers back to it (a cycle) stops here
     out = obj
     if isinstance(obj, np.ndarray):
-        root = _array_root(obj)
-        whole = root.nbytes if isinstance(root, np.ndarray) else -1
-        if whole < 0 or obj.nbytes < _VIEW_SHARE * whole:
+        if _pins(obj):
             out = np.array(obj, copy=True, subok=not isinstance(obj, np.memmap))
+    elif isinstance(obj, np.void):
+        if _record_base(obj) is not None and _pins(obj):
+            out = obj.copy()
     elif _is_tensor(obj):
         if _strided(obj):
-            storage = obj.untyped_storage().nbytes()
-            if obj.nelement() * obj.element_size() < _VIEW_SHARE * storage:
-                out = obj.detach().clone().requires_grad_(obj.requires_grad)
+            storage = obj.untyped_storage()
+            # A storage that is not resizable borrows its memory (a NumPy array, a DLPack
+            # capsule, a mapped file): it keeps alive more than its nbytes say.
+            used = obj.nelement() * obj.element_size()
+            if not storage.resizable() or used < _VIEW_SHARE * storage.nbytes():
+                out = _copy_tensor(obj)
     elif _is_image(obj):
         obj.load()
     elif isinstance(obj, (list, tuple, dict, set, frozenset)):
         out = _rebuild(obj, lambda x: _own(x, memo), only_if_changed=True)
     memo[key] = out
+    return out
+
+
+def _record_base(v: np.void) -> Any:
+    # NumPy's stubs say a scalar's base is None: a record's is the array it views.
+    return getattr(v, "base", None)
+
+
+def _pins(a: np.ndarray | np.void) -> bool:
+    """Whether `a` (an array or a record) views memory that it would not count as its own."""
+    base = _record_base(a) if isinstance(a, np.void) else a.base
+    root = a if base is None else _array_root(base)
+    if not isinstance(root, np.ndarray) or not root.flags.owndata:
+        return True  # bytes, mmap, a torch tensor, memory lent by a C extension
+    return a.nbytes < _VIEW_SHARE * root.nbytes
+
+
+def _copy_tensor(t: Any) -> Any:
+    """A compact copy of tensor `t` of its own type, in memory of its own, gradients kept."""
+    if not _is_plain(t, "torch", "Tensor"):
+        # A subclass torch's ops do not keep (Parameter): its own deepcopy keeps the type.
+        out = _deepcopy(t, {}, None)  # not `own`'s memo: it maps a tensor being owned to itself
+        if type(out) is type(t):
+            return out
+    out = t.detach().clone()
+    if type(out) is not type(t):
+        with contextlib.suppress(Exception):  # one that cannot wrap a tensor: the plain copy
+            out = out.as_subclass(type(t))
+    if t.requires_grad:
+        out.requires_grad_(True)
     return out
 
 
@@ -133,23 +216,22 @@ def _nbytes(
             # An object array's buffer holds pointers: the objects it pins count too.
             held = _elements(root, sizeof, seen, buffers) if root.dtype == object else 0
             return head + root.nbytes + held
-        # A buffer of another kind (bytes, mmap): its own size, through the buffer protocol.
-        if id(root) in buffers:
-            return head
-        buffers.add(id(root))
-        return head + (memoryview(root).nbytes if _has_buffer(root) else obj.nbytes)
+        return head + _foreign_bytes(obj, root, buffers)
+    if isinstance(obj, np.void) and _record_base(obj) is not None:  # a record viewing an array
+        root = _array_root(_record_base(obj))
+        if isinstance(root, np.ndarray):
+            if id(root) in buffers:
+                return sys.getsizeof(obj)
+            buffers.add(id(root))
+            return sys.getsizeof(obj) + root.nbytes
+        return sys.getsizeof(obj) + _foreign_bytes(obj, root, buffers)
     if _is_tensor(obj):
         head = sys.getsizeof(obj)
         if not _strided(obj):  # sparse and other layouts: their parts' bytes
             return head + _nbytes(_tensor_parts(obj), sizeof, seen, buffers)
-        storage = obj.untyped_storage()
-        ident = ("torch", storage.data_ptr(), str(storage.device))
-        if ident in buffers and storage.nbytes() > 0:
-            return head
-        buffers.add(ident)
-        return head + int(storage.nbytes())
+        return head + _storage_bytes(obj, buffers)
     if _is_jax(obj):
-        return sys.getsizeof(obj) + int(obj.nbytes)
+        return sys.getsizeof(obj) + _jax_bytes(obj)
     if _is_image(obj):
         return sys.getsizeof(obj) + _image_bytes(obj)
     size = sys.getsizeof(obj)
@@ -184,6 +266,34 @@ def _elements(
     return sum(_nbytes(x, sizeof, seen, buffers) for x in a.ravel(order="K"))
 
 
+def _foreign_bytes(view: Any, root: Any, buffers: set[Any]) -> int:
+    """Bytes of `root`, memory NumPy does not own that `view` pins, once per root."""
+    if _is_tensor(root):  # `tensor.numpy()`: the array pins the tensor's storage
+        return _storage_bytes(root, buffers)
+    if id(root) in buffers:
+        return 0
+    buffers.add(id(root))
+    # A buffer of another kind (bytes, mmap): its own size, through the buffer protocol.
+    return memoryview(root).nbytes if _has_buffer(root) else int(view.nbytes)
+
+
+def _storage_bytes(t: Any, buffers: set[Any]) -> int:
+    storage = t.untyped_storage()
+    ident = ("torch", storage.data_ptr(), str(storage.device))
+    if ident in buffers and storage.nbytes() > 0:
+        return 0
+    buffers.add(ident)
+    return int(storage.nbytes())
+
+
+def _jax_bytes(a: Any) -> int:
+    """Bytes of JAX array `a` held by this process: each of its shards here, copies included."""
+    try:
+        return sum(int(shard.data.nbytes) for shard in a.addressable_shards)
+    except (AttributeError, RuntimeError):  # deleted (donated) or not a concrete array
+        return int(a.nbytes)
+
+
 def _has_buffer(obj: Any) -> bool:
     try:
         memoryview(obj)
@@ -208,18 +318,21 @@ def _slots(cls: type) -> list[str]:
 
 
 def fresh(item: Any) -> Any:
-    """A copy of a cached item that shares no mutable memory with it.
+    """A copy of a cached item that shares no mutable memory with it, its types kept.
 
-    NumPy arrays (an object array's objects too), torch tensors and Pillow images are
-    copied; lists, tuples (namedtuples too), dicts (subclasses too) and sets are rebuilt
-    around fresh elements; JAX arrays, str, bytes and numbers are immutable and come back
-    as they are. Other objects come back as they are (the same object on every hit).
+    NumPy arrays (an object array's objects too) and records (``np.void``), torch tensors
+    (subclasses such as ``Parameter`` too), JAX arrays (a jitted step may donate, that is
+    delete, the one it is given) and Pillow images (``PngImageFile`` too) are copied;
+    lists, tuples (namedtuples too), dicts (subclasses too) and sets are rebuilt around
+    fresh elements; str, bytes and numbers come back as they are. Other objects are
+    ``copy.deepcopy``-ed; one that refuses (raises) comes back as it is, the same object on
+    every hit.
     """
     return _fresh(item, {})
 
 
 def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
-    if isinstance(obj, _IMMUTABLE) or _is_jax(obj):
+    if isinstance(obj, _IMMUTABLE) and not isinstance(obj, np.void):
         return obj
     key = id(obj)
     if key in memo:
@@ -231,11 +344,18 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
             for index, x in np.ndenumerate(obj):
                 out[index] = _fresh(x, memo)
     elif _is_tensor(obj):
-        out = obj.detach().clone()
-        if obj.requires_grad:
-            out.requires_grad_(True)
-    elif _is_image(obj):
+        out = _copy_tensor(obj)
+    elif _is_jax(obj):
+        # Immutable, but `jax.jit(..., donate_argnums=...)` deletes a donated buffer: the
+        # cache must keep its own. `copy()` is a new buffer of the same sharding.
         out = obj.copy()
+    elif isinstance(obj, np.void):  # a record views its array: changing it changes the cache
+        out = obj.copy()
+    elif _is_image(obj):
+        # `Image.copy` makes a plain Image (a PngImageFile would lose its type and `format`).
+        out = None if _is_plain(obj, "PIL.Image", "Image") else _deepcopy(obj, memo, None)
+        if type(out) is not type(obj):
+            out = obj.copy()
     elif isinstance(obj, bytearray):
         out = bytearray(obj)
     elif isinstance(obj, (list, dict)):
@@ -251,8 +371,28 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
     elif isinstance(obj, (tuple, set, frozenset)):
         out = _rebuild(obj, lambda x: _fresh(x, memo), only_if_changed=False)
     else:
-        out = obj
+        out = _deepcopy(obj, memo, obj)
     memo[key] = out
+    return out
+
+
+def _deepcopy(obj: Any, memo: dict[int, Any], default: Any) -> Any:
+    """``copy.deepcopy(obj)`` sharing copies with `memo` both ways; `default` if it raises.
+
+    The deep copy writes to a memo of its own over `memo`, merged only if it succeeds (a
+    failed one may leave half-built copies). Its entries name objects by id, temporaries
+    too: the list of objects it keeps alive moves to ``memo[id(memo)]`` (deepcopy's own
+    convention), so no id in `memo` is reused while `memo` lives.
+    """
+    chain: ChainMap[int, Any] = ChainMap({}, memo)
+    try:
+        out = copy.deepcopy(obj, chain)  # type: ignore[arg-type]
+    except Exception:  # not copyable (an open file, a lock, a non-leaf tensor)
+        return default
+    made = chain.maps[0]
+    kept = made.pop(id(chain), [])
+    memo.update(made)
+    memo.setdefault(id(memo), []).extend(kept)
     return out
 
 
@@ -281,12 +421,22 @@ def _rebuild(obj: Any, each: Callable[[Any], Any], *, only_if_changed: bool) -> 
 def map_leaves(item: Any, fn: Callable[[Any], Any]) -> Any:
     """`item` with `fn` applied to everything that is not a list, tuple, dict or set.
 
-    Containers are rebuilt (their types kept) only where an element changed.
+    Containers are rebuilt (their types kept) only where an element changed. Each object
+    is visited once: a leaf met twice gets one ``fn`` call (its result used at both
+    places), and a container met again inside itself (a cycle) is left there as it is.
     """
+    memo: dict[int, Any] = {}
 
     def each(obj: Any) -> Any:
+        key = id(obj)
+        if key in memo:
+            return memo[key]
         if isinstance(obj, (list, tuple, dict, set, frozenset)):
-            return _rebuild(obj, each, only_if_changed=True)
-        return fn(obj)
+            memo[key] = obj  # until it is done: a cycle back to it stops here
+            out = _rebuild(obj, each, only_if_changed=True)
+        else:
+            out = fn(obj)
+        memo[key] = out
+        return out
 
     return each(item)

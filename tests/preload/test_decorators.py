@@ -143,6 +143,37 @@ def test_subclass_of_a_decorated_class():
     assert cubes.loads == [0, 1, 2, 3]  # Squares' items cached once; Cubes' work on top
 
 
+def test_a_dataloader_serves_an_undecorated_subclass_its_own_items():
+    # The decorator adds __getitems__ to the base; torch's DataLoader calls it for the
+    # subclass too, and it used to serve the base's items, skipping the override.
+    class Shifted(Squares):
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return super().__getitem__(i) + 100
+
+    @accelerate_dataset(max_memory_size=10**5)
+    class Decorated(Shifted):  # decorated again below the override: its own items cached
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return super().__getitem__(i) * 2
+
+    class Unchanged(Squares):  # no override: the base's batch path (one get_many a batch)
+        pass
+
+    shifted, decorated, unchanged = Shifted(5), Decorated(5), Unchanged(5)
+    for _ in range(2):
+        assert [b.tolist() for b in DataLoader(shifted, batch_size=2)] == [
+            [[100], [101]], [[104], [109]], [[116]]
+        ]  # fmt: skip
+        assert [b.tolist() for b in DataLoader(decorated, batch_size=3)] == [
+            [[200], [202], [208]], [[218], [232]]
+        ]  # fmt: skip
+        assert [b.tolist() for b in DataLoader(unchanged, batch_size=5)] == [
+            [[0], [1], [4], [9], [16]]
+        ]  # fmt: skip
+    assert shifted.loads == [0, 1, 2, 3, 4]  # the base's items cached under the override
+    assert decorated.loads == [0, 1, 2, 3, 4] and decorated.preloader.stats()["hits"] == 5
+    assert unchanged.loads == [0, 1, 2, 3, 4] and unchanged.preloader.stats()["hits"] == 5
+
+
 def test_decorated_subclass_of_a_decorated_class_caches_its_own_items():
     # The subclass used to get the base class's items: the base's __init__ made the cache
     # over the base's __getitem__ first.

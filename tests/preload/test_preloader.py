@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import collections
+import copy
+import fractions
+import pickle
+from decimal import Decimal
 
 import numpy as np
 import pytest
@@ -18,7 +22,7 @@ from torch.utils.data import (
     TensorDataset,
 )
 
-from dualtrain import Preloader
+from dualtrain import NebulDataset, Preloader
 from dualtrain.errors import ArgumentError
 from dualtrain.preload import nbytes
 from tests.preload.datasets import Recording, same_item
@@ -169,6 +173,50 @@ def test_tuple_keys_hit_one_entry_whatever_their_int_types():
     assert p.stats()["items"] == 1 and p.stats()["hits"] == 1
 
 
+class Echo:
+    """A source whose item names the exact key it was asked for (1.0 is not 1)."""
+
+    def __getitem__(self, key: object) -> str:
+        return f"{type(key).__name__} {key!r}"
+
+    def __len__(self) -> int:
+        return 10
+
+
+# Keys equal (as dict keys) to the ints 0..3, of types a source may tell apart, or not.
+KINDS = (int, float, Decimal, fractions.Fraction, complex, np.float64, str)
+equal_to_ints = st.builds(lambda kind, i: kind(i), st.sampled_from(KINDS), st.integers(0, 3))
+any_keys = st.one_of(
+    equal_to_ints,
+    equal_to_ints,
+    st.tuples(equal_to_ints, equal_to_ints),
+    st.floats(allow_nan=False),
+    st.text(max_size=2),
+)
+
+
+@given(keys=st.lists(any_keys, min_size=2, max_size=12))
+def test_keys_equal_to_an_int_never_hit_its_entry(keys):
+    # Law: p[k] == source[k] for any keys in any order. 1.0 == 1 as dict keys, so p[1.0]
+    # after p[1] used to serve the cached source[1].
+    source, p = Echo(), Preloader(Echo())
+    for key in keys:
+        assert p[key] == source[key]
+    worker = pickle.loads(pickle.dumps(p))  # a worker process's copy: the shared files
+    for key in keys:
+        assert worker[key] == source[key]
+
+
+def test_a_float_index_of_a_list_is_refused_after_its_int_was_cached():
+    p = Preloader(["a", "b", "c"])
+    assert p[1] == "b"
+    with pytest.raises(TypeError, match="float"):
+        p[1.0]
+    with pytest.raises(TypeError, match="float"):
+        p[np.float64(1.0)]
+    assert p[1] == "b" and p.stats()["items"] == 1
+
+
 def test_slice_reaches_the_source_not_the_cache():
     items = list(range(8))
     p = Preloader(items)
@@ -186,6 +234,66 @@ def test_index_error_passes_through_naming_the_index(index):
     assert p.stats()["items"] == 0
     with pytest.raises(IndexError):
         Preloader(list(range(3)))[3]
+
+
+# -- copies -----------------------------------------------------------------------------------
+
+
+class Split:
+    """A dataset whose items depend on a setting a copy may change (train or val)."""
+
+    def __init__(self, n: int = 4) -> None:
+        self.split, self.n = "train", n
+
+    def __getitem__(self, i: int) -> str:
+        if not 0 <= i < self.n:
+            raise IndexError(f"index {i} is out of range")
+        return f"{self.split} {i}"
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def serves(dataset, split: str) -> bool:
+    return [dataset[i] for i in range(len(dataset))] == [f"{split} {i}" for i in range(4)]
+
+
+def test_a_deep_copy_gets_a_fresh_cache_with_the_same_settings():
+    # The deep copy used to join the original's shared folder (through the cache's
+    # pickling): val's items reached train's DataLoader workers.
+    train = Preloader(Split(), 10**5, preloaded_data=3, order=[3, 2, 1, 0], threads=1)
+    assert train[0] == "train 0"
+    val = copy.deepcopy(train)
+    val.source.split = "val"
+    assert serves(val, "val") and serves(train, "train")
+    worker = pickle.loads(pickle.dumps(train))  # what a spawned DataLoader worker gets
+    assert serves(worker, "train")
+    assert val.cache is not train.cache and val.source is not train.source
+    assert (val.max_memory_size, val.preloaded_data, val.cache.threads) == (10**5, 3, 1)
+    assert val.stats()["loads"] == 4 and val.stats()["resident_bytes"] <= 10**5
+    planned = copy.deepcopy(train)
+    assert [planned[i] for i in (3, 2, 1, 0, 3)] == [f"train {i}" for i in (3, 2, 1, 0, 3)]
+    assert planned.stats()["misses"] == 0  # its order, loaded ahead from its first item on
+    assert train.stats()["loads"] == 4  # train's own, not val's
+    nebul = copy.deepcopy(NebulDataset(Split(), 2, 10**4))
+    assert type(nebul) is NebulDataset and serves(nebul, "train")
+
+
+def test_a_shallow_copy_gets_its_own_cache_over_the_same_source():
+    # A shallow copy shared the cache, bound to the original's source: given a source of
+    # its own, it served the original's items.
+    train = Preloader(Split(), 10**5)
+    assert serves(train, "train")
+    val = copy.copy(train)
+    assert val.source is train.source and val.cache is not train.cache
+    val.source = Split()
+    val.source.split = "val"
+    assert serves(val, "val") and serves(train, "train")
+    train.source = Split(4)  # setting the source gives a new cache over it, too
+    train.source.split = "test"
+    assert serves(train, "test")
+    with pytest.raises(ArgumentError, match="source"):
+        train.source = 5
 
 
 # -- items of any type come back unchanged -------------------------------------------------

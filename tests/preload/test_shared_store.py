@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dualtrain.preload import PreloadCache
-from dualtrain.preload.shared import SharedStore, sweep
+from dualtrain.preload.shared import SharedStore, _base_dir, sweep
 from tests.preload import workers_data as wd
 
 # These tests fork. JAX, when another test of this worker imported it, warns at every fork
@@ -28,14 +28,23 @@ ITEM = 512  # float64 values per item written by the helpers: about 4 KiB pickle
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+PAGE = os.statvfs(_base_dir()).f_bsize  # a stored item takes whole blocks of this
+
+
+def charged(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
 def item_size(key: int, size: int = ITEM) -> int:
-    return len(pickle.dumps(np.full(size, key, dtype=np.float64), protocol=5))
+    """What an item takes in the folder (and the ledger): its pickle in whole blocks."""
+    return charged(len(pickle.dumps(np.full(size, key, dtype=np.float64), protocol=5)))
 
 
 def item_files(path: str) -> dict[str, int]:
     """The item files of a shared folder and their sizes (no ledger, counters or .tmp)."""
     return {
-        name: os.path.getsize(os.path.join(path, name))
+        # What the file takes in memory: whole blocks (tmpfs gives even a small file one).
+        name: os.stat(os.path.join(path, name)).st_blocks * 512
         for name in os.listdir(path)
         if name != "ledger" and not name.startswith("stats-") and ".tmp" not in name
     }
@@ -83,8 +92,8 @@ def test_the_ledger_counts_an_item_before_its_file_appears(store):
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(1) as pool:
         before, at_rename, size = pool.apply(wd.ledger_at_rename, (store.path, store.limit, 3))
-    assert at_rename == before + size
-    assert store.used == sum(item_files(store.path).values()) == size
+    assert at_rename == before + charged(size)
+    assert store.used == sum(item_files(store.path).values()) == charged(size)
 
 
 @pytest.mark.slow
@@ -274,7 +283,7 @@ def test_writes_are_admitted_exactly_when_new_and_within_the_budget(limit, write
         held: dict[int, int] = {}
         for key, size in writes:
             item = np.arange(size, dtype=np.float64)
-            n = len(pickle.dumps(item, protocol=5))
+            n = charged(len(pickle.dumps(item, protocol=5)))
             fits = key not in held and sum(held.values()) + n <= limit
             assert store.write(key, item) is fits
             if fits:

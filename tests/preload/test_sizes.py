@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import io
 import sys
+import threading
+import weakref
 from copy import deepcopy
+from pathlib import Path
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,7 +22,8 @@ from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from dualtrain.preload.sizes import fresh, nbytes, own
+from dualtrain import Preloader
+from dualtrain.preload.sizes import fresh, map_leaves, nbytes, own
 
 size = sys.getsizeof
 
@@ -48,6 +54,9 @@ def assert_same(a: Any, b: Any) -> None:
     elif isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert torch.equal(a, b)
+    elif dataclasses.is_dataclass(a):
+        for field in dataclasses.fields(a):
+            assert_same(getattr(a, field.name), getattr(b, field.name))
     elif isinstance(a, dict):
         assert list(a) == list(b)
         if isinstance(a, collections.defaultdict):
@@ -256,7 +265,7 @@ def test_own_copies_a_small_view_and_keeps_a_large_one() -> None:
     assert own(large) is large
 
 
-def test_own_copies_arrays_backed_by_bytes_or_memmap(tmp_path) -> None:
+def test_own_copies_arrays_backed_by_bytes_or_memmap(tmp_path: Path) -> None:
     raw = bytes(range(256)) * 4
     view = np.frombuffer(raw, dtype=np.uint8)
     out = own(view)
@@ -334,6 +343,8 @@ int_arrays = hnp.arrays(
 fresh_leaves = st.one_of(
     int_arrays,
     int_arrays.map(torch.from_numpy),
+    int_arrays.map(lambda a: torch.nn.Parameter(torch.from_numpy(a), requires_grad=False)),
+    st.builds(Record, st.text(max_size=3), int_arrays),
     st.text(max_size=6),
     st.binary(max_size=6),
     st.integers(),
@@ -367,6 +378,9 @@ def _mutate(obj: Any) -> None:
         obj += 1
     elif isinstance(obj, torch.Tensor):
         obj.add_(1)
+    elif isinstance(obj, Record):
+        _mutate(obj.values)
+        obj.name += "!"
     elif isinstance(obj, dict):
         for v in obj.values():
             _mutate(v)
@@ -400,8 +414,210 @@ def test_fresh_copies_the_objects_of_an_object_array() -> None:
     assert a[0] == [1, 2] and not a[1]["k"].any()
 
 
-def test_fresh_returns_immutables_and_jax_arrays_as_they_are() -> None:
+def test_fresh_returns_immutables_as_they_are_and_copies_jax_arrays() -> None:
     j = jnp.ones(3)
-    item = ("s", b"b", 5, j)
+    item = ("s", b"b", 5, np.float32(2), j)
     out = fresh(item)
-    assert out is not item and all(a is b for a, b in zip(out, item, strict=True))
+    assert out is not item and all(a is b for a, b in zip(out[:4], item[:4], strict=True))
+    # Regression: the cached array itself came back, and a jitted step may delete it.
+    assert out[4] is not j and out[4].sharding == j.sharding
+    assert out[4].unsafe_buffer_pointer() != j.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(np.asarray(out[4]), np.asarray(j))
+    out[4].delete()
+    assert not j.is_deleted()
+
+
+# -- own: borrowed memory ---------------------------------------------------------------------
+
+
+def test_torch_storage_resizable_tells_borrowed_memory() -> None:
+    # What `own` relies on (torch 2.13): torch's own allocations are resizable, borrowed
+    # memory (NumPy, DLPack, a Python buffer) is not.
+    assert torch.zeros(4).untyped_storage().resizable()
+    assert torch.zeros(8)[2:4].untyped_storage().resizable()
+    assert torch.nn.Parameter(torch.zeros(3)).untyped_storage().resizable()
+    assert not torch.from_numpy(np.zeros(4)).untyped_storage().resizable()
+    assert not torch.from_dlpack(np.zeros(4)).untyped_storage().resizable()
+    assert not torch.frombuffer(bytearray(16), dtype=torch.uint8).untyped_storage().resizable()
+
+
+@pytest.mark.parametrize(
+    "borrow",
+    [torch.from_numpy, torch.from_dlpack, lambda row: torch.nn.Parameter(torch.from_numpy(row))],
+    ids=["from_numpy", "from_dlpack", "parameter"],
+)
+def test_own_clones_a_tensor_whose_storage_borrows_a_numpy_array(borrow: Any) -> None:
+    # Regression: a tensor over one 8 KB row of an 8 MB array has an 8 KB storage, so it
+    # looked compact and was kept, pinning the whole array the cache never counted.
+    frame = np.arange(1024 * 1024, dtype=np.float64).reshape(1024, 1024)
+    t = borrow(frame[0])
+    expected = frame[0].copy()
+    out = own(t)
+    assert type(out) is type(t) and out.requires_grad == t.requires_grad
+    assert out.untyped_storage().resizable() and out.untyped_storage().nbytes() == 8192
+    np.testing.assert_array_equal(out.detach().numpy(), expected)
+    assert nbytes(out) == size(out) + 8192
+    alive = weakref.ref(frame)
+    del frame, t
+    gc.collect()
+    assert alive() is None  # the cache's copy does not keep the 8 MB array alive
+
+
+def test_an_array_viewing_a_tensor_counts_its_storage_and_is_owned() -> None:
+    # Regression: `tensor.numpy()` has the tensor as base; only the view's bytes counted.
+    t = torch.zeros(1000, dtype=torch.float32)
+    v = t.numpy()[:10]
+    assert isinstance(v.base, torch.Tensor) or isinstance(_root(v), torch.Tensor)
+    assert nbytes(v) == size(v) + 4000
+    pair = [t, v]
+    assert nbytes(pair) == size(pair) + size(t) + size(v) + 4000
+    out = own(t.numpy())  # the tensor's memory is not NumPy's: a copy of its own
+    assert out.flags.owndata and not np.shares_memory(out, t.numpy())
+
+
+def _root(a: np.ndarray) -> Any:
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a
+
+
+def test_records_of_a_structured_array_count_pin_and_copy() -> None:
+    table = np.zeros(1000, dtype=[("x", "i4"), ("y", "f8")])
+    rec = table[3]
+    assert nbytes(rec) == size(rec) + table.nbytes  # it pins the whole table
+    owned = own(rec)
+    base: Any = owned.base  # NumPy's stubs say a scalar's base is None
+    assert type(owned) is np.void and _root(base) is not table
+    # Regression: a record is a view; fresh returned it, so changing it changed the cache.
+    out = fresh(rec)
+    out["x"] = 7
+    assert table[3]["x"] == 0 and rec["x"] == 0
+    assert type(out) is np.void and out["y"] == 0.0
+
+
+# -- fresh: types kept, unknown objects copied ------------------------------------------------
+
+
+def test_fresh_keeps_a_parameter_a_parameter() -> None:
+    p = torch.nn.Parameter(torch.arange(6.0))
+    out = fresh(p)
+    assert type(out) is torch.nn.Parameter and out.requires_grad
+    assert torch.equal(out, p)
+    assert out.untyped_storage().data_ptr() != p.untyped_storage().data_ptr()
+    with torch.no_grad():
+        out.add_(1)
+    assert p[0].item() == 0.0
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass torch's operations keep."""
+
+
+def test_fresh_keeps_a_tensor_subclass() -> None:
+    t = torch.arange(4.0).as_subclass(Tagged)
+    out = fresh(t)
+    assert type(out) is Tagged and torch.equal(out, t)
+    out.add_(1)
+    assert t[0].item() == 0.0
+
+
+@pytest.mark.parametrize(("fmt", "cls"), [("PNG", "PngImageFile"), ("JPEG", "JpegImageFile")])
+def test_fresh_keeps_an_opened_image_its_type_and_format(fmt: str, cls: str) -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 6), (200, 100, 50)).save(buffer, format=fmt)
+    buffer.seek(0)
+    im = own(Image.open(buffer))
+    assert type(im).__name__ == cls
+    out = fresh(im)
+    # Regression: Image.copy made a plain PIL.Image.Image, its `format` None.
+    assert type(out) is type(im) and out.format == fmt
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(im))
+    out.putpixel((0, 0), (1, 2, 3))
+    assert im.getpixel((0, 0)) != (1, 2, 3)
+    plain = Image.new("L", (3, 2), 9)
+    assert type(fresh(plain)) is Image.Image
+
+
+def test_fresh_deep_copies_other_objects() -> None:
+    # Regression: a dataclass came back as it was: changing its array changed the cache.
+    shared = np.zeros(3)
+    rec = Record("r", shared)
+    item = {"rec": rec, "same": shared}
+    out = fresh(item)
+    assert type(out["rec"]) is Record and out["rec"] is not rec
+    out["rec"].values += 1
+    out["rec"].name = "changed"
+    assert not shared.any() and rec.name == "r"
+    assert out["rec"].values is out["same"]  # one copy of an object the item holds twice
+
+
+class Locked:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # cannot be deep-copied
+
+
+def test_fresh_returns_an_object_that_refuses_deepcopy_as_it_is() -> None:
+    obj = Locked()
+    out = fresh([obj, np.ones(2)])
+    assert out[0] is obj
+
+
+# -- JAX: donation and replicated bytes -------------------------------------------------------
+
+
+def test_a_donating_jitted_step_does_not_delete_what_the_preloader_holds() -> None:
+    # Regression: a hit returned the cached array itself; the step donated (deleted) it and
+    # the next epoch got "Array has been deleted".
+    n = 4
+    source = [jnp.arange(8.0) + i for i in range(n)]
+    step = jax.jit(lambda x: x * 2, donate_argnums=0)
+    pre = Preloader(source, order=range(n), threads=1)
+    try:
+        for _epoch in range(2):
+            for i in range(n):
+                x = pre[i]
+                out = step(x)
+                assert x.is_deleted()  # the step did donate it
+                np.testing.assert_array_equal(np.asarray(out), 2 * (np.arange(8.0) + i))
+    finally:
+        pre.close()
+    assert not any(a.is_deleted() for a in source)
+
+
+@pytest.mark.multidevice
+def test_a_replicated_jax_array_counts_every_copy_held_here() -> None:
+    devices = jax.devices()
+    assert len(devices) == 4
+    mesh = jax.sharding.Mesh(np.array(devices), ("d",))
+    a = jnp.arange(64, dtype=jnp.float32)
+    replicated = jax.device_put(a, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    split = jax.device_put(a, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d")))
+    # Regression: a replicated array counted one copy of its 256 bytes, not four.
+    assert nbytes(replicated) == size(replicated) + 4 * 256
+    assert nbytes(split) == size(split) + 256
+    copied = fresh(replicated)
+    assert copied.sharding == replicated.sharding
+    np.testing.assert_array_equal(np.asarray(copied), np.asarray(a))
+
+
+# -- map_leaves -------------------------------------------------------------------------------
+
+
+def test_map_leaves_terminates_on_cycles_and_maps_each_leaf_once() -> None:
+    # Regression: it recursed forever on an item that contains itself.
+    calls: list[Any] = []
+
+    def double(x: Any) -> Any:
+        calls.append(x)
+        return x * 2
+
+    leaf = np.arange(3)
+    item: list[Any] = [leaf, {"again": leaf}]
+    item.append(item)
+    out = map_leaves(item, double)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(out[0], 2 * leaf)
+    assert out[1]["again"] is out[0] and out[2] is item
+    d: dict[str, Any] = {"n": 1}
+    d["self"] = d
+    assert map_leaves(d, lambda x: x) is d

@@ -167,3 +167,28 @@ def copies_in_one_process(cache: Any, copies: int) -> dict[str, int]:
         copy.get(n % 10)
         del copy
     return {"fds_opened": len(os.listdir("/proc/self/fd")) - before, "pid": os.getpid()}
+
+
+class Locked(Squares):
+    """`Squares` whose loads hold a process-wide lock for a while (as h5py's global lock)."""
+
+    lock = __import__("threading").Lock()
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        with self.lock:
+            __import__("time").sleep(0.002)
+            return super().__getitem__(i)
+
+
+class Sized:
+    """Items of ``bytes`` whose sizes `sizes` gives; each load counted in `counter`."""
+
+    def __init__(self, sizes: list[int], counter: str | None = None) -> None:
+        self.sizes, self.counter = sizes, counter
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int) -> bytes:
+        count(self.counter)
+        return bytes([i % 256]) * self.sizes[int(i)]
