@@ -69,7 +69,13 @@ _LIVE: weakref.WeakSet[PreloadCache] = weakref.WeakSet()
 _FORK_WAIT = 10.0
 
 
+# Threads forking now: a fork does not wait for another thread's load that is itself a fork
+# (a source that forks, in two loader threads at once, would make each wait for the other).
+_forking: set[int] = set()
+
+
 def _before_fork() -> None:
+    _forking.add(threading.get_ident())
     for cache in list(_LIVE):
         if cache._owner and cache._shareable and cache._pid == os.getpid():
             cache._pause()
@@ -77,13 +83,22 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_parent() -> None:
+    _forking.discard(threading.get_ident())
     for cache in list(_LIVE):
         if cache._pid == os.getpid():
             cache._resume()
 
 
+def _after_fork_in_child() -> None:
+    _forking.clear()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 class PreloadCache:
@@ -154,7 +169,7 @@ class PreloadCache:
         self._sizes: collections.deque[int] = collections.deque(maxlen=16)  # recent items
         self._ahead_bytes = 0
         self._scan = 0  # plan position before which every key was seen to by `_pump`
-        self._paused = False  # a fork is under way: no source call starts
+        self._paused = 0  # forks under way: no source call starts while one is
         self._workers_checked, self._workers_seen = 0.0, False
         self._active: collections.Counter[int] = collections.Counter()  # threads in `load`
         self._counts = collections.Counter[str]()
@@ -288,11 +303,22 @@ class PreloadCache:
                 mine[key] = self._loading[key] = Future()
             pool = self._executor()
         for key, started in mine.items():
-            task = pool.submit(self._load_into, key, started)
+            try:
+                task = pool.submit(self._load_into, key, started)
+            except RuntimeError:  # `close` shut the pool down meanwhile: not loaded here
+                self._abandon(key, started, None)
+                continue
             task.add_done_callback(functools.partial(self._abandon, key, started))
-        out = []
+        out: list[Any] = []
+        done: dict[Hashable, tuple[Any, bool]] = {}  # this batch's own loads, for repeats
+        repeats = collections.Counter(keys)
         for key in keys:
             own_load = mine.pop(key, None)
+            if own_load is None and key in done and not done[key][1]:
+                with self._cond:  # asked again in this batch, and not kept: not loaded twice
+                    self._counts["hits"] += 1
+                out.append(fresh(done[key][0]) if self.copy else done[key][0])
+                continue
             if own_load is None:  # held, loaded by another, or asked twice in this batch
                 out.append(self.get(key))
                 continue
@@ -307,12 +333,13 @@ class PreloadCache:
                 self._counts["prefetch_waits"] += 1  # loaded by the threads, in parallel
                 self._counts["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
             held = kept and self._store is None
-            out.append(fresh(item) if self.copy and held else item)
+            done[key] = (item, kept)
+            out.append(fresh(item) if self.copy and (held or repeats[key] > 1) else item)
         return out
 
-    def _abandon(self, key: Hashable, future: Future[Any], task: Future[Any]) -> None:
-        """A `get_many` load that `close` cancelled before it ran: its waiters load it."""
-        if not task.cancelled():
+    def _abandon(self, key: Hashable, future: Future[Any], task: Future[Any] | None) -> None:
+        """A `get_many` load that `close` cancelled (or never let start): its waiters load it."""
+        if task is not None and not task.cancelled():
             return
         with self._cond:
             if self._loading.get(key) is future:
@@ -402,16 +429,15 @@ class PreloadCache:
 
     def _pause(self) -> None:
         """Before a fork: no source call starts, and those running end (or time runs out)."""
-        me = threading.get_ident()
         with self._cond:
-            self._paused = True
+            self._paused += 1
             self._cond.wait_for(
-                lambda: not (self._active.keys() - {me}), timeout=_FORK_WAIT
+                lambda: not (self._active.keys() - _forking), timeout=_FORK_WAIT
             )  # fmt: skip
 
     def _resume(self) -> None:
         with self._cond:
-            self._paused = False
+            self._paused = max(0, self._paused - 1)
             self._cond.notify_all()
 
     # -- internals (the caller holds self._cond where noted) -----------------------------
@@ -425,7 +451,8 @@ class PreloadCache:
         me = threading.get_ident()
         with self._cond:
             self._counts["loads"] += 1
-            self._cond.wait_for(lambda: not self._paused)
+            # A thread that is itself forking never waits here (its own fork paused us).
+            self._cond.wait_for(lambda: not self._paused or me in _forking)
             self._active[me] += 1
         try:
             item = self._load(key)

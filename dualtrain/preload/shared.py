@@ -308,6 +308,7 @@ class SharedStore:
             if fd is None:
                 name = os.path.join(self.path, f"{_STATS}{os.getpid()}")
                 try:
+                    self._retire_dead()  # workers of past epochs: one file, not one each
                     fd = _FDS[place] = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
                 except OSError:  # the owner removed the folder: nothing to report to
                     return
@@ -319,7 +320,11 @@ class SharedStore:
         total = dict.fromkeys(COUNTERS, 0)
         with contextlib.suppress(OSError):
             for name in os.listdir(self.path):
-                if not name.startswith(_STATS) or name == f"{_STATS}{os.getpid()}":
+                if (
+                    not name.startswith(_STATS)
+                    or name == f"{_STATS}{os.getpid()}"
+                    or ".tmp" in name
+                ):
                     continue
                 with contextlib.suppress(OSError), open(os.path.join(self.path, name), "rb") as f:
                     raw = f.read(_RECORD.size)
@@ -328,13 +333,44 @@ class SharedStore:
                         total[k] += v
         return total
 
-    def workers(self) -> bool:
-        """Whether another process has used the folder (its counters file exists)."""
-        mine = f"{_STATS}{os.getpid()}"
+    def _stats_pids(self) -> list[int]:
+        """The pids of the processes with a counters file (0: the retired ones' sum)."""
         try:
-            return any(n.startswith(_STATS) and n != mine for n in os.listdir(self.path))
+            names = os.listdir(self.path)
         except OSError:
-            return False
+            return []
+        tails = [n[len(_STATS) :] for n in names if n.startswith(_STATS)]
+        return [int(t) for t in tails if t.isdigit()]
+
+    def _retire_dead(self) -> None:
+        """Folds the counters of processes that are gone into one file (``stats-0``)."""
+        with self._locked():
+            retired = os.path.join(self.path, f"{_STATS}0")
+            total = [0] * len(COUNTERS)
+            with contextlib.suppress(OSError), open(retired, "rb") as f:
+                raw = f.read(_RECORD.size)
+                if len(raw) == _RECORD.size:
+                    total = list(_RECORD.unpack(raw))
+            dead = [p for p in self._stats_pids() if p not in (0, os.getpid()) and not _alive(p)]
+            if not dead:
+                return
+            for pid in dead:
+                name = os.path.join(self.path, f"{_STATS}{pid}")
+                with contextlib.suppress(OSError), open(name, "rb") as f:
+                    raw = f.read(_RECORD.size)
+                    if len(raw) == _RECORD.size:
+                        total = [a + b for a, b in zip(total, _RECORD.unpack(raw), strict=True)]
+            with open(retired + ".tmp", "wb") as f:
+                f.write(_RECORD.pack(*total))
+            os.replace(retired + ".tmp", retired)
+            for pid in dead:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.path, f"{_STATS}{pid}"))
+
+    def workers(self) -> bool:
+        """Whether another live process uses the folder (it has a counters file)."""
+        me = os.getpid()
+        return any(p not in (0, me) and _alive(p) for p in self._stats_pids())
 
     def has(self, key: Hashable) -> bool:
         """Whether `key` is stored (by any process)."""

@@ -147,3 +147,49 @@ def test_pickled_caches_join_and_deep_copies_do_not():
     assert joined._store is not None and joined._store.path == cache._store.path
     assert copy.deepcopy(cache)._store is None
     np.testing.assert_array_equal(joined.get(2)["x"], wd.Squares(4)[2]["x"])
+
+
+def test_close_during_a_batch_leaves_every_key_loadable():
+    # close() between get_many's bookkeeping and its submits left keys waiting for good.
+    import threading
+
+    source = [np.full(4, i) for i in range(50_000)]
+    preloader = Preloader(source, max_memory_size=1 << 27, threads=2)
+    batch = threading.Thread(target=lambda: preloader.__getitems__(list(range(50_000))))
+    batch.start()
+    preloader.close()
+    batch.join(60)
+    assert not batch.is_alive()
+    assert not preloader.cache._loading
+    np.testing.assert_array_equal(preloader[49_999], source[49_999])
+
+
+def test_loader_threads_whose_source_forks_do_not_wait_for_each_other():
+    import time
+
+    preloader = Preloader(wd.Forky(), max_memory_size=1 << 20, threads=2)
+    start = time.perf_counter()
+    items = preloader.__getitems__([0, 1, 2, 3])
+    assert [int(x[0]) for x in items] == [0, 1, 2, 3]
+    assert time.perf_counter() - start < 5  # each waited the fork timeout (10 s) for the other
+
+
+def test_an_item_asked_twice_in_a_batch_is_loaded_once_even_if_not_kept(tmp_path):
+    counter = str(tmp_path / "loads")
+    preloader = Preloader(wd.Sized([8000] * 8, counter), 4096, threads=2)
+    items = preloader.__getitems__([5, 5, 5])
+    assert wd.loads(counter) == 1 and all(x == items[0] for x in items)
+
+
+def test_workers_counters_stay_one_file_each_and_loading_ahead_resumes_after_them(tmp_path):
+    counter = str(tmp_path / "loads")
+    preloader = Preloader(wd.Squares(N, counter), max_memory_size=1 << 20, threads=2)
+    loader = DataLoader(preloader, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    for _ in range(4):  # new workers every epoch
+        list(loader)
+    folder = preloader.cache._store.path
+    assert len([n for n in os.listdir(folder) if n.startswith("stats-")]) <= 3
+    assert preloader.stats()["hits"] == 3 * N  # the retired workers' counts kept
+    assert not preloader.cache._store.workers()  # they are gone
+    for i in preloader.sampler(seed=2, shuffle=True):
+        preloader[i]

@@ -192,3 +192,18 @@ class Sized:
     def __getitem__(self, i: int) -> bytes:
         count(self.counter)
         return bytes([i % 256]) * self.sizes[int(i)]
+
+
+class Forky:
+    """Items whose load forks a child (a source shelling out, say), after a short sleep."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        __import__("time").sleep(0.05)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        return np.full(4, i)
