@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dualtrain.preload.sizes import map_leaves
+from dualtrain.preload.copies import map_leaves
 
 __all__ = ["pickle_reduce", "pin"]
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dualtrain.preload.budget import DEFAULT_FRACTION, available_memory, default_budget
 from dualtrain.preload.cache import PreloadCache
+from dualtrain.preload.copies import fresh
 from dualtrain.preload.decorators import accelerate_dataset, patch_dataset
 from dualtrain.preload.preloader import NebulDataset, PlannedSampler, Preloader
-from dualtrain.preload.sizes import fresh, nbytes
+from dualtrain.preload.sizes import nbytes
 
 __all__ = [
     "DEFAULT_FRACTION",

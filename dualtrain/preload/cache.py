@@ -40,7 +40,8 @@ import numpy as np
 from dualtrain.errors import bad_argument
 from dualtrain.preload import shared
 from dualtrain.preload.budget import LocalLedger, check_budget
-from dualtrain.preload.sizes import fresh, nbytes, own
+from dualtrain.preload.copies import fresh
+from dualtrain.preload.sizes import nbytes, own
 
 __all__ = ["PreloadCache"]
 

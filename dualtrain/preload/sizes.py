@@ -33,67 +33,29 @@ object on every hit: changing it in place changes the cache).
 from __future__ import annotations
 
 import contextlib
-import copy
 import sys
-from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["fresh", "map_leaves", "nbytes", "own"]
+from dualtrain.preload.kinds import (
+    IMMUTABLE as _IMMUTABLE,
+    is_image as _is_image,
+    is_jax as _is_jax,
+    is_plain as _is_plain,
+    is_tensor as _is_tensor,
+    rebuild as _rebuild,
+    safe_deepcopy as _deepcopy,
+)
+
+__all__ = ["nbytes", "own"]
 
 # Pillow stores 1 byte per pixel for these modes, 2 for the 16-bit ones, 4 for the rest
 # (RGB included: Pillow pads it to 4 bytes a pixel).
 _PIL_ONE = frozenset({"1", "L", "P"})
-_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), np.generic, range)
 # A view spanning less than this share of its buffer is copied before it is cached.
 _VIEW_SHARE = 0.5
-
-
-# Kind of each type met ("torch", "jax", "PIL" or ""), found once from its classes: a user's
-# subclass of torch.Tensor or of PIL.Image.Image is one too. The core imports neither.
-_KINDS: dict[type, str] = {}
-_KIND_CLASSES = {
-    ("torch", "Tensor"): "torch",
-    ("torch._tensor", "Tensor"): "torch",
-    ("jax", "Array"): "jax",
-    ("PIL.Image", "Image"): "PIL",
-}
-
-
-def _kind(cls: type) -> str:
-    kind = _KINDS.get(cls)
-    if kind is None:
-        kind = ""
-        for klass in cls.__mro__:
-            module = klass.__module__
-            if (module, klass.__name__) in _KIND_CLASSES:
-                kind = _KIND_CLASSES[module, klass.__name__]
-                break
-            if module.partition(".")[0] in ("jax", "jaxlib") and klass.__name__ == "ArrayImpl":
-                kind = "jax"
-                break
-        _KINDS[cls] = kind
-    return kind
-
-
-def _is_tensor(obj: object) -> bool:
-    return _kind(type(obj)) == "torch" and hasattr(obj, "untyped_storage")
-
-
-def _is_jax(obj: object) -> bool:
-    return _kind(type(obj)) == "jax" and hasattr(obj, "nbytes")
-
-
-def _is_image(obj: object) -> bool:
-    return _kind(type(obj)) == "PIL" and hasattr(obj, "getbands") and hasattr(obj, "size")
-
-
-def _is_plain(obj: object, module: str, name: str) -> bool:
-    """Whether `obj`'s type is exactly the class `module.name` (not a subclass)."""
-    cls = type(obj)
-    return cls.__name__ == name and cls.__module__ == module
 
 
 def _array_root(a: np.ndarray) -> Any:
@@ -315,128 +277,3 @@ def _slots(cls: type) -> list[str]:
         slots = klass.__dict__.get("__slots__", ())
         names.extend([slots] if isinstance(slots, str) else slots)
     return [n for n in names if n not in ("__dict__", "__weakref__")]
-
-
-def fresh(item: Any) -> Any:
-    """A copy of a cached item that shares no mutable memory with it, its types kept.
-
-    NumPy arrays (an object array's objects too) and records (``np.void``), torch tensors
-    (subclasses such as ``Parameter`` too), JAX arrays (a jitted step may donate, that is
-    delete, the one it is given) and Pillow images (``PngImageFile`` too) are copied;
-    lists, tuples (namedtuples too), dicts (subclasses too) and sets are rebuilt around
-    fresh elements; str, bytes and numbers come back as they are. Other objects are
-    ``copy.deepcopy``-ed; one that refuses (raises) comes back as it is, the same object on
-    every hit.
-    """
-    return _fresh(item, {})
-
-
-def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
-    if isinstance(obj, _IMMUTABLE) and not isinstance(obj, np.void):
-        return obj
-    key = id(obj)
-    if key in memo:
-        return memo[key]
-    if isinstance(obj, np.ndarray):
-        out: Any = obj.copy()
-        if obj.dtype == object:  # the copy holds the same objects: fresh ones instead
-            memo[key] = out
-            for index, x in np.ndenumerate(obj):
-                out[index] = _fresh(x, memo)
-    elif _is_tensor(obj):
-        out = _copy_tensor(obj)
-    elif _is_jax(obj):
-        # Immutable, but `jax.jit(..., donate_argnums=...)` deletes a donated buffer: the
-        # cache must keep its own. `copy()` is a new buffer of the same sharding.
-        out = obj.copy()
-    elif isinstance(obj, np.void):  # a record views its array: changing it changes the cache
-        out = obj.copy()
-    elif _is_image(obj):
-        # `Image.copy` makes a plain Image (a PngImageFile would lose its type and `format`).
-        out = None if _is_plain(obj, "PIL.Image", "Image") else _deepcopy(obj, memo, None)
-        if type(out) is not type(obj):
-            out = obj.copy()
-    elif isinstance(obj, bytearray):
-        out = bytearray(obj)
-    elif isinstance(obj, (list, dict)):
-        # The copy is known before its elements are made, so an element that refers back
-        # to it (a cycle) gets the copy, not the cached original.
-        out = copy.copy(obj)  # keeps the subclass (OrderedDict, defaultdict) and its extras
-        memo[key] = out
-        if isinstance(obj, list):
-            out[:] = [_fresh(x, memo) for x in obj]
-        else:
-            for k, v in obj.items():
-                out[k] = _fresh(v, memo)
-    elif isinstance(obj, (tuple, set, frozenset)):
-        out = _rebuild(obj, lambda x: _fresh(x, memo), only_if_changed=False)
-    else:
-        out = _deepcopy(obj, memo, obj)
-    memo[key] = out
-    return out
-
-
-def _deepcopy(obj: Any, memo: dict[int, Any], default: Any) -> Any:
-    """``copy.deepcopy(obj)`` sharing copies with `memo` both ways; `default` if it raises.
-
-    The deep copy writes to a memo of its own over `memo`, merged only if it succeeds (a
-    failed one may leave half-built copies). Its entries name objects by id, temporaries
-    too: the list of objects it keeps alive moves to ``memo[id(memo)]`` (deepcopy's own
-    convention), so no id in `memo` is reused while `memo` lives.
-    """
-    chain: ChainMap[int, Any] = ChainMap({}, memo)
-    try:
-        out = copy.deepcopy(obj, chain)  # type: ignore[arg-type]
-    except Exception:  # not copyable (an open file, a lock, a non-leaf tensor)
-        return default
-    made = chain.maps[0]
-    kept = made.pop(id(chain), [])
-    memo.update(made)
-    memo.setdefault(id(memo), []).extend(kept)
-    return out
-
-
-def _rebuild(obj: Any, each: Callable[[Any], Any], *, only_if_changed: bool) -> Any:
-    """`obj` (a list, tuple, dict or set, subclasses included) with `each` of its elements."""
-    if isinstance(obj, dict):
-        values = {k: each(v) for k, v in obj.items()}
-        if only_if_changed and all(values[k] is obj[k] for k in obj):
-            return obj
-        out = copy.copy(obj)  # keeps the subclass (OrderedDict, defaultdict) and its extras
-        for k, v in values.items():
-            out[k] = v
-        return out
-    items = [each(x) for x in obj]
-    if only_if_changed and all(a is b for a, b in zip(items, obj, strict=True)):
-        return obj
-    if isinstance(obj, tuple):
-        return obj._make(items) if hasattr(obj, "_make") else type(obj)(items)
-    if isinstance(obj, list):
-        out_list = copy.copy(obj)
-        out_list[:] = items
-        return out_list
-    return type(obj)(items)
-
-
-def map_leaves(item: Any, fn: Callable[[Any], Any]) -> Any:
-    """`item` with `fn` applied to everything that is not a list, tuple, dict or set.
-
-    Containers are rebuilt (their types kept) only where an element changed. Each object
-    is visited once: a leaf met twice gets one ``fn`` call (its result used at both
-    places), and a container met again inside itself (a cycle) is left there as it is.
-    """
-    memo: dict[int, Any] = {}
-
-    def each(obj: Any) -> Any:
-        key = id(obj)
-        if key in memo:
-            return memo[key]
-        if isinstance(obj, (list, tuple, dict, set, frozenset)):
-            memo[key] = obj  # until it is done: a cycle back to it stops here
-            out = _rebuild(obj, each, only_if_changed=True)
-        else:
-            out = fn(obj)
-        memo[key] = out
-        return out
-
-    return each(item)

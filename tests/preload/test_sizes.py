@@ -23,7 +23,8 @@ from hypothesis.extra import numpy as hnp
 from PIL import Image
 
 from dualtrain import Preloader
-from dualtrain.preload.sizes import fresh, map_leaves, nbytes, own
+from dualtrain.preload.copies import fresh, map_leaves
+from dualtrain.preload.sizes import nbytes, own
 
 size = sys.getsizeof
 
