@@ -50,8 +50,9 @@ _TOTALS_LOCK = threading.Lock()
 class _Pickler(pickle.Pickler):
     """Pickle, with each framework's arrays reduced the fast way its adapter knows.
 
-    torch pickles a tensor through its own storage serialization, 25 times slower than a
-    NumPy array of the same bytes; the torch adapter's `pickle_reduce` sends it as one.
+    torch pickles a tensor through its own storage serialization (a 48 KiB tensor: 355 us a
+    round trip, measured; 100 us as NumPy bytes); the torch adapter's `pickle_reduce` sends
+    it as a NumPy array.
     """
 
     def reducer_override(self, obj: Any) -> Any:
