@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import os
 import pickle
 import shutil
 import struct
-import sys
 import tempfile
 import threading
 from collections.abc import Hashable, Iterator
 from typing import Any
 
-from dualtrain import backends
+from dualtrain.preload.pickling import dumps
 
 __all__ = ["COUNTERS", "SharedStore"]
 
@@ -45,37 +43,6 @@ _RECORD = struct.Struct(f"<{len(COUNTERS)}q")
 _TOTALS: dict[tuple[int, str], list[int]] = {}
 _FDS: dict[tuple[int, str], int] = {}
 _TOTALS_LOCK = threading.Lock()
-
-
-class _Pickler(pickle.Pickler):
-    """Pickle, with each framework's arrays reduced the fast way its adapter knows.
-
-    torch pickles a tensor through its own storage serialization (a 48 KiB tensor: 355 us a
-    round trip, measured; 100 us as NumPy bytes); the torch adapter's `pickle_reduce` sends
-    it as a NumPy array.
-    """
-
-    def reducer_override(self, obj: Any) -> Any:
-        name = _FRAMEWORKS.get(type(obj).__module__.partition(".")[0])
-        if name is not None and name in sys.modules:  # its arrays exist: it is imported
-            reduce = _reducers.get(name)
-            if reduce is None:
-                reduce = _reducers[name] = backends.load_part(name, "preload").pickle_reduce
-            reduced = reduce(obj)
-            if reduced is not None:
-                return reduced
-        return NotImplemented
-
-
-_FRAMEWORKS = {"torch": "torch", "jax": "jax", "jaxlib": "jax"}
-_reducers: dict[str, Any] = {}
-
-
-def dumps(item: Any) -> bytes:
-    """`item` pickled (protocol 5), framework arrays the fast way (`_Pickler`)."""
-    out = io.BytesIO()
-    _Pickler(out, protocol=5).dump(item)
-    return out.getvalue()
 
 
 _thread_locks: dict[str, threading.Lock] = {}  # per folder, in this process

@@ -9,7 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from dualtrain.preload.shared import SharedStore, dumps
+from dualtrain.preload.pickling import dumps
+from dualtrain.preload.shared import SharedStore
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
           torch.float32, torch.float64, torch.complex64, torch.bfloat16]  # fmt: skip
