@@ -75,10 +75,15 @@ class JaxModule:
             **kwargs: passed to ``run`` (e.g. a Reshape's shape).
         """
         fold = None if rng is None else (lambda i: jax.random.fold_in(rng, i))
-        bound = binding.FunctionalBinding(self.craft, LAYERS, params, state, train=train, rng=fold)
+        table = self._layer_table()
+        bound = binding.FunctionalBinding(self.craft, table, params, state, train=train, rng=fold)
         with binding.active(bound):
             out = self.craft.run(*inputs, **kwargs)
         return out, bound.new_state
+
+    def _layer_table(self) -> dict[type, Any]:
+        # The hook a subclass uses to run some layers differently (top-k backprop).
+        return LAYERS
 
     def __call__(self, *inputs: Any, rng: jax.Array | None = None) -> Any:
         out, new_state = self.apply(self.params, self.state, *inputs, train=self.train, rng=rng)

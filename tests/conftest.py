@@ -9,6 +9,15 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The compile ladder's decision cache: never the user's ~/.cache from the tests (each test
+# that reads it back names its own folder).
+if "DUALTRAIN_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["DUALTRAIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="dualtrain-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["DUALTRAIN_CACHE_DIR"], True)
 
 import importlib.util
 

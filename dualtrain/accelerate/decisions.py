@@ -1,0 +1,100 @@
+"""The decision cache: a ladder's verdict on disk, so a second run skips the trials.
+
+One small JSON file per key, where the key hashes everything the verdict depends on: the
+model's structure (class, parameter and buffer names, shapes, dtypes), the mode, the input
+signature, the device, the rungs asked for, the options, and the versions of Python, the
+framework and dualtrain. Files are written to a temporary name and renamed
+(`dualtrain.atomic`); a file that does not parse is ignored and replaced. The folder is
+``$DUALTRAIN_CACHE_DIR/accelerate``, else ``$XDG_CACHE_HOME/dualtrain/accelerate``, else
+``~/.cache/dualtrain/accelerate``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from dualtrain.accelerate.report import Decision
+from dualtrain.atomic import atomic_target
+from dualtrain.version import __version__
+
+__all__ = ["DecisionCache", "default_folder", "fingerprint"]
+
+_FORMAT = 1  # bump when the file's fields change meaning
+
+
+def default_folder() -> Path:
+    """Where decisions are kept when ``cache=True``."""
+    root = os.environ.get("DUALTRAIN_CACHE_DIR")
+    if root:
+        return Path(root) / "accelerate"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "dualtrain" / "accelerate"
+
+
+def fingerprint(parts: dict[str, Any]) -> str:
+    """A hex key for `parts` (JSON-able), with Python's and dualtrain's versions mixed in."""
+    full = {
+        "format": _FORMAT,
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "dualtrain": __version__,
+        **parts,
+    }
+    text = json.dumps(full, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class DecisionCache:
+    """Decisions by key in `folder` (None: a cache that keeps nothing)."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+
+    def _path(self, key: str) -> Path:
+        assert self.folder is not None
+        return self.folder / f"{key}.json"
+
+    def get(self, key: str) -> Decision | None:
+        """The decision stored under `key`, or None (absent, unreadable or of another format)."""
+        if self.folder is None:
+            return None
+        try:
+            data = json.loads(self._path(key).read_text())
+            if data.get("format") != _FORMAT or data.get("key") != key:
+                return None
+            decision = Decision.from_dict(data["decision"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            # AttributeError: JSON that is no object ("[]", "null") has no .get
+            return None
+        decision.from_cache = True
+        return decision
+
+    def put(self, key: str, decision: Decision) -> None:
+        """Stores `decision` under `key`; a folder that cannot be written is skipped."""
+        if self.folder is None:
+            return
+        data = {"format": _FORMAT, "key": key, "decision": decision.to_dict()}
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with atomic_target(self._path(key)) as tmp:
+                Path(tmp).write_text(json.dumps(data, indent=1, sort_keys=True))
+        except OSError:
+            # A read-only home or a full disk costs the next run its trials, nothing more.
+            return
+
+    def clear(self) -> int:
+        """Removes every stored decision; returns how many."""
+        if self.folder is None or not self.folder.is_dir():
+            return 0
+        count = 0
+        for path in self.folder.glob("*.json"):
+            path.unlink(missing_ok=True)
+            count += 1
+        return count

@@ -1,0 +1,102 @@
+"""The knobs of a ladder, validated once, shared by both adapters."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dualtrain.errors import bad_argument
+
+__all__ = ["LadderOptions"]
+
+
+def _positive(name: str, value: Any, *, integer: bool = False) -> None:
+    kind = int if integer else (int, float)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kind)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise bad_argument(name, value, "a positive " + ("int" if integer else "number"))
+
+
+@dataclass(frozen=True)
+class LadderOptions:
+    """How candidates are verified, timed and chosen.
+
+    Attributes:
+        rtol, atol: a candidate's outputs, parameter gradients and updated buffers must be
+            within ``atol + rtol * max|eager|`` of eager's, element by element, the max
+            taken over the arrays of the same kind: outputs, gradients or buffers
+            (`dualtrain.accelerate.compare`); None picks by dtype
+            (float32: rtol 1e-3, atol 1e-6; float64: 1e-9, 1e-12; bfloat16: 2e-2, 1e-3;
+            float16: 1e-2, 1e-4; complex64 and complex128 as float32 and float64).
+        compile_budget: seconds a candidate may take to compile and run its first batch;
+            slower ones are rejected (the time is measured, not interrupted).
+        warm_steps: timed steps per candidate after its first (the median is kept).
+        min_speedup: a candidate replaces eager only if eager's median step time over its
+            own is at least this (1.03: 3% above timing noise on a shared machine).
+        max_signatures: input signatures decided per mode; beyond, calls run eager.
+        cache: True (the default folder), False (no decision cache), or a folder.
+    """
+
+    rtol: float | None = None
+    atol: float | None = None
+    compile_budget: float = 120.0
+    warm_steps: int = 5
+    min_speedup: float = 1.03
+    max_signatures: int = 8
+    cache: bool | str | os.PathLike[str] = True
+
+    def __post_init__(self) -> None:
+        for name in ("rtol", "atol"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise bad_argument(name, value, "None or a finite number >= 0")
+        _positive("compile_budget", self.compile_budget)
+        _positive("warm_steps", self.warm_steps, integer=True)
+        _positive("min_speedup", self.min_speedup)
+        _positive("max_signatures", self.max_signatures, integer=True)
+        if not isinstance(self.cache, (bool, str, os.PathLike)) or self.cache == "":
+            # "" would be the working directory: a cache spread over the user's project.
+            raise bad_argument("cache", self.cache, "True, False or a non-empty folder path")
+
+    def folder(self) -> Path | None:
+        """The decision cache's folder, or None when caching is off."""
+        from dualtrain.accelerate.decisions import default_folder
+
+        if self.cache is False:
+            return None
+        if self.cache is True:
+            return default_folder()
+        return Path(self.cache)
+
+    def tolerance(self, dtype_name: str) -> tuple[float, float]:
+        """(rtol, atol) for arrays of `dtype_name` ("float32", ...)."""
+        rtol, atol = _TOLERANCES.get(dtype_name, (1e-3, 1e-6))
+        return (
+            rtol if self.rtol is None else float(self.rtol),
+            atol if self.atol is None else float(self.atol),
+        )
+
+
+# Compiled kernels reorder floating sums (fusions, vectorized reductions), so equality is
+# within a few ulps scaled by the depth of the computation, not bit for bit.
+_TOLERANCES = {
+    "float64": (1e-9, 1e-12),
+    "float32": (1e-3, 1e-6),
+    "bfloat16": (2e-2, 1e-3),
+    "float16": (1e-2, 1e-4),
+    # a complex number is two floats of half its width
+    "complex128": (1e-9, 1e-12),
+    "complex64": (1e-3, 1e-6),
+}

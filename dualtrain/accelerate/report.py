@@ -1,0 +1,134 @@
+"""What a ladder tried, chose and rejected, and why: `explain()`'s answer.
+
+Plain dataclasses that round-trip through JSON, so a decision read back from the decision
+cache explains itself as well as a fresh one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Attempt", "Decision", "Explanation"]
+
+# Attempt.status values
+CHOSEN, VERIFIED, REJECTED, UNAVAILABLE, FAILED = (
+    "chosen",
+    "verified",
+    "rejected",
+    "unavailable",
+    "failed",
+)
+
+
+@dataclass
+class Attempt:
+    """One rung tried on one (mode, signature).
+
+    Attributes:
+        rung: the rung's name ("TORCH_COMPILE", "JIT", ...).
+        status: "chosen", "verified" (correct, not fastest), "rejected" (wrong, too slow to
+            compile, or not faster), "unavailable" (cannot run here) or "failed" (raised).
+        reason: why, in words.
+        compile_s: seconds to build and run the first batch (compiling included).
+        step_ms: median step time over the warm steps, milliseconds.
+        speedup: eager's median step time over this rung's.
+        max_error: the largest absolute difference from eager over outputs and gradients.
+    """
+
+    rung: str
+    status: str
+    reason: str = ""
+    compile_s: float | None = None
+    step_ms: float | None = None
+    speedup: float | None = None
+    max_error: float | None = None
+
+
+@dataclass
+class Decision:
+    """The ladder's answer for one mode ("train"/"eval") and one input signature."""
+
+    mode: str
+    signature: str
+    chosen: str
+    attempts: list[Attempt] = field(default_factory=list)
+    from_cache: bool = False
+    decide_s: float = 0.0  # seconds spent deciding (trials, or reading the cache)
+    events: list[str] = field(default_factory=list)  # fallbacks and re-verifications
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("from_cache")
+        data.pop("events")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Decision:
+        attempts = [Attempt(**a) for a in data["attempts"]]
+        return cls(
+            mode=str(data["mode"]),
+            signature=str(data["signature"]),
+            chosen=str(data["chosen"]),
+            attempts=attempts,
+            decide_s=float(data.get("decide_s", 0.0)),
+        )
+
+
+@dataclass
+class Explanation:
+    """Everything one accelerated model decided; ``str()`` prints it as a table.
+
+    Attributes:
+        backends: the rungs in the order tried.
+        decisions: one per (mode, signature) met so far, in the order met.
+        approximations: what `patch_backprop` made approximate (one line per layer).
+    """
+
+    backends: tuple[str, ...]
+    decisions: list[Decision]
+    approximations: list[str] = field(default_factory=list)
+
+    def chosen(self, mode: str) -> str | None:
+        """The rung chosen for the first signature met in `mode`, or None if none yet."""
+        for d in self.decisions:
+            if d.mode == mode:
+                return d.chosen
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backends": list(self.backends),
+            "decisions": [
+                {**d.to_dict(), "from_cache": d.from_cache, "events": list(d.events)}
+                for d in self.decisions
+            ],
+            "approximations": list(self.approximations),
+        }
+
+    def __str__(self) -> str:
+        lines = [f"ladder: {' -> '.join(self.backends)}"]
+        if not self.decisions:
+            lines.append("  nothing decided yet: the first call in each mode decides")
+        for d in self.decisions:
+            source = "from the decision cache" if d.from_cache else f"decided in {d.decide_s:.1f} s"
+            lines.append(f"{d.mode} {d.signature}: {d.chosen} ({source})")
+            for a in d.attempts:
+                cols = [f"  {a.rung:<14}{a.status:<12}"]
+                if a.compile_s is not None:
+                    cols.append(f"compile {a.compile_s:6.2f} s")
+                if a.step_ms is not None:
+                    cols.append(f"step {a.step_ms:8.3f} ms")
+                if a.speedup is not None:
+                    cols.append(f"{a.speedup:5.2f}x eager")
+                if a.max_error is not None:
+                    cols.append(f"max |err| {a.max_error:.2g}")
+                line = "  ".join(cols)
+                lines.append(line + (f"  ({a.reason})" if a.reason else ""))
+            lines.extend(f"  ! {e}" for e in d.events)
+        if self.approximations:
+            lines.append("approximate (patch_backprop):")
+            lines.extend(f"  {a}" for a in self.approximations)
+        else:
+            lines.append("exact: no approximation")
+        return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""The rungs of each framework's ladder, and reading a user's ``backends=`` argument.
+
+A rung is one way to run the same computation (eager, a compiler, a layout). The ladder
+tries the rungs a user names, in order, verifies each against the eager rung and keeps the
+fastest verified one (`dualtrain.accelerate.ladder`). The eager rung is always the last
+resort: it is appended when a user leaves it out, so there is always something to run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dualtrain.errors import bad_argument
+
+__all__ = ["DEFAULTS", "EAGER", "RUNGS", "parse_backends"]
+
+# rung -> what it is, per framework (the order is the documentation's order).
+RUNGS: dict[str, dict[str, str]] = {
+    "torch": {
+        "TORCH_COMPILE": "torch.compile (inductor) of the forward; backward through AOTAutograd",
+        "COMPILED_STEP": "forward, loss, backward and a foreach optimizer step compiled as one "
+        "(TrainingLearner.step)",
+        "CHANNELS_LAST": "4-D inputs in NHWC memory format, for models with 2-D convolutions",
+        "CUDA_GRAPHS": "torch.compile mode 'reduce-overhead' (CUDA graphs; CUDA only)",
+        "ONNXRUNTIME": "ONNX Runtime: inference sessions in eval mode, ORTModule in training "
+        "(the onnxruntime-training package)",
+        "RAMMER": "Rammer (nnfusion): accepted for nebulgym scripts, never available",
+        "TORCHSCRIPT": "torch.jit.trace: accepted for nebulgym scripts, never tried (it froze "
+        "train/eval mode and data-dependent branches)",
+        "PYTORCH": "eager PyTorch, the reference",
+    },
+    "jax": {
+        "JIT_DONATE": "jax.jit with the arguments the function returns anew donated",
+        "JIT": "jax.jit",
+        "EAGER": "op-by-op JAX (jax.disable_jit), the reference",
+    },
+}
+
+EAGER = {"torch": "PYTORCH", "jax": "EAGER"}
+
+# What `backends=None` tries. COMPILED_STEP needs a loss and an optimizer (TrainingLearner
+# adds it); ONNXRUNTIME applies to evaluation under no_grad, with the `onnx` extra.
+DEFAULTS = {
+    "torch": ("CHANNELS_LAST", "TORCH_COMPILE", "ONNXRUNTIME", "CUDA_GRAPHS", "PYTORCH"),
+    "jax": ("JIT_DONATE", "JIT", "EAGER"),
+}
+
+
+def _name(item: Any, known: dict[str, str]) -> str | None:
+    # nebulgym's NebulgymBackend enum members and plain strings both name a rung; an enum
+    # member names one by its value or, when the value is no rung name, by its name.
+    for value in (item, getattr(item, "value", None), getattr(item, "name", None)):
+        if isinstance(value, str) and value.strip().upper() in known:
+            return value.strip().upper()
+    return None
+
+
+def parse_backends(backends: Iterable[Any] | str | None, framework: str) -> tuple[str, ...]:
+    """The rungs named by `backends`, in order, without repeats, ending with the eager rung.
+
+    Args:
+        backends: rung names (strings, case-insensitive, or enum members whose name or value
+            is one), a single name, or None for `DEFAULTS`.
+        framework: "torch" or "jax".
+
+    Raises:
+        ArgumentError: an unknown name (the message lists the known ones), or an empty list.
+    """
+    known = RUNGS[framework]
+    if backends is None:
+        return DEFAULTS[framework]
+    items = [backends] if isinstance(backends, str) else backends
+    try:
+        items = list(items)
+    except TypeError:
+        raise bad_argument(
+            "backends", backends, f"None, a rung name or a sequence of them ({', '.join(known)})"
+        ) from None
+    names: list[str] = []
+    for item in items:
+        name = _name(item, known)
+        if name not in known:
+            raise bad_argument("backends", backends, f"names among {', '.join(known)}")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise bad_argument("backends", backends, "at least one rung name (or None)")
+    eager = EAGER[framework]
+    if names[-1] != eager:
+        # Anything after the eager rung would never win a tie; eager closes the ladder.
+        names = [n for n in names if n != eager] + [eager]
+    return tuple(names)
