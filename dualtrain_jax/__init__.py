@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from dualtrain_jax.backend import JaxBackend
     from dualtrain_jax.batching import BatchModule, batch_loss, batch_topk
     from dualtrain_jax.batching_optim import member_optimizer
+    from dualtrain_jax.compilation import accelerate, accelerate_model
+    from dualtrain_jax.compilation_learner import TrainingLearner
     from dualtrain_jax.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_jax.embeddings import JaxRows, attach
     from dualtrain_jax.transfer import Transfer
@@ -25,6 +27,9 @@ _HOMES = {
     "batch_topk": "dualtrain_jax.batching",
     "member_optimizer": "dualtrain_jax.batching_optim",
     "JaxBackend": "dualtrain_jax.backend",
+    "TrainingLearner": "dualtrain_jax.compilation_learner",
+    "accelerate": "dualtrain_jax.compilation",
+    "accelerate_model": "dualtrain_jax.compilation",
     "Nozzle": "dualtrain_jax.craft",
     "Prober": "dualtrain_jax.craft",
     "Rudder": "dualtrain_jax.craft",
@@ -43,7 +48,10 @@ __all__ = [
     "Nozzle",
     "Prober",
     "Rudder",
+    "TrainingLearner",
     "Transfer",
+    "accelerate",
+    "accelerate_model",
     "attach",
     "batch_loss",
     "batch_topk",

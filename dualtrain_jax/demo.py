@@ -11,6 +11,7 @@ import optax
 from dualtrain import Craft, EmbeddingStore, convert
 from dualtrain_jax.batching import BatchModule, batch_loss
 from dualtrain_jax.batching_optim import member_optimizer
+from dualtrain_jax.compilation import accelerate_model
 from dualtrain_jax.craft import realize
 from dualtrain_jax.embeddings import attach
 
@@ -78,12 +79,17 @@ def train_sweep(
     return losses
 
 
-def train_from_tank(craft: Craft, tank: Any, *, lr: float, steps: int, seed: int) -> list[float]:
-    """`steps` SGD steps on Tank batches (``to="jax"``): images scaled to [0, 1]."""
+def train_from_tank(
+    craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
+) -> tuple[list[float], str]:
+    """`steps` SGD steps on Tank batches (``to="jax"``): images scaled to [0, 1].
+
+    The step goes through the compile ladder (JIT_DONATE, JIT, op-by-op EAGER).
+    """
     module = realize(craft, seed=seed)
     optimizer = optax.sgd(lr)
 
-    @jax.jit
+    @accelerate_model(warm_steps=2)
     def step(params: Any, state: Any, opt_state: Any, images: Any, labels: Any) -> Any:
         def loss_fn(params: Any) -> tuple[jax.Array, Any]:
             x = images.reshape(images.shape[0], -1).astype("float32") / 255
@@ -103,7 +109,7 @@ def train_from_tank(craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
             params, state, opt_state, batch["image"], batch["label"]
         )
         losses.append(float(loss))
-    return losses
+    return losses, step.explain().summary()
 
 
 def train_embeddings(

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from dualtrain_torch.backend import TorchBackend
     from dualtrain_torch.batching import BatchModule, batch_loss, batch_topk
     from dualtrain_torch.batching_optim import member_optimizer
+    from dualtrain_torch.compilation import accelerate, accelerate_model, patch_torch_module
+    from dualtrain_torch.compilation_learner import TrainingLearner
     from dualtrain_torch.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_torch.embeddings import TorchRows, attach
     from dualtrain_torch.transfer import Transfer
@@ -25,6 +27,10 @@ _HOMES = {
     "batch_topk": "dualtrain_torch.batching",
     "member_optimizer": "dualtrain_torch.batching_optim",
     "TorchBackend": "dualtrain_torch.backend",
+    "TrainingLearner": "dualtrain_torch.compilation_learner",
+    "accelerate": "dualtrain_torch.compilation",
+    "accelerate_model": "dualtrain_torch.compilation",
+    "patch_torch_module": "dualtrain_torch.compilation",
     "Nozzle": "dualtrain_torch.craft",
     "Prober": "dualtrain_torch.craft",
     "Rudder": "dualtrain_torch.craft",
@@ -43,12 +49,16 @@ __all__ = [
     "Rudder",
     "TorchBackend",
     "TorchRows",
+    "TrainingLearner",
     "Transfer",
+    "accelerate",
+    "accelerate_model",
     "attach",
     "batch_loss",
     "batch_topk",
     "coat",
     "member_optimizer",
+    "patch_torch_module",
     "realize",
     "shell",
 ]  # the keys of _HOMES

@@ -10,10 +10,13 @@ import torch
 from dualtrain import Craft, EmbeddingStore, convert
 from dualtrain_torch.batching import BatchModule, batch_loss
 from dualtrain_torch.batching_optim import member_optimizer
+from dualtrain_torch.compilation import accelerate, explain
 from dualtrain_torch.craft import Rudder, realize
 from dualtrain_torch.embeddings import attach
 
 __all__ = ["train", "train_embeddings", "train_from_tank", "train_sweep"]
+
+LADDER = ("CHANNELS_LAST", "ONNXRUNTIME", "PYTORCH")  # the demo's rungs (compile-free)
 
 
 def train(
@@ -58,9 +61,15 @@ def train_sweep(
     return losses
 
 
-def train_from_tank(craft: Craft, tank: Any, *, lr: float, steps: int, seed: int) -> list[float]:
-    """`steps` SGD steps on Tank batches (``to="torch"``): images scaled to [0, 1]."""
-    module = realize(craft, seed=seed)
+def train_from_tank(
+    craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
+) -> tuple[list[float], str]:
+    """`steps` SGD steps on Tank batches (``to="torch"``): images scaled to [0, 1].
+
+    The module's forward goes through the compile ladder; torch.compile is left out, as
+    its 10-20 s of compiling on a CPU outlast these few steps.
+    """
+    module = accelerate(realize(craft, seed=seed), LADDER, warm_steps=2)
     optimizer = torch.optim.SGD(module.parameters(), lr=lr)
     losses = []
     with Rudder(module):
@@ -72,7 +81,7 @@ def train_from_tank(craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
-    return losses
+    return losses, explain(module).summary()
 
 
 def train_embeddings(

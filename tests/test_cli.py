@@ -69,6 +69,11 @@ def test_demo_shares_memory_trains_one_craft_in_both_and_crosses_its_checkpoint(
     for stats in result["preload_stats"].values():
         assert stats["loads"] == 256 and stats["peak_resident_bytes"] <= stats["max_memory_size"]
     assert "PNG decodes for 1920 samples" in " ".join(text.split())
+    # The compile ladder decided both: torch's forward and JAX's step, verified.
+    ladders = result["ladders"]
+    assert ladders["torch"].startswith("train: ") and ladders["jax"].startswith("call: ")
+    assert "JIT" in ladders["jax"] or "EAGER" in ladders["jax"]
+    assert "Compile ladder" in text
 
 
 def test_python_dash_m_runs_the_cli():

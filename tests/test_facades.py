@@ -18,9 +18,15 @@ pytest.importorskip("torch")
 pytest.importorskip("jax")
 
 # Names that carry the framework in them: each adapter has its own.
-OWN = {"torch": {"TorchBackend", "TorchRows"}, "jax": {"JaxBackend", "JaxRows"}}
+OWN = {
+    "torch": {"TorchBackend", "TorchRows", "patch_torch_module"},  # nebulgym's torch-only name
+    "jax": {"JaxBackend", "JaxRows"},
+}
 SHARED = [
     "BatchModule",
+    "TrainingLearner",
+    "accelerate",
+    "accelerate_model",
     "Nozzle",
     "Prober",
     "Rudder",
@@ -53,7 +59,11 @@ def test_both_export_the_same_names():
             package.nothing  # noqa: B018
 
 
-@pytest.mark.parametrize("name", [n for n in SHARED if n not in ("attach", "member_optimizer")])
+# Checked by their own tests below: the frameworks' forms differ by design.
+APART = ("attach", "member_optimizer", "accelerate", "accelerate_model", "TrainingLearner")
+
+
+@pytest.mark.parametrize("name", [n for n in SHARED if n not in APART])
 def test_shared_names_have_the_same_signature(name):
     assert shape(getattr(dualtrain_torch, name)) == shape(getattr(dualtrain_jax, name))
 
@@ -155,3 +165,17 @@ def test_the_facades_load_lazily():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_accelerate_forms_line_up_but_for_what_each_framework_accelerates():
+    """torch accelerates a module in place; JAX a function or a realized module (its
+    first argument's name says so), with JAX's default ladder spelled out and JAX's
+    ``donate_argnums``. The rest, ``**options`` included, is the same."""
+    t, j = shape(dualtrain_torch.accelerate), shape(dualtrain_jax.accelerate)
+    assert t[0][0] == "module" and j[0][0] == "fn_or_module"
+    assert [p[:2] for p in t[1:3]] == [p[:2] for p in j[1:3]]
+    assert t[1][2] is None and j[1][2] == ("JIT_DONATE", "JIT", "EAGER")
+    assert t[2] == j[2] == ("patch_backprop", inspect.Parameter.POSITIONAL_OR_KEYWORD, False)
+    assert t[-1][1] == j[-1][1] == inspect.Parameter.VAR_KEYWORD
+    tl, jl = shape(dualtrain_torch.TrainingLearner), shape(dualtrain_jax.TrainingLearner)
+    assert [p[0] for p in tl] == [p[0] for p in jl]

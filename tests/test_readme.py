@@ -23,7 +23,8 @@ def test_readme_quickstarts_run(index):
 
 
 @pytest.mark.parametrize(
-    "guide", ["craft.md", "checkpoints.md", "fuel.md", "embeddings.md", "preload.md"]
+    "guide",
+    ["craft.md", "checkpoints.md", "fuel.md", "embeddings.md", "preload.md", "acceleration.md"],
 )
 def test_guides_run_as_written(guide):
     """Each guide's Python blocks run in order, in one namespace, as a reader would."""

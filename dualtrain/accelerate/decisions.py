@@ -11,11 +11,13 @@ framework and dualtrain. Files are written to a temporary name and renamed
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import platform
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from dualtrain.accelerate.report import Decision
 from dualtrain.atomic import atomic_target
 from dualtrain.version import __version__
 
-__all__ = ["DecisionCache", "default_folder", "fingerprint"]
+__all__ = ["DecisionCache", "code_digest", "default_folder", "fingerprint"]
 
 _FORMAT = 1  # bump when the file's fields change meaning
 
@@ -98,3 +100,66 @@ class DecisionCache:
             path.unlink(missing_ok=True)
             count += 1
         return count
+
+
+def _feed(h: Any, obj: Any, depth: int, seen: set[int]) -> None:
+    # A stable digest of code and configuration: functions by bytecode and closure, values
+    # by repr, containers by contents, anything else by its type (never by address).
+    if depth < 0 or id(obj) in seen:
+        h.update(b"~")
+        return
+    if isinstance(obj, (str, bytes, int, float, complex, bool, type(None))):
+        h.update(repr(obj).encode())
+        return
+    seen.add(id(obj))
+    if isinstance(obj, functools.partial):
+        _feed(h, (obj.func, obj.args, obj.keywords), depth - 1, seen)
+    elif isinstance(obj, types.MethodType):
+        _feed(h, (obj.__func__, type(obj.__self__).__qualname__), depth - 1, seen)
+    elif isinstance(obj, types.FunctionType):
+        h.update(f"{obj.__module__}.{obj.__qualname__}".encode())
+        _code(h, obj.__code__)
+        for cell in obj.__closure__ or ():
+            try:
+                _feed(h, cell.cell_contents, depth - 1, seen)
+            except ValueError:  # an empty cell
+                h.update(b"<empty>")
+        _feed(h, obj.__defaults__, depth - 1, seen)
+    elif isinstance(obj, (set, frozenset)):  # iteration order follows (seeded) str hashes
+        h.update(repr(sorted(map(repr, obj))).encode())
+    elif isinstance(obj, (tuple, list)):
+        h.update(b"(")
+        for item in obj:
+            _feed(h, item, depth - 1, seen)
+        h.update(b")")
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=repr):
+            h.update(repr(k).encode())
+            _feed(h, obj[k], depth - 1, seen)
+    else:
+        h.update(f"{type(obj).__module__}.{type(obj).__qualname__}".encode())
+
+
+def _code(h: Any, code: types.CodeType) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code(h, const)
+        elif isinstance(const, frozenset):  # `x in {"a", "b"}`: repr order follows str hashes
+            h.update(repr(sorted(map(repr, const))).encode())
+        else:
+            h.update(repr(const).encode())
+
+
+def code_digest(obj: Any) -> str:
+    """A hex digest of a function's code and closure (or of a value), stable across runs.
+
+    Functions count by bytecode, names, constants, closure and defaults; values by repr;
+    containers by contents; anything else by its type, never by its address. A cached
+    decision is trusted without trials, so a changed ``forward`` / ``run`` must be another
+    key.
+    """
+    h = hashlib.sha256()
+    _feed(h, obj, 6, set())
+    return h.hexdigest()[:16]

@@ -49,20 +49,28 @@ class Trial(Protocol):
     def check(self) -> tuple[list[str], list[np.ndarray]]:
         """Runs the batch once; returns names and host copies of outputs, grads, buffers."""
 
-    def step(self) -> None:
-        """One timed step (blocking until the device is done)."""
+    def step(self) -> float | None:
+        """One step (blocking until the device is done), timed whole unless it says.
+
+        It may return its own seconds: what a real call costs, without the restoring that
+        only a trial does.
+        """
 
     def release(self) -> None:
         """Undoes what `build` changed when the rung is not kept (a layout, a compile)."""
 
 
-def median_time(step: Callable[[], None], steps: int) -> float:
-    """Median seconds of `steps` calls of `step` (after the calls already made)."""
+def median_time(step: Callable[[], float | None], steps: int) -> float:
+    """Median seconds of `steps` calls of `step` (after the calls already made).
+
+    A call that returns a number of seconds counts that instead of its wall time.
+    """
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+        measured = step()
+        wall = time.perf_counter() - start
+        times.append(measured if isinstance(measured, (int, float)) else wall)
     return statistics.median(times)
 
 

@@ -66,6 +66,10 @@ class Decision:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Decision:
         attempts = [Attempt(**a) for a in data["attempts"]]
+        for a in attempts:  # a hand-edited file must fail here (ignored), not in str()
+            for name in ("compile_s", "step_ms", "speedup", "max_error"):
+                if getattr(a, name) is not None:
+                    setattr(a, name, float(getattr(a, name)))
         return cls(
             mode=str(data["mode"]),
             signature=str(data["signature"]),
@@ -95,6 +99,18 @@ class Explanation:
             if d.mode == mode:
                 return d.chosen
         return None
+
+    def summary(self) -> str:
+        """One line per decision: the mode, the rung chosen, its speed-up, how decided."""
+        parts = []
+        for d in self.decisions:
+            chosen = next((a for a in d.attempts if a.rung == d.chosen), None)
+            speedup = None if chosen is None else chosen.speedup
+            speed = f" {speedup:.1f}x eager" if speedup not in (None, 1.0) else ""
+            tried = f"{len(d.attempts)} rungs tried in {d.decide_s:.1f} s"
+            how = "from the decision cache" if d.from_cache else tried
+            parts.append(f"{d.mode}: {d.chosen}{speed} ({how})")
+        return "; ".join(parts) if parts else "nothing decided yet"
 
     def to_dict(self) -> dict[str, Any]:
         return {

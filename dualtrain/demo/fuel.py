@@ -72,13 +72,13 @@ def run_fuel(console: Console, seed: int = 0, n: int = 256, steps: int = 60) -> 
             f"FuelGenerator: {report.rows} images (20x20 -> 16x16 PNG) packed into "
             f"{len(report.paths)} shards at {report.images_per_s:.0f} images/s"
         )
-        losses, preload = {}, {}
+        losses, preload, ladders = {}, {}, {}
         for name in ("torch", "jax"):
             spec = {"image": "uint8", "label": "int64" if name == "torch" else "int32"}
             with Tank(report.paths, spec, 32, prep_fn=_prep, seed=seed, to=name, workers=2,
                       cast="same_kind", preload=PRELOAD_BUDGET) as tank:  # fmt: skip
                 part = backends.load_part(name, "demo")
-                losses[name] = part.train_from_tank(
+                losses[name], ladders[name] = part.train_from_tank(
                     ImageNet16(), tank, lr=0.2, steps=steps, seed=seed
                 )
                 assert tank.preloader is not None
@@ -92,5 +92,10 @@ def run_fuel(console: Console, seed: int = 0, n: int = 256, steps: int = 60) -> 
         f"budget (peak {stats['peak_resident_bytes'] / 1024:.0f} KiB), "
         f"{stats['hits'] + stats['prefetch_waits']} served from memory"
     )
+    console.print(
+        f"Compile ladder (verified against eager on the first batch): torch forward "
+        f"{ladders['torch']}; JAX step {ladders['jax']}"
+    )
     return {"fuel_torch_losses": losses["torch"], "fuel_jax_losses": losses["jax"],
-            "packed_rows": report.rows, "preload_stats": preload}  # fmt: skip
+            "packed_rows": report.rows, "preload_stats": preload,
+            "ladders": ladders}  # fmt: skip

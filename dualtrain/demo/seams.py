@@ -33,8 +33,11 @@ class DemoPart(Protocol):
 
     def train_from_tank(
         self, craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
-    ) -> list[float]:
-        """`steps` SGD steps on the batches of `tank`: the loss of each."""
+    ) -> tuple[list[float], str]:
+        """`steps` SGD steps on `tank`'s batches: each loss, and the compile ladder's verdict.
+
+        The training goes through the adapter's compile ladder (`accelerate`).
+        """
         ...
 
     def train_embeddings(

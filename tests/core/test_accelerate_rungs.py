@@ -22,12 +22,18 @@ class Named:
     def __init__(self, name: str) -> None:
         self.name = name
 
+    def __repr__(self) -> str:  # test ids must not hold addresses (xdist compares them)
+        return f"Named({self.name!r})"
+
 
 class Valued:
     """An enum-like object with only a ``value``."""
 
     def __init__(self, value: object) -> None:
         self.value = value
+
+    def __repr__(self) -> str:
+        return f"Valued({self.value!r})"
 
 
 class Opaque:

@@ -1,0 +1,308 @@
+"""A module's forward that runs under the rung its ladder chose, per mode and input signature.
+
+`accelerate` (`dualtrain_torch.compilation`) installs an `AcceleratedForward` as the module's
+``forward``, an instance attribute: ``nn.Module.__call__`` (hooks included) still runs it.
+Here too: what tells two calls apart (`signature`: the inputs' structure, dtypes, shapes,
+devices, gradient and autocast modes, submodules in another mode than the root's), which
+calls it leaves alone (`foreign`: other tracers and transforms), and what a decision
+depends on besides the inputs (`structure`: the model, the code of its classes, threads,
+versions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from dualtrain.accelerate.decisions import code_digest
+from dualtrain.accelerate.dispatch import Decider
+from dualtrain.accelerate.options import LadderOptions
+from dualtrain.accelerate.report import Explanation
+from dualtrain_torch.compilation_probe import Snapshot, mixed_modes
+from dualtrain_torch.compilation_rungs import rung_trials
+
+__all__ = [
+    "AcceleratedForward",
+    "autocast",
+    "code",
+    "foreign",
+    "modes",
+    "signature",
+    "structure",
+]
+
+
+def _leaf_signature(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        grad = ",grad" if x.requires_grad else ""
+        return f"{str(x.dtype)[6:]}{list(x.shape)}@{x.device}{grad}"
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return repr(x)
+    return type(x).__qualname__
+
+
+def autocast() -> str:
+    """``""``, or the autocast in force, e.g. `` autocast[cpu:bfloat16]``.
+
+    Autocast changes what the forward computes (dtypes, precision): part of the signature.
+    """
+    found = [
+        f"{device}:{str(torch.get_autocast_dtype(device))[6:]}"
+        for device in ("cpu", "cuda")
+        if torch.is_autocast_enabled(device)
+    ]
+    return f" autocast[{','.join(found)}]" if found else ""
+
+
+def signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The input signature: the tree's structure, each tensor's dtype, shape and device.
+
+    And the modes in force around the call: gradients, autocast.
+    """
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    grad = ("" if torch.is_grad_enabled() else " no_grad") + autocast()
+    # sha256, not hash(): str hashes change with each process's seed, and the signature is
+    # part of the decision cache's key, which a second run must find.
+    tree = hashlib.sha256(str(spec).encode()).hexdigest()[:4]
+    return f"({', '.join(_leaf_signature(x) for x in leaves)}){grad} {tree}"
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)
+_QUICK_KEPT = 256  # quick keys remembered per module
+
+
+def foreign(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether another tracer or transform runs this call: then the plain forward runs.
+
+    ``torch.compile`` (ours or the user's), ``torch.jit.trace``, ``torch.onnx.export``,
+    ``torch.fx`` (proxies), ``torch.func`` transforms (``vmap``, ``grad``: wrapped tensors)
+    and tensor subclasses (fake, distributed) each see the forward as code to record; a
+    trial, a snapshot or an ONNX session run inside them would be recorded, or crash.
+    """
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return True
+    for x in pytree.tree_leaves((args, kwargs)):
+        if isinstance(x, torch.fx.Proxy):
+            return True
+        if isinstance(x, torch.Tensor) and (
+            type(x) not in _PLAIN or torch._C._functorch.is_functorch_wrapped_tensor(x)
+        ):
+            return True
+    return False
+
+
+def modes(module: nn.Module) -> str:
+    """``""`` when every submodule shares the root's training flag, else which do not.
+
+    Appended to the input signature: Monte Carlo dropout (dropout on in evaluation) or
+    BatchNorm frozen in training computes something else than the root's mode says, so it
+    is decided (and cached) apart, and switching a submodule later is a new decision.
+    """
+    root = module.training
+    stack = [module]
+    while stack:  # the common case, every flag the root's: faster than modules()
+        m = stack.pop()
+        if m.training != root:
+            break
+        stack.extend(c for c in m._modules.values() if c is not None)
+    else:
+        return ""
+    other = "eval" if root else "train"
+    return f" [{other}: {', '.join(mixed_modes(module))}]"
+
+
+_CODE: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
+
+
+def _class_code(cls: type) -> str:
+    # The compiled code of the methods a class and its bases define (torch's own classes
+    # change only with torch's version, which the key holds).
+    known = _CODE.get(cls)
+    if known is not None:
+        return known
+    digest = hashlib.sha256()
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] in ("torch", "builtins"):
+            continue
+        for name, value in sorted(vars(klass).items()):
+            function = getattr(value, "fget", getattr(value, "__func__", value))
+            if getattr(function, "__code__", None) is not None:
+                digest.update(name.encode())
+                digest.update(code_digest(function).encode())
+    _CODE[cls] = known = digest.hexdigest()[:16]
+    return known
+
+
+def code(objects: Any) -> list[str]:
+    """Fingerprints of the code behind `objects`: a module's classes, or a function.
+
+    A decision holds for the code that was verified: an edited ``forward`` (or a helper
+    method) with the same class name and layers is decided again, not read from the
+    cache. Code outside the classes (a module-level function the forward calls) is not
+    seen.
+    """
+    if isinstance(objects, nn.Module):
+        classes = dict.fromkeys(type(m) for m in objects.modules())
+        return [f"{c.__qualname__}:{_class_code(c)}" for c in classes]
+    function = getattr(objects, "__func__", objects)
+    if getattr(function, "__code__", None) is None:
+        return [repr(type(objects))]
+    return [code_digest(function)]
+
+
+def structure(module: nn.Module) -> dict[str, Any]:
+    """What a decision depends on besides the inputs: the model, its code, threads, versions."""
+    return {
+        "class": f"{type(module).__module__}.{type(module).__qualname__}",
+        "code": code(module),
+        "repr": repr(module),
+        "params": [
+            (n, list(p.shape), str(p.dtype), str(p.device)) for n, p in module.named_parameters()
+        ],
+        "buffers": [(n, list(b.shape), str(b.dtype)) for n, b in module.named_buffers()],
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
+class AcceleratedForward:
+    """A module's ``forward`` that runs under the rung its ladder chose for each call's mode.
+
+    Not made directly: `accelerate` installs one. Pickles as its settings (the decisions
+    are made again, or read from the decision cache, after unpickling).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        backends: Any,
+        patch_backprop: bool | dict[str, Any],
+        options: LadderOptions,
+    ) -> None:
+        self._setup(module, backends, patch_backprop, options)
+
+    def _setup(
+        self,
+        module: nn.Module,
+        backends: Any,
+        patch_backprop: bool | dict[str, Any],
+        options: LadderOptions,
+    ) -> None:
+        self.module = module
+        self.backends, self.patch_backprop, self.options = backends, patch_backprop, options
+        self.decider = Decider("torch", backends, options)
+        self._patched = False
+        self._bound: Callable[..., Any] | None = None
+        self._quick: dict[Any, tuple[str, str]] = {}  # quick key -> (mode, signature)
+        self._lock = threading.RLock()
+
+    # The module holds this object and this object the module: pickle and deepcopy see a
+    # cycle they handle, because the module comes back as state, after both exist.
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "module": self.module,
+            "backends": self.backends,
+            "patch_backprop": self.patch_backprop,
+            "options": self.options,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["module"], state["backends"], state["patch_backprop"], state["options"])
+
+    def eager(self) -> Callable[..., Any]:
+        """The module's own forward, bound (what every rung computes)."""
+        if self._bound is None:
+            self._bound = type(self.module).forward.__get__(self.module)
+        return self._bound
+
+    def explain(self) -> Explanation:
+        """What was tried, chosen and rejected for each mode and signature, and why."""
+        return self.decider.explain()
+
+    def _patch(self) -> None:
+        # At the first call, not at accelerate(): a decorated class's subclass finishes
+        # building its layers after the decorated __init__ returns.
+        self._patched = True
+        if not self.patch_backprop:
+            return
+        from dualtrain_torch.sparse_backprop import patch_linears
+
+        settings = self.patch_backprop if isinstance(self.patch_backprop, dict) else {}
+        approximations = patch_linears(self.module, **settings)
+        self.decider.approximations = [a.describe() for a in approximations]
+        self._bound = None  # a root Linear changed class
+
+    def _quick_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A hashable key for the common call (plain tensors by position), or None.
+
+        Built from the same facts as `signature` (and `foreign`'s checks), without the text:
+        formatting a signature per call cost ~200 us, more than a small MLP's forward.
+        """
+        if kwargs or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return None
+        if torch.onnx.is_in_onnx_export():
+            return None
+        parts: list[Any] = [self.module.training, torch.is_grad_enabled(), autocast()]
+        for x in args:
+            if type(x) is not torch.Tensor or torch._C._functorch.is_functorch_wrapped_tensor(x):
+                return None
+            parts.append((x.shape, x.dtype, x.device, x.requires_grad))
+        parts.append(modes(self.module))
+        return tuple(parts)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module
+        quick = self._quick_key(args, kwargs)
+        seen = None if quick is None else self._quick.get(quick)
+        runner = None if seen is None else self.decider.known(*seen)
+        if runner is not None:
+            assert seen is not None
+            return self._run(runner, seen[0], seen[1], args, kwargs)
+        if foreign(args, kwargs):
+            return self.eager()(*args, **kwargs)
+        mode = "train" if module.training else "eval"
+        key = signature(args, kwargs) + modes(module)
+        runner = self.decider.known(mode, key)
+        if runner is None:
+            with self._lock:
+                if not self._patched:
+                    self._patch()
+                runner = self.decider.known(mode, key)
+                if runner is None:
+                    eager = self.eager()
+                    runner = self.decider.decide(
+                        mode,
+                        key,
+                        {**structure(module), "approximate": self.decider.approximations},
+                        lambda names: list(rung_trials(names, module, eager, args, kwargs)),
+                    )
+        if quick is not None:
+            if len(self._quick) >= _QUICK_KEPT:
+                self._quick.clear()  # signatures beyond the cap: keep the table bounded
+            self._quick[quick] = (mode, key)
+        return self._run(runner, mode, key, args, kwargs)
+
+    def _run(self, runner: Callable[..., Any], mode: str, key: str, args: Any, kwargs: Any) -> Any:
+        if runner is self._bound:
+            return runner(*args, **kwargs)
+        # Buffers, attributes and RNG: a failing rung must leave no trace for eager.
+        snapshot = Snapshot(self.module, attributes=True)
+        try:
+            return runner(*args, **kwargs)
+        except Exception as error:
+            snapshot.restore()
+            eager = self.eager()
+            out = eager(*args, **kwargs)  # eager failing too is the user's error, raised
+            with self._lock:
+                self.decider.fall_back(mode, key, error)
+            return out
+
+    def __repr__(self) -> str:
+        return f"AcceleratedForward({type(self.module).__name__}, backends={self.decider.backends})"
