@@ -78,16 +78,38 @@ def call_key(tree: Any) -> tuple[Any, list[Any], Any] | None:
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     try:
-        # The common leaf, a concrete array, inline: this runs on every call.
+        # The common leaf, a concrete array, inline: this runs on every call. Its sharding
+        # enters the key as a small int (`_sharding_token`): shardings hash and compare in
+        # Python, which cost more per call than a small model's jitted step on a GPU.
         keys = tuple(
             [
-                (x.shape, x.dtype, x.weak_type, x.sharding) if type(x) is _ARRAY else _leaf_key(x)
+                (x.shape, x.dtype, x.weak_type, _sharding_token(x.sharding))
+                if type(x) is _ARRAY
+                else _leaf_key(x)
                 for x in leaves
             ]
         )
     except _SkipError:
         return None
     return (treedef, keys), leaves, treedef
+
+
+# id(sharding) -> (the sharding, its token). The sharding is held, so its id is not reused
+# while it is here; equal shardings met as different objects share one token.
+_BY_ID: dict[int, tuple[Any, int]] = {}
+_BY_VALUE: dict[Any, int] = {}
+_TOKENS_KEPT = 4096
+
+
+def _sharding_token(sharding: Any) -> int:
+    known = _BY_ID.get(id(sharding))
+    if known is not None:
+        return known[1]
+    if len(_BY_ID) >= _TOKENS_KEPT:
+        _BY_ID.clear()  # the tokens by value stay: keys made earlier remain valid
+    token = _BY_VALUE.setdefault(sharding, len(_BY_VALUE))
+    _BY_ID[id(sharding)] = (sharding, token)
+    return token
 
 
 def _place(x: jax.Array) -> str:

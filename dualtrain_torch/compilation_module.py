@@ -25,7 +25,7 @@ from dualtrain.accelerate.decisions import code_digest
 from dualtrain.accelerate.dispatch import Decider
 from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
-from dualtrain_torch.compilation_probe import Snapshot, mixed_modes
+from dualtrain_torch.compilation_probe import Snapshot, mixed_modes, trains
 from dualtrain_torch.compilation_rungs import rung_trials
 
 __all__ = [
@@ -201,6 +201,7 @@ class AcceleratedForward:
         self._patched = False
         self._bound: Callable[..., Any] | None = None
         self._quick: dict[Any, tuple[str, str]] = {}  # quick key -> (mode, signature)
+        self._tree: list[nn.Module] | None = None  # the submodules, for the quick key
         self._lock = threading.RLock()
 
     # The module holds this object and this object the module: pickle and deepcopy see a
@@ -254,7 +255,11 @@ class AcceleratedForward:
             if type(x) is not torch.Tensor or torch._C._functorch.is_functorch_wrapped_tensor(x):
                 return None
             parts.append((x.shape, x.dtype, x.device, x.requires_grad))
-        parts.append(modes(self.module))
+        tree = self._tree
+        if tree is None:
+            tree = self._tree = list(self.module.modules())  # refreshed by the slow path
+        root = self.module.training
+        parts.append(modes(self.module) if any(m.training != root for m in tree) else "")
         return tuple(parts)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -267,6 +272,7 @@ class AcceleratedForward:
             return self._run(runner, seen[0], seen[1], args, kwargs)
         if foreign(args, kwargs):
             return self.eager()(*args, **kwargs)
+        self._tree = None  # a submodule added since is seen from the next call on
         mode = "train" if module.training else "eval"
         key = signature(args, kwargs) + modes(module)
         runner = self.decider.known(mode, key)
@@ -292,12 +298,14 @@ class AcceleratedForward:
     def _run(self, runner: Callable[..., Any], mode: str, key: str, args: Any, kwargs: Any) -> Any:
         if runner is self._bound:
             return runner(*args, **kwargs)
-        # Buffers, attributes and RNG: a failing rung must leave no trace for eager.
-        snapshot = Snapshot(self.module, attributes=True)
+        # Buffers, attributes and RNG: a failing rung must leave no trace for eager (in
+        # training; an evaluation forward moves none of them, `trains`).
+        snapshot = Snapshot(self.module, attributes=True) if trains(self.module) else None
         try:
             return runner(*args, **kwargs)
         except Exception as error:
-            snapshot.restore()
+            if snapshot is not None:
+                snapshot.restore()
             eager = self.eager()
             out = eager(*args, **kwargs)  # eager failing too is the user's error, raised
             with self._lock:

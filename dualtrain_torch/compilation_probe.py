@@ -31,6 +31,7 @@ __all__ = [
     "host",
     "mixed_modes",
     "probe_results",
+    "trains",
     "timed_forward",
 ]
 
@@ -380,6 +381,17 @@ class Frozen:
                 for b, s in zip(values, self.values, strict=True)
             )
         )
+
+
+def trains(module: nn.Module) -> bool:
+    """Whether any part of `module` is in training mode: only then can a forward move state.
+
+    A real call under a candidate rung snapshots buffers, attributes and RNG first, so that
+    a failing rung can hand the call to eager with no trace; in evaluation (every flag
+    off) the forward moves no BatchNorm statistic and draws no dropout, and the snapshot,
+    which costs more than a small model's forward on a GPU, is skipped.
+    """
+    return any(m.training for m in module.modules())
 
 
 def mixed_modes(module: nn.Module) -> list[str]:

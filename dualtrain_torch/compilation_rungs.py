@@ -29,6 +29,7 @@ from dualtrain_torch.compilation_probe import (
     mixed_modes,
     probe_results,
     timed_forward,
+    trains,
 )
 
 __all__ = ["ForwardTrial", "conv_layers", "onnx_available", "rung_trials"]
@@ -112,7 +113,7 @@ class ForwardTrial:
         try:
             with _no_compile_warnings():
                 start = time.perf_counter()
-                if self.name != "PYTORCH":
+                if self.name != "PYTORCH" and trains(self.module):
                     # A real call under a candidate snapshots buffers and RNG first, so that
                     # a failing rung can hand the call to eager (`AcceleratedForward`).
                     Snapshot(self.module, attributes=True)

@@ -286,10 +286,15 @@ def test_backend_of_sees_jax_tracers_under_jit_grad_and_vmap():
 def test_cuda_arrays_cross_without_copy(src, dst):
     a = np.arange(1024, dtype=np.float32)
     x = convert(a, to=src, device="cuda:0")
+    # JAX memory is immutable and torch cannot mark memory read-only (design rule 10):
+    # JAX -> torch copies under copy=None, once and counted, and shares under copy=False.
     with count_copies() as c:
-        y = convert(x, to=dst)
+        y = convert(x, to=dst, copy=False if src == "jax" else None)
     assert c.copies == 0 and address(y) == address(x)
     assert np.array_equal(convert(y, to="numpy"), a)
+    with count_copies() as c:
+        convert(x, to=dst)
+    assert c.copies == (1 if src == "jax" else 0)
 
 
 @pytest.mark.gpu

@@ -38,7 +38,8 @@ def run_torch(cls, kw, mode, steps, prefetch=False, pinned=False):
         e = rows.fetch(ids)
         if prefetch and k + 1 < len(steps):
             rows.prefetch(steps[k + 1])
-        ((e * torch.from_numpy(coef(k, len(ids)))).sum() + 0.5 * (e**2).sum()).backward()
+        weights = torch.from_numpy(coef(k, len(ids))).to(e.device)  # rows come on a pinned
+        ((e * weights).sum() + 0.5 * (e**2).sum()).backward()  # store's device: CUDA
         rows.step()
     rows.settle()
     rows.flush()
@@ -73,7 +74,8 @@ def dense_torch(cls, kw, steps, touched_only):
     for k, ids in enumerate(steps):
         opt.zero_grad()
         e = w[torch.from_numpy(ids)]
-        ((e * torch.from_numpy(coef(k, len(ids)))).sum() + 0.5 * (e**2).sum()).backward()
+        weights = torch.from_numpy(coef(k, len(ids))).to(e.device)  # rows come on a pinned
+        ((e * weights).sum() + 0.5 * (e**2).sum()).backward()  # store's device: CUDA
         before = w.detach().clone()
         state = {n: v.clone() for n, v in opt.state[w].items() if torch.is_tensor(v)}
         opt.step()
