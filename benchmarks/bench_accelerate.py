@@ -11,11 +11,11 @@ Models (float32, the issue's three):
 torch: a train step is zero_grad, forward, cross-entropy, backward, SGD (lr 0.01, momentum
 0.9). ``eager`` runs it as written; ``ladder`` runs ``TrainingLearner(model, backends,
 optimizer=...).step`` (the forward's ladder: CHANNELS_LAST, TORCH_COMPILE, ONNXRUNTIME,
-PYTORCH; the step's: COMPILED_STEP, PYTORCH). An eval step is the forward under
-``torch.no_grad()`` in eval mode, eager against ``accelerate(model)``. JAX: the same step as
-one function (``jax.value_and_grad`` + optax SGD), ``op-by-op`` (under ``jax.disable_jit``)
-and plain ``jax.jit`` written by hand against ``dualtrain_jax.accelerate(step)``; eval the
-same with the forward alone.
+CUDA_GRAPHS (CUDA only), PYTORCH; the step's: COMPILED_STEP, PYTORCH). An eval step is the
+forward under ``torch.no_grad()`` in eval mode, eager against ``accelerate(model)``. JAX: the
+same step as one function (``jax.value_and_grad`` + optax SGD), ``op-by-op`` (under
+``jax.disable_jit``) and plain ``jax.jit`` written by hand against
+``dualtrain_jax.accelerate(step)``; eval the same with the forward alone.
 
 Reported beside the times: the rung chosen, the seconds the first call spent deciding
 (compiling every candidate, verifying, timing), and a second run's decision: a fresh model
@@ -23,7 +23,7 @@ accelerated with the same decision cache, the seconds its first call spent decid
 cache read; a chosen compiler still compiles in that call, reported as ``2nd first call``).
 
     ./dev bench accelerate [--threads 1] [--quick] [--models nebulgym mlp cnn]
-                           [--frameworks torch jax]
+                           [--frameworks torch jax] [--device cuda]
 """
 
 from __future__ import annotations

@@ -25,14 +25,15 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dualtrain.accelerate.decisions import function_digest
 from dualtrain.accelerate.dispatch import Decider
 from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import CHOSEN, Explanation
 from dualtrain.accelerate.rungs import DEFAULTS, parse_backends
 from dualtrain.craft import Craft
 from dualtrain.errors import bad_argument
+from dualtrain_jax.compilation_keys import Layout, call_key, platform_parts
 from dualtrain_jax.compilation_module import AcceleratedModule, _ModuleAccelerator
-from dualtrain_jax.compilation_probe import Layout, call_key, function_digest, platform_parts
 from dualtrain_jax.compilation_rungs import (
     JIT_DONATE,
     LAYOUTS_KEPT,
@@ -311,6 +312,11 @@ def accelerate_model(
 
     Decorates a function (or wraps a realized module) with `accelerate` and the same
     arguments; everything is validated when the decorator is made.
+
+    Args:
+        backends: as in `accelerate`; or, used bare, the decorated function.
+        patch_backprop: as in `accelerate` (modules only).
+        **options: `LadderOptions` fields (``donate_argnums``: use `accelerate`).
     """
     if callable(backends) and not isinstance(backends, str):
         return accelerate(backends)  # used bare: `backends` is the decorated function

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dualtrain.accelerate.decisions import code_digest as digest
+from dualtrain.accelerate.decisions import code_digest as digest, function_digest
 from dualtrain.accelerate.report import Explanation
 from dualtrain.accelerate.rungs import DEFAULTS
 from dualtrain.craft import Craft
@@ -27,7 +27,8 @@ from dualtrain_jax.compilation import (
     accelerate,
     ladder_options,
 )
-from dualtrain_jax.compilation_probe import copy_tree, function_digest, module_parts
+from dualtrain_jax.compilation_keys import module_parts
+from dualtrain_jax.compilation_probe import copy_tree
 from dualtrain_jax.craft import JaxModule
 
 __all__ = ["TrainingLearner", "cross_entropy"]

@@ -18,7 +18,7 @@ from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
 from dualtrain.accelerate.rungs import DEFAULTS
 from dualtrain.craft import Craft
-from dualtrain_jax.compilation_probe import Layout, call_key, module_parts
+from dualtrain_jax.compilation_keys import Layout, call_key, module_parts
 from dualtrain_jax.compilation_rungs import (
     LAYOUTS_KEPT,
     ModuleTrial,

@@ -32,14 +32,8 @@ except ImportError:  # pragma: no cover - a JAX without it: tracer arguments sti
 
 from dualtrain.accelerate.dispatch import Decider
 from dualtrain.accelerate.ladder import UnavailableError
-from dualtrain_jax.compilation_probe import (
-    Layout,
-    copy_tree,
-    elements,
-    host,
-    projection,
-    shapes,
-)
+from dualtrain_jax.compilation_keys import Layout
+from dualtrain_jax.compilation_probe import copy_tree, elements, host, projection, shapes
 from dualtrain_jax.craft import JaxModule
 
 __all__ = [

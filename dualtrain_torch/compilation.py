@@ -20,7 +20,8 @@ from torch import nn
 
 from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
-from dualtrain.errors import bad_argument
+from dualtrain.accelerate.topk import resolve_k
+from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.compilation_module import AcceleratedForward
 
 __all__ = ["AcceleratedForward", "accelerate", "accelerate_model", "explain", "patch_torch_module"]
@@ -35,6 +36,20 @@ def _options(options: dict[str, Any]) -> LadderOptions:
         known = sorted(LadderOptions.__dataclass_fields__)
         unknown = sorted(set(options) - set(known))
         raise bad_argument("options", unknown, f"keywords among {', '.join(known)}") from None
+
+
+def _check_patch_backprop(value: Any) -> None:
+    # The layers are patched at the first call (a decorated subclass adds layers after the
+    # decorated __init__): a bad dict must fail here, not then.
+    expected = 'a bool or a dict with "k" (an int >= 1) or "ratio" (in (0, 1])'
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, dict) or not set(value) <= {"k", "ratio"}:
+        raise bad_argument("patch_backprop", value, expected)
+    try:
+        resolve_k(1, **value)
+    except ArgumentError as error:  # chained: it says which of k and ratio, and why
+        raise bad_argument("patch_backprop", value, expected) from error
 
 
 def accelerate(
@@ -61,8 +76,7 @@ def accelerate(
     """
     if not isinstance(module, nn.Module):
         raise bad_argument("module", module, "a torch.nn.Module instance")
-    if not isinstance(patch_backprop, (bool, dict)):
-        raise bad_argument("patch_backprop", patch_backprop, "a bool or a dict of k/ratio")
+    _check_patch_backprop(patch_backprop)
     settings = _options(options)
     current = module.__dict__.get("forward")
     if not isinstance(current, AcceleratedForward):
@@ -110,14 +124,21 @@ def accelerate_model(
     ``@accelerate_model``. The class keeps its name, methods and pickling; instances are
     accelerated at the end of the outermost ``__init__``. Applied to a module instance it
     is `accelerate`.
+
+    Args:
+        patch_backprop: as in `accelerate` (first, as nebulgym's); or, used bare, the class.
+        backends: as in `accelerate`.
+        **options: `LadderOptions` fields.
+
+    Raises:
+        ArgumentError: a bad argument, when the decorator is made (before any instance).
     """
     if isinstance(patch_backprop, nn.Module):
         return accelerate(patch_backprop, backends, False, **options)
     if isinstance(patch_backprop, type):
         return _decorate(patch_backprop, backends, False, options)
     _options(options)
-    if not isinstance(patch_backprop, (bool, dict)):
-        raise bad_argument("patch_backprop", patch_backprop, "a bool or a dict of k/ratio")
+    _check_patch_backprop(patch_backprop)
     from dualtrain.accelerate.rungs import parse_backends
 
     parse_backends(backends, "torch")

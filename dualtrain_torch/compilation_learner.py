@@ -18,18 +18,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from dualtrain.accelerate.decisions import function_digest
 from dualtrain.accelerate.dispatch import Decider
 from dualtrain.accelerate.ladder import UnavailableError
 from dualtrain.accelerate.report import Explanation
 from dualtrain.errors import bad_argument
 from dualtrain_torch.compilation import _options, accelerate
-from dualtrain_torch.compilation_module import (
-    AcceleratedForward,
-    code,
-    modes,
-    signature,
-    structure,
-)
+from dualtrain_torch.compilation_keys import code, modes, signature, structure
+from dualtrain_torch.compilation_module import AcceleratedForward
 from dualtrain_torch.compilation_probe import Snapshot, host
 
 __all__ = ["TrainingLearner"]
@@ -177,18 +173,22 @@ class TrainingLearner:
     # -- the model ---------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's (accelerated) forward in its current mode."""
         return self.model(*args, **kwargs)
 
     def train(self, mode: bool = True) -> TrainingLearner:
+        """``model.train(mode)``; returns the learner."""
         self.model.train(mode)
         return self
 
     def eval(self) -> TrainingLearner:
+        """``model.eval()``; returns the learner."""
         self.model.eval()
         return self
 
     @property
     def forward(self) -> AcceleratedForward:
+        """The model's `AcceleratedForward` (its forward decisions)."""
         forward = self.model.__dict__["forward"]
         assert isinstance(forward, AcceleratedForward)
         return forward
@@ -205,6 +205,8 @@ class TrainingLearner:
 
     def step(self, inputs: Any, targets: Any) -> torch.Tensor:
         """One training step on a batch; returns the loss (a detached scalar tensor).
+
+        A model in evaluation mode is put in training mode first (and stays there).
 
         Args:
             inputs: the model's input, or a tuple of its positional inputs.
@@ -236,6 +238,9 @@ class TrainingLearner:
                     "optimizer": repr(self.optimizer),
                     "loss": getattr(self.loss_fn, "__qualname__", repr(self.loss_fn)),
                     "loss_code": code(self.loss_fn),
+                    # a loss module's settings too (CrossEntropyLoss's label_smoothing is
+                    # not in its repr)
+                    "loss_state": function_digest(self.loss_fn),
                 },
                 lambda names: [_StepTrial(n, self, batch, targets) for n in names],
             )

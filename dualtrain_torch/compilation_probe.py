@@ -29,9 +29,7 @@ __all__ = [
     "fresh_inputs",
     "generators",
     "host",
-    "mixed_modes",
     "probe_results",
-    "trains",
     "timed_forward",
 ]
 
@@ -200,6 +198,7 @@ class Snapshot:
 
     @torch.no_grad()
     def restore(self) -> None:
+        """Puts back, in place, everything copied when the snapshot was taken."""
         for table, saved in self._slots:
             names = {name for name, _, _ in saved}
             for name in [n for n in table if n not in names]:
@@ -320,10 +319,8 @@ _HOOKS = ("_forward_pre_hooks", "_forward_hooks")
 
 
 def _token(t: torch.Tensor, by_value: list[torch.Tensor]) -> tuple[Any, ...]:
-    try:
-        version: int | None = t._version
-    except RuntimeError:  # an inference tensor keeps no version counter: compare its value
-        version = None
+    version = _tensor_version(t)
+    if version is None:  # an inference tensor keeps no version counter: compare its value
         by_value.append(t)
     return (t.data_ptr(), version, tuple(t.shape), t.dtype, t.device)
 
@@ -372,6 +369,7 @@ class Frozen:
         return key, by_value
 
     def same(self) -> bool:
+        """Whether the module still holds what it held when this was made."""
         key, values = self._read()
         return (
             key == self.key
@@ -381,23 +379,3 @@ class Frozen:
                 for b, s in zip(values, self.values, strict=True)
             )
         )
-
-
-def trains(module: nn.Module) -> bool:
-    """Whether any part of `module` is in training mode: only then can a forward move state.
-
-    A real call under a candidate rung snapshots buffers, attributes and RNG first, so that
-    a failing rung can hand the call to eager with no trace; in evaluation (every flag
-    off) the forward moves no BatchNorm statistic and draws no dropout, and the snapshot,
-    which costs more than a small model's forward on a GPU, is skipped.
-    """
-    return any(m.training for m in module.modules())
-
-
-def mixed_modes(module: nn.Module) -> list[str]:
-    """Names of the submodules whose training flag differs from the root's.
-
-    Dropout left on in evaluation (Monte Carlo dropout) or BatchNorm frozen in training:
-    the root's ``training`` alone does not say what the forward computes.
-    """
-    return [n for n, m in module.named_modules() if m.training != module.training]

@@ -22,14 +22,13 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from dualtrain.accelerate.ladder import UnavailableError
+from dualtrain_torch.compilation_keys import mixed_modes, trains
 from dualtrain_torch.compilation_probe import (
     Frozen,
     Snapshot,
     fresh_inputs,
-    mixed_modes,
     probe_results,
     timed_forward,
-    trains,
 )
 
 __all__ = ["ForwardTrial", "conv_layers", "onnx_available", "rung_trials"]

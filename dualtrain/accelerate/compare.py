@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,7 +42,7 @@ def compare(
     differs by the values' own size.
     """
     if not len(names) == len(want) == len(got):
-        return Comparison(False, math_inf(), f"{len(got)} results where eager gave {len(want)}")
+        return Comparison(False, math.inf, f"{len(got)} results where eager gave {len(want)}")
     worst = 0.0
     scales: dict[str, float] = {}
     for name, w in zip(names, want, strict=True):
@@ -55,12 +56,12 @@ def compare(
         if w.shape != g.shape or w.dtype != g.dtype:
             return Comparison(
                 False,
-                math_inf(),
+                math.inf,
                 f"{name}: {g.dtype}{list(g.shape)}, eager {w.dtype}{list(w.shape)}",
             )
         if not _inexact(w.dtype):
             if not np.array_equal(w, g):
-                return Comparison(False, math_inf(), f"{name}: differs from eager")
+                return Comparison(False, math.inf, f"{name}: differs from eager")
             continue
         rtol, atol = options.tolerance(w.dtype.name)
         w64, g64 = (
@@ -71,7 +72,7 @@ def compare(
         finite = np.isfinite(w64) & np.isfinite(g64)
         same_special &= np.where(np.isinf(w64) | np.isinf(g64), w64 == g64, True)
         if not same_special.all():
-            return Comparison(False, math_inf(), f"{name}: NaN or infinity where eager differs")
+            return Comparison(False, math.inf, f"{name}: NaN or infinity where eager differs")
         with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: masked just below
             err = np.where(finite, np.abs(g64 - w64), 0.0)
         scale = scales.get(_kind(name), 0.0)
@@ -96,7 +97,3 @@ def _inexact(dtype: np.dtype) -> bool:
 
 def _kind(name: str) -> str:
     return name.split(":")[0].split("[")[0]
-
-
-def math_inf() -> float:
-    return float("inf")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -25,7 +26,7 @@ from dualtrain.accelerate.report import Decision
 from dualtrain.atomic import atomic_target
 from dualtrain.version import __version__
 
-__all__ = ["DecisionCache", "code_digest", "default_folder", "fingerprint"]
+__all__ = ["DecisionCache", "code_digest", "default_folder", "fingerprint", "function_digest"]
 
 _FORMAT = 1  # bump when the file's fields change meaning
 
@@ -163,3 +164,24 @@ def code_digest(obj: Any) -> str:
     h = hashlib.sha256()
     _feed(h, obj, 6, set())
     return h.hexdigest()[:16]
+
+
+def function_digest(fn: Any) -> str:
+    """`code_digest` of a callable, reaching the code that `code_digest` alone would not.
+
+    ``code_digest`` keys a non-function by its type only: every ``jax.jit`` object would be
+    one function, and every instance of a callable class one, whatever its ``__call__`` code
+    or attributes. A cached decision is trusted without trials, so both must count: the
+    wrapped function (``__wrapped__``, as ``jax.jit`` and ``functools.wraps`` keep it) and a
+    callable object's ``__call__`` and attributes.
+    """
+    parts: list[Any] = [fn]
+    try:
+        inner = inspect.unwrap(fn)
+    except ValueError:  # a __wrapped__ chain that loops
+        inner = fn
+    if inner is not fn:
+        parts.append(inner)
+    if not isinstance(inner, (types.FunctionType, types.MethodType, functools.partial)):
+        parts.append((type(inner).__call__, getattr(inner, "__dict__", None)))
+    return code_digest(parts)

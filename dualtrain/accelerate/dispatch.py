@@ -1,11 +1,13 @@
 """One accelerated model's decisions: per mode and input signature, which runner runs.
 
-The adapters' wrappers ask `Decider.runner(mode, signature, ...)` on every call. The first
-signature met in a mode climbs the whole ladder (or reads its verdict from the decision
-cache); a later new signature in the same mode re-verifies that mode's choice on its batch
-(one comparison with eager, no timing) and falls back to eager if it differs; beyond
-``max_signatures`` per mode, calls run eager. A runner that raises at run time is replaced
-by eager for its signature, for good, and the reason is recorded (and cached).
+The adapters' wrappers ask `Decider.known(mode, signature)` on every call, and
+`Decider.decide` when it has no runner yet. The first signature met in a mode climbs the
+whole ladder (or reads its verdict from the decision cache); a later new signature in the
+same mode re-verifies that mode's choice on its batch (one comparison with eager, no
+timing) and falls back to eager if it differs, or climbs the whole ladder when that choice
+is eager; beyond ``max_signatures`` per mode, calls run eager. A runner that raises at run
+time is replaced by eager for its signature, for good (`Decider.fall_back`), and the
+reason is recorded (and cached).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Protocol
 
 from dualtrain.accelerate.compare import compare
 from dualtrain.accelerate.decisions import DecisionCache, fingerprint
-from dualtrain.accelerate.ladder import Trial, UnavailableError, climb, describe_error
+from dualtrain.accelerate.ladder import Trial, climb, describe_error
 from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import (
     CHOSEN,
@@ -195,7 +197,7 @@ class Decider:
             if got_names != names:
                 reason = "results named differently"
             error = verdict.max_error
-        except (UnavailableError, Exception) as failure:
+        except Exception as failure:  # UnavailableError too
             ok, reason, error = False, describe_error(failure), None
         spent = time.perf_counter() - start
         if ok:

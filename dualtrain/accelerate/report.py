@@ -33,7 +33,8 @@ class Attempt:
         compile_s: seconds to build and run the first batch (compiling included).
         step_ms: median step time over the warm steps, milliseconds.
         speedup: eager's median step time over this rung's.
-        max_error: the largest absolute difference from eager over outputs and gradients.
+        max_error: the largest absolute difference from eager over outputs, gradients
+            and buffers.
     """
 
     rung: str
@@ -58,6 +59,7 @@ class Decision:
     events: list[str] = field(default_factory=list)  # fallbacks and re-verifications
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields the decision cache stores (not `from_cache`, not `events`)."""
         data = asdict(self)
         data.pop("from_cache")
         data.pop("events")
@@ -65,6 +67,7 @@ class Decision:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Decision:
+        """The decision `to_dict` gave; raises (KeyError, TypeError, ValueError) on bad data."""
         attempts = [Attempt(**a) for a in data["attempts"]]
         for a in attempts:  # a hand-edited file must fail here (ignored), not in str()
             for name in ("compile_s", "step_ms", "speedup", "max_error"):
@@ -113,6 +116,7 @@ class Explanation:
         return "; ".join(parts) if parts else "nothing decided yet"
 
     def to_dict(self) -> dict[str, Any]:
+        """Everything as JSON-able data (with each decision's `from_cache` and `events`)."""
         return {
             "backends": list(self.backends),
             "decisions": [

@@ -19,8 +19,8 @@ __all__ = ["DEFAULTS", "EAGER", "RUNGS", "parse_backends"]
 RUNGS: dict[str, dict[str, str]] = {
     "torch": {
         "TORCH_COMPILE": "torch.compile (inductor) of the forward; backward through AOTAutograd",
-        "COMPILED_STEP": "forward, loss, backward and a foreach optimizer step compiled as one "
-        "(TrainingLearner.step)",
+        "COMPILED_STEP": "the whole step (forward, loss, backward, the optimizer's update) under "
+        "torch.compile (TrainingLearner.step); backward() is a graph break",
         "CHANNELS_LAST": "4-D inputs in NHWC memory format, for models with 2-D convolutions",
         "CUDA_GRAPHS": "torch.compile mode 'reduce-overhead' (CUDA graphs; CUDA only)",
         "ONNXRUNTIME": "ONNX Runtime: inference sessions in eval mode, ORTModule in training "

@@ -22,7 +22,7 @@ from dualtrain.errors import ArgumentError
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 from dualtrain_jax import (  # noqa: E402
-    compilation_probe as probe,
+    compilation_keys as keys,
     compilation_rungs as rungs,
 )
 from dualtrain_jax.compilation import (  # noqa: E402
@@ -190,7 +190,7 @@ def _wrap(how, leaf):
 def test_two_calls_share_a_signature_exactly_when_jit_would_reuse_a_trace(a, b):
     """Same structure, shapes, dtypes, weak types, placement, number types, fixed values."""
     ta, tb = ((_wrap(*a),), {}), ((_wrap(*b),), {})
-    ka, kb = probe.call_key(ta), probe.call_key(tb)
+    ka, kb = keys.call_key(ta), keys.call_key(tb)
 
     def identity(call):
         how, leaf = call
@@ -199,8 +199,8 @@ def test_two_calls_share_a_signature_exactly_when_jit_would_reuse_a_trace(a, b):
         return how, type(leaf), leaf if not isinstance(leaf, (int, float)) else None
 
     assert (ka[0] == kb[0]) == (identity(a) == identity(b))
-    la = probe.Layout.of(*ka, ta[0])
-    lb = probe.Layout.of(*kb, tb[0])
+    la = keys.Layout.of(*ka, ta[0])
+    lb = keys.Layout.of(*kb, tb[0])
     assert (la.signature == lb.signature) == (ka[0] == kb[0])
 
 
@@ -217,8 +217,8 @@ def test_donation_takes_each_argument_the_function_returns_anew(shapes, returned
     def fn(*xs):
         return (*[xs[i] * 2 for i in picks], jnp.float32(0))
 
-    found = probe.call_key((args, {}))
-    layout = probe.Layout.of(*found, args)
+    found = keys.call_key((args, {}))
+    layout = keys.Layout.of(*found, args)
     argnums, feed = rungs.donation(fn, layout, args, {}, None)
     outputs = [args[i].shape for i in picks] + [()]
     claimed, want = set(), []
@@ -418,7 +418,7 @@ def test_fixed_leaves_that_print_alike_never_share_a_runner(ks):
 def test_a_signature_does_not_depend_on_an_objects_address():
     """Else a method's (its instance's) decision-cache key would be new in every run."""
     texts = {
-        probe.Layout.of(*probe.call_key(((X, obj), {})), [X, obj]).signature
+        keys.Layout.of(*keys.call_key(((X, obj), {})), [X, obj]).signature
         for obj in (_Factor(1), _Factor(2))
     }
     assert len(texts) == 1 and " at 0x" not in texts.pop()
