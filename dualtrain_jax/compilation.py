@@ -20,7 +20,6 @@ Calls made while tracing (inside the caller's own ``jit``, ``grad`` or ``vmap``)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,24 +43,14 @@ from dualtrain_jax.compilation_rungs import (
     recover,
 )
 from dualtrain_jax.craft import JaxModule
-from dualtrain_jax.sparse_backprop import patch_dense
+from dualtrain_jax.sparse_backprop import approximations, patch_dense
 
 __all__ = [
     "AcceleratedFunction",
     "AcceleratedModule",
     "accelerate",
     "accelerate_model",
-    "ladder_options",
 ]
-
-
-def ladder_options(options: dict[str, Any]) -> LadderOptions:
-    """`LadderOptions` from keyword arguments; an unknown keyword is an ArgumentError."""
-    known = [f.name for f in dataclasses.fields(LadderOptions)]
-    for name in options:
-        if name not in known:
-            raise bad_argument("options", name, f"LadderOptions fields ({', '.join(known)})")
-    return LadderOptions(**options)
 
 
 # -- functions ----------------------------------------------------------------------------
@@ -258,7 +247,7 @@ def accelerate(
         ArgumentError: not a function or realized module, an unknown rung or option, a bad
             `donate_argnums`, or `patch_backprop` on a function.
     """
-    ladder = ladder_options(options)
+    ladder = LadderOptions.from_keywords(options)
     donate = _check_donate(donate_argnums)
     if not isinstance(patch_backprop, bool):
         raise bad_argument("patch_backprop", patch_backprop, "True or False")
@@ -294,12 +283,11 @@ def _accelerate_module(
 ) -> AcceleratedModule:
     if isinstance(module, AcceleratedModule):
         module = module.unwrap()
-    approximations: list[str] = []
     if patch_backprop:
-        module, found = patch_dense(module)
-        approximations = [a.describe() for a in found]
+        module, _ = patch_dense(module)
+    lines = [a.describe() for a in approximations(module)]  # patched here or before
     shell = module.replace(params={}, state={})
-    accelerator = _ModuleAccelerator(shell, backends, options, approximations)
+    accelerator = _ModuleAccelerator(shell, backends, options, lines)
     return AcceleratedModule(
         module.craft, module.params, module.state, train=module.train, accelerator=accelerator
     )
@@ -320,7 +308,7 @@ def accelerate_model(
     """
     if callable(backends) and not isinstance(backends, str):
         return accelerate(backends)  # used bare: `backends` is the decorated function
-    ladder_options(options)
+    LadderOptions.from_keywords(options)
     parse_backends(backends, "jax")  # a misspelt rung fails where the decorator is written
 
     def decorate(fn_or_module: Any) -> Any:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from dualtrain.accelerate.decisions import code_digest as digest, function_digest
+from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
 from dualtrain.accelerate.rungs import DEFAULTS
 from dualtrain.craft import Craft
@@ -25,7 +26,6 @@ from dualtrain_jax.compilation import (
     AcceleratedFunction,
     AcceleratedModule,
     accelerate,
-    ladder_options,
 )
 from dualtrain_jax.compilation_keys import module_parts
 from dualtrain_jax.compilation_probe import copy_tree
@@ -126,7 +126,7 @@ class TrainingLearner:
             and callable(getattr(optimizer, "update", None))
         ):
             raise bad_argument("optimizer", optimizer, "None or an optax GradientTransformation")
-        ladder = ladder_options(options)
+        ladder = LadderOptions.from_keywords(options)
         if isinstance(model, AcceleratedModule):
             model = model.unwrap()
         # The learner's own arrays: its steps may donate them, never the caller's.

@@ -23,7 +23,14 @@ from dualtrain.errors import bad_argument
 from dualtrain_jax.craft import JaxModule
 from dualtrain_jax.layers import LAYERS
 
-__all__ = ["TopKJaxModule", "keep_topk", "patch_dense", "topk_dense", "unpatch_dense"]
+__all__ = [
+    "approximations",
+    "TopKJaxModule",
+    "keep_topk",
+    "patch_dense",
+    "topk_dense",
+    "unpatch_dense",
+]
 
 
 def keep_topk(grad: jax.Array, k: int) -> jax.Array:
@@ -189,6 +196,20 @@ def patch_dense(
         topk=tuple((a.layer, a.k) for a in found),
     )
     return patched, found
+
+
+def approximations(module: JaxModule) -> list[Approximation]:
+    """What `module` approximates: one record per top-k Dense layer (none: exact).
+
+    Read from the module (a `TopKJaxModule`'s ``topk``), so a module patched before it was
+    accelerated reports its approximations too.
+    """
+    kept = dict(getattr(module, "topk", ()))
+    found: dict[str, Approximation] = {}
+    for name, layer in module.craft.named_layers():
+        if type(layer) is dock.Dense and name in kept and name not in found:
+            found[name] = Approximation(name, layer.out_features, kept[name])
+    return list(found.values())
 
 
 def unpatch_dense(module: JaxModule) -> JaxModule:

@@ -29,15 +29,6 @@ __all__ = ["AcceleratedForward", "accelerate", "accelerate_model", "explain", "p
 T = TypeVar("T")
 
 
-def _options(options: dict[str, Any]) -> LadderOptions:
-    try:
-        return LadderOptions(**options)
-    except TypeError:
-        known = sorted(LadderOptions.__dataclass_fields__)
-        unknown = sorted(set(options) - set(known))
-        raise bad_argument("options", unknown, f"keywords among {', '.join(known)}") from None
-
-
 def _check_patch_backprop(value: Any) -> None:
     # The layers are patched at the first call (a decorated subclass adds layers after the
     # decorated __init__): a bad dict must fail here, not then.
@@ -77,7 +68,7 @@ def accelerate(
     if not isinstance(module, nn.Module):
         raise bad_argument("module", module, "a torch.nn.Module instance")
     _check_patch_backprop(patch_backprop)
-    settings = _options(options)
+    settings = LadderOptions.from_keywords(options)
     current = module.__dict__.get("forward")
     if not isinstance(current, AcceleratedForward):
         current = None
@@ -137,7 +128,7 @@ def accelerate_model(
         return accelerate(patch_backprop, backends, False, **options)
     if isinstance(patch_backprop, type):
         return _decorate(patch_backprop, backends, False, options)
-    _options(options)
+    LadderOptions.from_keywords(options)
     _check_patch_backprop(patch_backprop)
     from dualtrain.accelerate.rungs import parse_backends
 

@@ -83,7 +83,7 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     grad = ("" if torch.is_grad_enabled() else " no_grad") + autocast()
     # sha256, not hash(): str hashes change with each process's seed, and the signature is
     # part of the decision cache's key, which a second run must find.
-    tree = hashlib.sha256(str(spec).encode()).hexdigest()[:4]
+    tree = hashlib.sha256(str(spec).encode()).hexdigest()[:12]
     return f"({', '.join(_leaf_signature(x) for x in leaves)}){grad} {tree}"
 
 

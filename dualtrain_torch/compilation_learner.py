@@ -21,9 +21,10 @@ from torch import nn
 from dualtrain.accelerate.decisions import function_digest
 from dualtrain.accelerate.dispatch import Decider
 from dualtrain.accelerate.ladder import UnavailableError
+from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
 from dualtrain.errors import bad_argument
-from dualtrain_torch.compilation import _options, accelerate
+from dualtrain_torch.compilation import accelerate
 from dualtrain_torch.compilation_keys import code, modes, signature, structure
 from dualtrain_torch.compilation_module import AcceleratedForward
 from dualtrain_torch.compilation_probe import Snapshot, host
@@ -157,7 +158,7 @@ class TrainingLearner:
         names = parse_backends(
             ("COMPILED_STEP", *DEFAULTS["torch"]) if backends is None else backends, "torch"
         )
-        settings = _options(options)
+        settings = LadderOptions.from_keywords(options)
         forward_names = [n for n in names if n != "COMPILED_STEP"]
         step_names = [n for n in _STEP_RUNGS if n in names or n == "PYTORCH"]
         current = model.__dict__.get("forward")

@@ -90,14 +90,14 @@ class AcceleratedForward:
         # At the first call, not at accelerate(): a decorated class's subclass finishes
         # building its layers after the decorated __init__ returns.
         self._patched = True
-        if not self.patch_backprop:
-            return
-        from dualtrain_torch.sparse_backprop import patch_linears
+        from dualtrain_torch.sparse_backprop import approximations, patch_linears
 
-        settings = self.patch_backprop if isinstance(self.patch_backprop, dict) else {}
-        approximations = patch_linears(self.module, **settings)
-        self.decider.approximations = [a.describe() for a in approximations]
-        self._bound = None  # a root Linear changed class
+        if self.patch_backprop:
+            settings = self.patch_backprop if isinstance(self.patch_backprop, dict) else {}
+            patch_linears(self.module, **settings)
+            self._bound = None  # a root Linear changed class
+        # Read from the layers: a model patched before accelerate() is approximate too.
+        self.decider.approximations = [a.describe() for a in approximations(self.module)]
 
     def _quick_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A hashable key for the common call (plain tensors by position), or None.

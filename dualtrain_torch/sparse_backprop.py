@@ -23,7 +23,14 @@ from torch import nn
 from dualtrain.accelerate.topk import Approximation, resolve_k
 from dualtrain.errors import bad_argument
 
-__all__ = ["TopKLinear", "keep_topk", "patch_linears", "topk_linear", "unpatch_linears"]
+__all__ = [
+    "approximations",
+    "TopKLinear",
+    "keep_topk",
+    "patch_linears",
+    "topk_linear",
+    "unpatch_linears",
+]
 
 
 def keep_topk(grad: torch.Tensor, k: int) -> torch.Tensor:
@@ -143,6 +150,19 @@ def patch_linears(
         m.__class__ = TopKLinear
         m.topk_k = kept  # type: ignore[assignment]  # the class was swapped just above
     return [Approximation(name, m.out_features, kept) for name, m, kept in plan]
+
+
+def approximations(module: nn.Module) -> list[Approximation]:
+    """What `module` approximates now: one record per `TopKLinear` in it (none: exact).
+
+    Read from the layers, not from how they were patched: a model patched before it was
+    accelerated reports its approximations too.
+    """
+    return [
+        Approximation(name, m.out_features, m.topk_k)
+        for name, m in module.named_modules()
+        if isinstance(m, TopKLinear)
+    ]
 
 
 def unpatch_linears(module: nn.Module) -> int:

@@ -133,10 +133,19 @@ class Decider:
             f"{decision.chosen} failed at run time ({describe_error(error)}); eager from now on"
         )
         decision.events.append(reason)
-        decision.attempts = [
+        attempts = [
             replace(a, status=FAILED, reason=reason) if a.rung == decision.chosen else a
             for a in decision.attempts
-        ] + [Attempt(self.eager, CHOSEN, "after a run-time failure")]
+        ]
+        # Eager's own line (the reference) becomes the chosen one; one line per rung.
+        lines = [i for i, a in enumerate(attempts) if a.rung == self.eager]
+        if lines:
+            attempts[lines[-1]] = replace(
+                attempts[lines[-1]], status=CHOSEN, reason="after a run-time failure"
+            )
+        else:
+            attempts.append(Attempt(self.eager, CHOSEN, "after a run-time failure"))
+        decision.attempts = attempts
         decision.chosen = self.eager
         decision.from_cache = False
         if key in self._keys:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -69,6 +70,20 @@ class LadderOptions:
         if not isinstance(self.cache, (bool, str, os.PathLike)) or self.cache == "":
             # "" would be the working directory: a cache spread over the user's project.
             raise bad_argument("cache", self.cache, "True, False or a non-empty folder path")
+
+    @classmethod
+    def from_keywords(cls, options: dict[str, Any]) -> LadderOptions:
+        """The options from an adapter's ``**options``; an unknown keyword is named.
+
+        Raises:
+            ArgumentError: a keyword that is no field (the message lists the fields), or a
+                field's bad value.
+        """
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = [name for name in options if name not in known]
+        if unknown:
+            raise bad_argument("options", unknown, f"keywords among {', '.join(known)}")
+        return cls(**options)
 
     def folder(self) -> Path | None:
         """The decision cache's folder, or None when caching is off."""

@@ -212,6 +212,12 @@ def test_patch_backprop_is_listed_and_verified():
     assert any("fc1: top-1 of 16" in line for line in lines)
     assert any("fc2: top-1 of 3" in line for line in lines)
     assert "approximate (patch_backprop)" in str(explained)
+    # Patched before it was accelerated: still approximate, and said so.
+    from dualtrain_jax.sparse_backprop import patch_dense
+
+    before = accelerate(patch_dense(realize(Mlp(), seed=6), k=2)[0], **ANY_WIN)
+    before.apply(before.params, before.state, x, train=True, rng=KEY)
+    assert any("fc1: top-2 of 16" in line for line in before.explain().approximations)
 
 
 def test_the_learner_forward_and_explain():

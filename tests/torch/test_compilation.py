@@ -313,6 +313,14 @@ def test_patch_backprop_is_named_in_the_report():
     exact = accelerate(models.mlp(0), ["PYTORCH"], **FORCE)
     exact(torch.randn(4, 12))
     assert "exact: no approximation" in str(explain(exact))
+    # Patched before it was accelerated: still approximate, and said so.
+    from dualtrain_torch.sparse_backprop import patch_linears
+
+    before = models.mlp(0)
+    patch_linears(before, k=2)
+    accelerate(before, ["PYTORCH"], **FORCE)
+    before(torch.randn(4, 12))
+    assert any("top-2 of 32" in line for line in explain(before).approximations)
 
 
 @pytest.mark.parametrize(
