@@ -4,8 +4,8 @@ The adapters' wrappers ask `Decider.known(mode, signature)` on every call, and
 `Decider.decide` when it has no runner yet. The first signature met in a mode climbs the
 whole ladder (or reads its verdict from the decision cache); a later new signature in the
 same mode re-verifies that mode's choice on its batch (one comparison with eager, no
-timing) and falls back to eager if it differs, or climbs the whole ladder when that choice
-is eager; beyond ``max_signatures`` per mode, calls run eager. A runner that raises at run
+timing) and falls back to eager if it differs, and keeps eager when that choice is eager
+(no candidate is compiled again per shape); beyond ``max_signatures`` per mode, calls run eager. A runner that raises at run
 time is replaced by eager for its signature, for good (`Decider.fall_back`), and the
 reason is recorded (and cached).
 """
@@ -119,6 +119,13 @@ class Decider:
                 return self._settle(key, cached, built)
         if same_mode and same_mode[0].chosen != self.eager:
             decision, runner = self._reverify(mode, signature, same_mode[0].chosen, trials)
+        elif same_mode:
+            # The mode's ladder chose eager: a new shape (a last, smaller batch; variable
+            # lengths) keeps it rather than compiling every candidate again, per shape.
+            self._eager(trials)
+            reason = f"{mode}'s choice (eager) holds for its new signatures"
+            decision = Decision(mode, signature, self.eager, [Attempt(self.eager, CHOSEN, reason)])
+            runner = self._eager_runner
         else:
             decision, runner = self._climb(mode, signature, trials)
         decision.decide_s = time.perf_counter() - start

@@ -305,3 +305,18 @@ def test_a_wrong_or_failing_rung_is_never_chosen_by_a_decider():
     assert decide(decider, world, "train", "s1")()[0] == "PYTORCH"
     statuses = [a.status for a in decider.decisions[("train", "s1")].attempts]
     assert statuses == ["failed", "rejected", "unavailable", "chosen"]
+
+
+def test_a_mode_whose_choice_is_eager_keeps_it_for_new_signatures(tmp_path):
+    # Every candidate is wrong in training: eager wins "train"; a later shape does not
+    # compile and check every candidate again (inductor would recompile per shape).
+    world = World({("train", "CHANNELS_LAST"): {"result": "wrong"},
+                   ("train", "TORCH_COMPILE"): {"result": "wrong"}})  # fmt: skip
+    decider = Decider("torch", BACKENDS, options(tmp_path))
+    assert decide(decider, world, "train", "s1")()[0] == "PYTORCH"
+    checks = world.count("check")
+    assert decide(decider, world, "train", "s2")()[0] == "PYTORCH"
+    assert world.count("check") == checks  # nothing checked, nothing compiled
+    assert world.asked[-1] == ("PYTORCH",)
+    decision = decider.decisions[("train", "s2")]
+    assert decision.chosen == "PYTORCH" and "holds" in decision.attempts[0].reason
