@@ -5,9 +5,9 @@ The adapters' wrappers ask `Decider.known(mode, signature)` on every call, and
 whole ladder (or reads its verdict from the decision cache); a later new signature in the
 same mode re-verifies that mode's choice on its batch (one comparison with eager, no
 timing) and falls back to eager if it differs, and keeps eager when that choice is eager
-(no candidate is compiled again per shape); beyond ``max_signatures`` per mode, calls run eager. A runner that raises at run
-time is replaced by eager for its signature, for good (`Decider.fall_back`), and the
-reason is recorded (and cached).
+(no candidate is compiled again per shape); beyond ``max_signatures`` per mode, calls
+run eager. A runner that raises at run time is replaced by eager for its signature, for
+good (`Decider.fall_back`), and the reason is recorded (and cached).
 """
 
 from __future__ import annotations
