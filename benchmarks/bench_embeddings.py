@@ -12,18 +12,27 @@ uniformly with replacement. In one run:
     >= 2.5x);
 (c) host bytes per row of table + Adam state, against nn.Embedding + SparseAdam's.
 
-    ./dev bench embeddings [--threads 1] [--quick]
+With ``--device cuda`` (a GPU machine; JAX then needs ``JAX_PLATFORMS=cuda``), the stores
+are pinned (``pinned=True``: rows staged in page-locked memory and trained on the GPU) and
+the baseline is nn.Embedding(sparse) + SparseAdam with the whole table on the GPU; each
+step ends with a device synchronisation.
+
+    ./dev bench embeddings [--threads 1] [--quick] [--device cpu|cuda]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import harness
 
-args = harness.parse_args("embeddings")
+_own = argparse.ArgumentParser(add_help=False)
+_own.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+OWN, _rest = _own.parse_known_args()
+args = harness.parse_args("embeddings", _rest)
 
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -40,6 +49,14 @@ import dualtrain_torch  # noqa: E402
 from dualtrain.embeddings import RowSession  # noqa: E402
 
 harness.set_torch_threads(args.threads)
+DEVICE = torch.device(OWN.device)
+PINNED = DEVICE.type == "cuda"
+
+
+def _sync() -> None:
+    if PINNED:
+        torch.cuda.synchronize(DEVICE)
+
 
 DIM = 128
 CONFIGS = [(131_072, 8_192), (131_072, 131_072)]
@@ -96,28 +113,32 @@ def gather_rows(rows: int, batch: int, ids: np.ndarray) -> list[harness.Row]:
 
 
 def adam_steps(rows: int, batch: int, ids: np.ndarray) -> tuple[list[harness.Row], dict]:
-    g = torch.from_numpy(np.random.default_rng(1).standard_normal((batch, DIM), np.float32))
+    g_host = torch.from_numpy(np.random.default_rng(1).standard_normal((batch, DIM), np.float32))
+    g = g_host.to(DEVICE)
     ids_t = torch.from_numpy(ids)
 
-    emb = torch.nn.Embedding(rows, DIM, sparse=True)
+    emb = torch.nn.Embedding(rows, DIM, sparse=True).to(DEVICE)
     sparse = torch.optim.SparseAdam(emb.parameters(), lr=LR)
+    ids_d = ids_t.to(DEVICE)
 
     def baseline():
         sparse.zero_grad()
-        (emb(ids_t) * g).sum().backward()
+        (emb(ids_d) * g).sum().backward()
         sparse.step()
+        _sync()
 
-    t_store = dualtrain.EmbeddingStore(rows, DIM, std=0.01, seed=0)
+    t_store = dualtrain.EmbeddingStore(rows, DIM, std=0.01, seed=0, pinned=PINNED)
     t_rows = dualtrain_torch.attach(t_store, torch.optim.Adam, lr=LR)
 
     def torch_step():
         (t_rows.fetch(ids_t) * g).sum().backward()
         t_rows.step()
         t_rows.flush()
+        _sync()
 
     j_store = dualtrain.EmbeddingStore(rows, DIM, std=0.01, seed=0)
     j_rows = dualtrain_jax.attach(j_store, optax.adam(LR))
-    g_j = jnp.asarray(g.numpy())
+    g_j = jnp.asarray(g_host.numpy())
     grad = jax.jit(jax.grad(lambda e: (e * g_j).sum()))
 
     def jax_step():
@@ -170,6 +191,7 @@ def main() -> None:
         lr=LR,
         rounds=ROUNDS,
         host_bytes_per_row=memory,
+        device=OWN.device,
         torch=torch.__version__,
         jax=jax.__version__,
     )
