@@ -135,14 +135,8 @@ class AcceleratedModule(JaxModule):
             )
         self.accelerator = accelerator
 
-    def tree_flatten(self) -> tuple[tuple[Any, Any], Any]:
-        children, (craft, train) = super().tree_flatten()
-        return children, (craft, train, self.accelerator)
-
-    @classmethod
-    def tree_unflatten(cls, static: Any, children: tuple[Any, Any]) -> AcceleratedModule:
-        craft, train, accelerator = static
-        return cls(craft, *children, train=train, accelerator=accelerator)
+    def _statics(self) -> dict[str, Any]:  # copies made by the pytree share the decisions
+        return {"accelerator": self.accelerator}
 
     def apply(
         self,
@@ -171,16 +165,6 @@ class AcceleratedModule(JaxModule):
         plain = self.accelerator.shell.replace(params=self.params, state=self.state)
         plain.train = self.train
         return plain
-
-    def replace(self, **changes: Any) -> AcceleratedModule:
-        """A copy with `params` and/or `state` replaced; the decisions are shared."""
-        return AcceleratedModule(
-            self.craft,
-            changes.get("params", self.params),
-            changes.get("state", self.state),
-            train=self.train,
-            accelerator=self.accelerator,
-        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The compiled runners do not pickle; the recipe does, and the decision cache makes

@@ -45,15 +45,24 @@ class JaxModule:
         self.craft, self.params, self.state = craft, params, state
         self.train = train
 
-    def tree_flatten(self) -> tuple[tuple[Any, Any], tuple[Craft, bool]]:
+    def _statics(self) -> dict[str, Any]:
+        """The static fields a subclass adds: keyword arguments of its ``__init__``.
+
+        Flattening, unflattening and `replace` carry them, so a subclass (top-k backprop,
+        an accelerated module) names them here once.
+        """
+        return {}
+
+    def tree_flatten(self) -> tuple[tuple[Any, Any], tuple[Any, ...]]:
         # Every static field goes into the definition: anything left out would come back
         # at its default after jit/vmap/tree_map (the train mode did, once).
-        return (self.params, self.state), (self.craft, bool(self.train))
+        extra = tuple(self._statics().items())
+        return (self.params, self.state), (self.craft, bool(self.train), extra)
 
     @classmethod
-    def tree_unflatten(cls, static: tuple[Craft, bool], children: tuple[Any, Any]) -> JaxModule:
-        craft, train = static
-        return cls(craft, *children, train=train)
+    def tree_unflatten(cls, static: tuple[Any, ...], children: tuple[Any, Any]) -> JaxModule:
+        craft, train, extra = static
+        return cls(craft, *children, train=train, **dict(extra))
 
     def apply(
         self,
@@ -92,12 +101,13 @@ class JaxModule:
         return out
 
     def replace(self, **changes: Any) -> JaxModule:
-        """A copy with `params` and/or `state` replaced."""
-        return JaxModule(
+        """A copy (of the same class, its static fields kept) with `params`/`state` replaced."""
+        return type(self)(
             self.craft,
             changes.get("params", self.params),
             changes.get("state", self.state),
             train=self.train,
+            **self._statics(),
         )
 
     def __repr__(self) -> str:

@@ -121,24 +121,8 @@ class TopKJaxModule(JaxModule):
         super().__init__(craft, params, state, train=train)
         self.topk = tuple(sorted(topk))
 
-    def tree_flatten(self) -> Any:  # the static part grows by `topk`
-        children, (craft, train) = super().tree_flatten()
-        return children, (craft, train, self.topk)
-
-    @classmethod
-    def tree_unflatten(cls, static: Any, children: tuple[Any, Any]) -> TopKJaxModule:
-        craft, train, topk = static
-        return cls(craft, *children, train=train, topk=topk)
-
-    def replace(self, **changes: Any) -> TopKJaxModule:
-        """A copy with `params` and/or `state` replaced; the patch stays."""
-        return TopKJaxModule(
-            self.craft,
-            changes.get("params", self.params),
-            changes.get("state", self.state),
-            train=self.train,
-            topk=self.topk,
-        )
+    def _statics(self) -> dict[str, Any]:  # flattened, unflattened and replaced with it
+        return {"topk": self.topk}
 
     def _layer_table(self) -> dict[type, Any]:
         by_name = dict(self.topk)

@@ -45,15 +45,6 @@ class AcceleratedForward:
         patch_backprop: bool | dict[str, Any],
         options: LadderOptions,
     ) -> None:
-        self._setup(module, backends, patch_backprop, options)
-
-    def _setup(
-        self,
-        module: nn.Module,
-        backends: Any,
-        patch_backprop: bool | dict[str, Any],
-        options: LadderOptions,
-    ) -> None:
         self.module = module
         self.backends, self.patch_backprop, self.options = backends, patch_backprop, options
         self.decider = Decider("torch", backends, options)
@@ -74,7 +65,7 @@ class AcceleratedForward:
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._setup(state["module"], state["backends"], state["patch_backprop"], state["options"])
+        self.__init__(**state)  # type: ignore[misc]  # the settings; decisions start afresh
 
     def eager(self) -> Callable[..., Any]:
         """The module's own forward, bound (what every rung computes)."""
