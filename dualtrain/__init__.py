@@ -21,10 +21,12 @@ from dualtrain.errors import (
     PackError,
     PrecisionWarning,
     ShapeError,
+    WorkerError,
 )
 from dualtrain.fuel import Comburant, FuelGenerator, Tank
 from dualtrain.interop import CopyCount, convert, count_copies
 from dualtrain.memory import aligned_copy, aligned_empty, is_aligned
+from dualtrain.multiverse import Multiverse
 from dualtrain.preload import NebulDataset, Preloader, accelerate_dataset, patch_dataset
 from dualtrain.version import __version__
 
@@ -40,6 +42,7 @@ __all__ = [
     "DualtrainError",
     "EmbeddingStore",
     "FuelGenerator",
+    "Multiverse",
     "NebulDataset",
     "OutOfRangeError",
     "PackError",
@@ -48,6 +51,7 @@ __all__ = [
     "ShapeError",
     "Tank",
     "TimeMachine",
+    "WorkerError",
     "__version__",
     "accelerate_dataset",
     "aligned_copy",

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the seams sit beside their consumers, which import this mod
     from dualtrain.demo.seams import DemoPart
     from dualtrain.embeddings.seams import EmbeddingsPart, TorchEmbeddingsPart
     from dualtrain.fuel.seams import DataPart
+    from dualtrain.multiverse.seams import DistributedPart
     from dualtrain.preload.seams import PreloadPart
 
 __all__ = [
@@ -87,6 +88,7 @@ PARTS: dict[str, dict[str, str]] = {
     },
     "demo": dict.fromkeys(("torch", "jax"), "dualtrain.demo.seams:DemoPart"),
     "preload": dict.fromkeys(("torch", "jax"), "dualtrain.preload.seams:PreloadPart"),
+    "distributed": dict.fromkeys(("torch", "jax"), "dualtrain.multiverse.seams:DistributedPart"),
 }
 
 
@@ -137,6 +139,8 @@ def load_part(name: str, part: Literal["embeddings"]) -> EmbeddingsPart: ...
 def load_part(name: str, part: Literal["demo"]) -> DemoPart: ...
 @overload
 def load_part(name: str, part: Literal["preload"]) -> PreloadPart: ...
+@overload
+def load_part(name: str, part: Literal["distributed"]) -> DistributedPart: ...
 
 
 def load_part(name: str, part: str) -> Any:

@@ -9,6 +9,8 @@ the value received, and what was expected::
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ArgumentError",
     "BackendError",
@@ -19,6 +21,7 @@ __all__ = [
     "PackError",
     "PrecisionWarning",
     "ShapeError",
+    "WorkerError",
     "bad_argument",
     "OutOfRangeError",
     "IsolationError",
@@ -80,3 +83,19 @@ class IsolationError(DualtrainError, RuntimeError):
 
 class RegisteredModuleError(DualtrainError, RuntimeError):
     """A registered batch module (torchmb compat) disagrees with the generic batched path."""
+
+
+class WorkerError(DualtrainError, RuntimeError):
+    """A Multiverse worker raised, died or timed out; the message names its rank and step.
+
+    Attributes:
+        rank: the failed worker's rank.
+        step: the training steps it had finished (its learner's steps or DDP forwards).
+    """
+
+    def __init__(self, message: str, rank: int, step: int) -> None:
+        super().__init__(message)
+        self.rank, self.step = rank, step
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.rank, self.step))

@@ -25,6 +25,7 @@ __all__ = ["Tank"]
 _STATE_VERSION = 1
 _TARGETS = ("numpy", "torch", "jax")
 _LAYOUTS = ("NHWC", "NCHW")
+_UNCHANGED: Any = object()  # shard(device=...) not given
 
 
 class Tank:
@@ -196,6 +197,39 @@ class Tank:
     def __len__(self) -> int:
         """Rows in the pack (not batches: `MPE` is batches per epoch)."""
         return len(self.pack)
+
+    def shard(self, rank: int, world: int, *, device: Any = _UNCHANGED) -> None:
+        """Serves this process's share from now on: rank `rank` of `world` (Multiverse.sync).
+
+        The stream is the one ``Tank(..., rank=rank, world=world)`` serves, from the start of
+        the current epoch; `device`, when given, replaces where batches go. Only at the start
+        of an epoch (a share cut mid-epoch would serve some rows twice, others never).
+
+        Raises:
+            ArgumentError: a rank or world out of range, a world larger than the pack, a
+                Tank part-way through an epoch, or a device that is not there.
+        """
+        rank, world = _int("rank", rank, 0), _int("world", world, 1)
+        if self.position != 0:
+            raise ArgumentError(
+                f"shard() only at the start of an epoch; this Tank has served {self.position} "
+                f"of epoch {self.epoch}'s {self.MPE} batches"
+            )
+        old = self._order
+        order = EpochOrder(
+            old.n, old.batch_size, shuffle=old.shuffle, full=old.full, seed=old.seed,
+            rank=rank, world=world, last=old.last,
+        )  # fmt: skip
+        deliver = self._deliver
+        if device is not _UNCHANGED:
+            if self.to == "numpy" and device is not None:
+                raise bad_argument("device", device, "None when to='numpy'")
+            deliver = None if self.to == "numpy" else backends.load_part(self.to, "data").Courier(
+                device
+            )  # fmt: skip
+            self.device = device
+        self._pipeline.cancel()  # batches prepared for the old share
+        self._order, self._deliver = order, deliver
 
     def _plan(self, key: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
         epoch, number = key

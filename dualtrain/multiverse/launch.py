@@ -1,0 +1,228 @@
+"""Spawning a run's workers and watching them: the first failure stops them all.
+
+Workers are started with the ``spawn`` method (never ``fork``: a forked copy of a process
+that has torch's or JAX's threads running can deadlock), each with torchrun's variables in its
+environment. The parent waits on every worker's pipe and process sentinel at once. A worker
+that raises sends its rank, step and traceback before it exits; one that dies (SIGKILL, a
+crash) is noticed by its sentinel. Either way the parent terminates the others (SIGTERM, then
+SIGKILL after a grace period), reaps every process and raises `WorkerError` naming the rank
+and the step. Ctrl-C in the parent stops every worker the same way. Each worker watches its
+parent and exits when the parent is gone, so no worker outlives a killed parent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from dualtrain.errors import ArgumentError, WorkerError
+
+__all__ = ["GRACE", "check_picklable", "run_workers"]
+
+GRACE = 5.0  # seconds a terminated worker gets before SIGKILL
+_COLLECT = 1.0  # seconds to gather other reports after the first failure: find the first cause
+_ENV_LOCK = threading.Lock()
+
+
+def check_picklable(universe: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Refuses a universe or arguments the spawned workers cannot receive (before any start)."""
+    try:
+        pickle.dumps(universe)
+    except Exception as err:
+        raise ArgumentError(
+            f"universe must be a function defined at the top level of an importable module "
+            f"(spawned workers import it by name); got universe={universe!r} ({err})"
+        ) from None
+    try:
+        pickle.dumps(args)
+    except Exception as err:
+        raise ArgumentError(f"the arguments of mv(...) must be picklable; {err}") from None
+
+
+def run_workers(
+    target: Callable[..., Any],
+    payloads: Sequence[tuple[Any, ...]],
+    environments: Sequence[Mapping[str, str]],
+    steps: Any,
+) -> Any:
+    """Runs ``target(conn, rank, *payloads[rank])`` in one spawned process per rank.
+
+    `environments[rank]` is set in the worker's environment before it starts (so it is there
+    before the worker imports anything); `steps` is a shared array of each rank's step.
+
+    Returns:
+        What rank 0 sent back as its result.
+
+    Raises:
+        WorkerError: a worker raised or died (the earliest, when several did).
+        KeyboardInterrupt: Ctrl-C; every worker is stopped first.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    procs: list[Any] = []
+    conns: dict[Connection, int] = {}
+    try:
+        for rank, (payload, env) in enumerate(zip(payloads, environments, strict=True)):
+            reader, writer = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=target, args=(writer, rank, os.getpid(), *payload),
+                name=f"dualtrain-multiverse-{rank}", daemon=False,
+            )  # fmt: skip
+            with _ENV_LOCK, _Environment(env):
+                proc.start()
+            writer.close()  # the worker holds the only write end: EOF when it is gone
+            procs.append(proc)
+            conns[reader] = rank
+        return _supervise(procs, conns, steps)
+    finally:
+        _stop(procs)
+        for conn in conns:
+            conn.close()
+
+
+def _supervise(procs: list[Any], conns: dict[Connection, int], steps: Any) -> Any:
+    results: dict[int, Any] = {}
+    failures: list[tuple[float, int, int, str]] = []  # (time, rank, step, what happened)
+    alive = {proc.sentinel: rank for rank, proc in enumerate(procs)}
+    deadline: float | None = None
+    while alive or conns:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = wait([*conns, *alive], timeout)
+        if not ready and deadline is not None:
+            break
+        for item in ready:
+            if item in conns:
+                _receive(item, conns, results, failures)
+        for item in ready:
+            if item in alive:
+                rank = alive.pop(item)
+                procs[rank].join()
+                _drain(rank, conns, results, failures)
+                code = procs[rank].exitcode
+                if code != 0 and not any(f[1] == rank for f in failures):
+                    failures.append((time.time(), rank, int(steps[rank]), _death(code)))
+                elif code == 0 and rank not in results and not any(f[1] == rank for f in failures):
+                    failures.append(
+                        (time.time(), rank, int(steps[rank]), "exited without a result")
+                    )
+        if failures and deadline is None:
+            deadline = time.monotonic() + _COLLECT
+    if failures:
+        _, rank, step, what = min(failures)
+        others = sorted({f[1] for f in failures} - {rank})
+        also = f" (then rank(s) {others} failed too)" if others else ""
+        raise WorkerError(f"Multiverse worker rank {rank} failed at step {step}: {what}{also}",
+                          rank, step)  # fmt: skip
+    return results.get(0)
+
+
+def _receive(
+    conn: Connection, conns: dict[Connection, int], results: dict[int, Any],
+    failures: list[tuple[float, int, int, str]],
+) -> None:  # fmt: skip
+    rank = conns[conn]
+    try:
+        kind, step, body, when = conn.recv()
+    except (EOFError, OSError):
+        conns.pop(conn)
+        conn.close()
+        return
+    except Exception as err:  # a result that does not unpickle here
+        kind, step, body, when = "error", 0, f"its result could not be received: {err!r}", 0.0
+        when = time.time()
+    if kind == "result":
+        results[rank] = body
+    else:
+        failures.append((when, rank, step, body))
+
+
+def _drain(
+    rank: int, conns: dict[Connection, int], results: dict[int, Any],
+    failures: list[tuple[float, int, int, str]],
+) -> None:  # fmt: skip
+    """Reads what a finished worker left in its pipe (its report may arrive after its exit)."""
+    for conn in [c for c, r in conns.items() if r == rank]:
+        while conn in conns and conn.poll():
+            _receive(conn, conns, results, failures)
+        if conn in conns:
+            conns.pop(conn)
+            conn.close()
+
+
+def _death(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code} without reporting an error"
+
+
+def _stop(procs: list[Any]) -> None:
+    """Terminates every live worker, then kills what is left after the grace period."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    end = time.monotonic() + GRACE
+    for proc in procs:
+        proc.join(max(0.0, end - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+class _Environment:
+    """Sets variables in ``os.environ`` for the duration of a ``with`` block."""
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self.values = dict(values)
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        for key, value in self.values.items():
+            self.saved[key] = os.environ.get(key)
+            os.environ[key] = value
+
+    def __exit__(self, *exc: object) -> None:
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def report_failure(conn: Connection, step: int, err: BaseException) -> None:
+    """Sends a worker's error to the parent: its type, message and traceback."""
+    text = "".join(traceback.format_exception(err)).rstrip()
+    summary = f"{type(err).__name__}: {err}"
+    with contextlib.suppress(OSError, ValueError):  # the parent is gone: nothing to tell
+        conn.send(("error", step, f"{summary}\n{text}", time.time()))
+
+
+def report_result(conn: Connection, step: int, result: Any) -> None:
+    """Sends rank 0's result (anything picklable) to the parent."""
+    try:
+        conn.send(("result", step, result, time.time()))
+    except (pickle.PicklingError, TypeError, AttributeError) as err:
+        conn.send(("error", step, f"its result could not be sent: {err!r}", time.time()))
+
+
+def watch_parent(parent: int) -> None:
+    """Exits this worker as soon as its parent (pid `parent`) is gone: no orphans."""
+
+    def loop() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(70)
+            time.sleep(0.2)
+
+    threading.Thread(target=loop, name="dualtrain-parent-watch", daemon=True).start()

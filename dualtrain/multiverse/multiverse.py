@@ -1,0 +1,431 @@
+"""Multiverse: one training function run data-parallel on torch.distributed or JAX's runtime."""
+
+from __future__ import annotations
+
+import functools
+import math
+import multiprocessing
+import os
+import random
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from dualtrain import backends
+from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.multiverse.launch import (
+    check_picklable,
+    report_failure,
+    report_result,
+    run_workers,
+    watch_parent,
+)
+from dualtrain.multiverse.rank_zero import RankZeroTimeMachine
+from dualtrain.multiverse.seams import Runtime
+from dualtrain.multiverse.world import SPAWNED, World, free_port, from_environment
+from dualtrain.validate import check_seed
+
+__all__ = ["Multiverse"]
+
+_BACKENDS = ("torch", "jax")
+_ENGINES = ("jit", "pmap")
+# DistributedDataParallel's keywords Multiverse passes on; JAX takes none.
+_SYNC_OPTIONS = {
+    "torch": (
+        "bucket_cap_mb",
+        "find_unused_parameters",
+        "broadcast_buffers",
+        "gradient_as_bucket_view",
+        "static_graph",
+    ),
+    "jax": (),
+}
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+class Multiverse:
+    """Runs ``universe(mv, *args)`` on `nworld` data-parallel workers (Nebulae's Multiverse).
+
+    torch: `nworld` processes, one device each (gloo on the CPU, nccl on CUDA), spawned by
+    `mv()`; under torchrun or SLURM the process joins the launcher's run instead and `nworld`
+    is the launcher's. JAX: `processes` processes (default 1) driving `nworld` devices in
+    all: one process runs `universe` itself over its first `nworld` devices (on the CPU, host
+    devices are made when JAX is not imported yet); several are joined by
+    ``jax.distributed.initialize``. A worker that raises or dies stops the others; `mv()`
+    then raises `WorkerError` naming its rank and step.
+
+    Args:
+        universe: ``universe(mv, *args)``, the training function. Spawned workers import it
+            by name: a function at the top level of a module (a script's ``__main__`` too).
+        nworld: data-parallel replicas (torch: processes; JAX: devices over all processes).
+        backend: "torch" or "jax".
+        timeout: seconds for joining the run and for each collective to finish.
+        engine: JAX: "jit" (sharded jit) or "pmap" for `learner` steps; torch: "jit" (DDP).
+        processes: JAX only: processes to spawn (a divisor of `nworld`); torch: `nworld`.
+        **sync_options: torch: DistributedDataParallel's ``bucket_cap_mb``,
+            ``find_unused_parameters``, ``broadcast_buffers``, ``gradient_as_bucket_view``,
+            ``static_graph`` for `sync`.
+
+    Attributes:
+        nworld, rank, local_rank, processes, is_main, step (training steps this worker has
+        taken: learner steps and, torch, forwards of synced models in training mode).
+    """
+
+    def __init__(
+        self,
+        universe: Callable[..., Any],
+        nworld: int = 1,
+        *,
+        backend: str = "torch",
+        timeout: float = 300.0,
+        engine: str = "jit",
+        processes: int | None = None,
+        **sync_options: Any,
+    ) -> None:
+        if not callable(universe):
+            raise bad_argument("universe", universe, "a function universe(mv, *args)")
+        if backend not in _BACKENDS:
+            raise bad_argument("backend", backend, "'torch' or 'jax'")
+        nworld = _count("nworld", nworld)
+        if not _number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+            raise bad_argument("timeout", timeout, "a positive number of seconds")
+        if engine not in _ENGINES or (backend == "torch" and engine != "jit"):
+            allowed = "'jit' or 'pmap'" if backend == "jax" else "'jit' (DDP) under torch"
+            raise bad_argument("engine", engine, allowed)
+        if processes is not None:
+            processes = _count("processes", processes)
+            if backend == "torch" and processes != nworld:
+                raise bad_argument(
+                    "processes", processes, f"None or nworld={nworld} under torch (one "
+                    "process a device)"
+                )  # fmt: skip
+            if nworld % processes:
+                raise bad_argument("processes", processes, f"a divisor of nworld={nworld}")
+        unknown = sorted(set(sync_options) - set(_SYNC_OPTIONS[backend]))
+        if unknown:
+            raise bad_argument(
+                unknown[0], sync_options[unknown[0]], f"a keyword {backend} takes: one of "
+                f"{_SYNC_OPTIONS[backend] or 'none (JAX sync has no options)'}"
+            )  # fmt: skip
+        self.universe, self.backend, self.timeout, self.engine = universe, backend, timeout, engine
+        self._sync_options = dict(sync_options)
+        self._requested = nworld
+        self._processes = (nworld if backend == "torch" else 1) if processes is None else processes
+        self._world: World | None = from_environment()
+        if self._world is not None and self._world.source != "spawned":
+            launched = self._world.processes
+            if backend == "torch" and nworld not in (1, launched):
+                warnings.warn(
+                    f"Multiverse(nworld={nworld}) runs under {self._world.source}'s "
+                    f"{launched} processes; nworld is {launched}", UserWarning, stacklevel=2,
+                )  # fmt: skip
+        self._runtime: Runtime | None = None
+        self._steps: Any = None  # the spawning parent's shared step array, in a worker
+        self.step = 0
+
+    # ---- where this worker stands ---------------------------------------------------
+
+    @property
+    def world(self) -> World:
+        """This process's World (the launcher's, or this process alone)."""
+        if self._world is None:
+            self._world = World(local_devices=self._requested if self.backend == "jax" else 0)
+        return self._world
+
+    @property
+    def nworld(self) -> int:
+        """Data-parallel replicas (torch: processes; JAX: mesh devices over all processes)."""
+        if self._runtime is not None:
+            return self._runtime.nworld
+        world = self._world
+        if world is not None and self.backend == "torch":
+            return world.processes
+        if world is not None and world.local_devices:
+            return world.processes * world.local_devices
+        return self._requested
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (JAX: its process index)."""
+        return self.world.rank
+
+    @property
+    def local_rank(self) -> int:
+        """This process's index on its host."""
+        return self.world.local_rank
+
+    @property
+    def processes(self) -> int:
+        """Processes in the run."""
+        return self.world.processes if self._world is not None else self._processes
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0: the one that logs and writes checkpoints."""
+        return self.rank == 0
+
+    @property
+    def runtime(self) -> Runtime:
+        """The adapter's handle on the joined run (joins it first: `init`)."""
+        self.init()
+        assert self._runtime is not None
+        return self._runtime
+
+    # ---- running --------------------------------------------------------------------
+
+    def __call__(self, *args: Any) -> Any:
+        """Runs ``universe(mv, *args)`` on every worker and returns rank 0's result.
+
+        Raises:
+            WorkerError: a worker raised or died; the others were stopped.
+            ArgumentError: a universe or arguments that cannot reach spawned workers.
+        """
+        if self._world is not None or self._processes == 1:
+            if self._world is None and self.backend == "jax" and self._requested > 1:
+                _host_devices(self._requested)
+            try:
+                return self.universe(self, *args)
+            finally:
+                self.leave()
+        check_picklable(self.universe, args)
+        return self._spawn(args)
+
+    def _spawn(self, args: tuple[Any, ...]) -> Any:
+        n = self._processes
+        port = free_port()
+        local = self._requested // n
+        base = {
+            "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), SPAWNED: str(local if self.backend == "jax" else 0),
+        }  # fmt: skip
+        if self.backend == "jax":
+            base["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{free_port()}"
+            base["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), local)
+        if "OMP_NUM_THREADS" not in os.environ:  # torchrun's rule: cores shared, not multiplied
+            base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
+        envs = [{**base, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(n)]
+        steps = multiprocessing.get_context("spawn").Array("q", n, lock=False)
+        config = {
+            "nworld": self._requested, "backend": self.backend, "timeout": self.timeout,
+            "engine": self.engine, **self._sync_options,
+        }  # fmt: skip
+        payload = (self.universe, config, args, steps)
+        return run_workers(_worker, [payload] * n, envs, steps)
+
+    def init(self) -> Multiverse:
+        """Joins the run (idempotent; `sync`, `reduce` and the rest call it when needed)."""
+        if self._runtime is None:
+            part = backends.load_part(self.backend, "distributed")
+            self._runtime = part.join(self.world, timeout=self.timeout, on_step=self._on_step)
+        return self
+
+    def leave(self) -> None:
+        """Leaves the run (`mv()` does it when `universe` returns)."""
+        if self._runtime is not None:
+            runtime, self._runtime = self._runtime, None
+            runtime.leave()
+
+    def _on_step(self) -> None:
+        self.step += 1
+        if self._steps is not None:
+            self._steps[self.rank] = self.step
+
+    # ---- the six calls of Nebulae's brochure ------------------------------------------
+
+    @contextmanager
+    def scope(self) -> Iterator[Multiverse]:
+        """A context in which the run's devices are the default (JAX: its mesh)."""
+        with self.runtime.scope():
+            yield self
+
+    def sync(self, models: Any, data: Any = ()) -> Any:
+        """Rank 0's parameters on every worker, gradients mean-reduced; Tanks sharded per rank.
+
+        Args:
+            models: a model or a tuple or list of models: torch, realized Crafts or any
+                ``nn.Module`` (returned wrapped in DistributedDataParallel); JAX, realized
+                modules or pytrees of arrays (returned replicated over the mesh).
+            data: a Tank or a tuple or list of Tanks, changed in place: each serves this
+                process's share of every epoch (``Tank.shard``) to the run's devices. Every
+                process must serve as many batches per epoch, else ArgumentError (a process
+                with a batch more would wait forever in its last step).
+
+        Returns:
+            The synced models, in the structure given.
+        """
+        from dualtrain.fuel.tank import Tank  # the Tank reaches back to backends: import late
+
+        tanks = list(data) if isinstance(data, (tuple, list)) else [data]
+        for i, tank in enumerate(tanks):
+            if not isinstance(tank, Tank):
+                raise bad_argument(f"data[{i}]", tank, "a dualtrain.Tank")
+            if tank.position != 0:
+                raise ArgumentError(
+                    f"data[{i}]: sync a Tank at the start of an epoch; it has served "
+                    f"{tank.position} of its {tank.MPE} batches"
+                )
+        runtime = self.runtime
+        for i, tank in enumerate(tanks):
+            tank.shard(self.rank, self.processes, device=runtime.batch_device(tank.to))
+            _check_divisible(i, tank, runtime.local_devices)
+        served = runtime.gather_object([tank.MPE for tank in tanks])
+        for i in range(len(tanks)):
+            counts = [ranks[i] for ranks in served]
+            if len(set(counts)) > 1:
+                raise ArgumentError(
+                    f"data[{i}]: the processes serve different numbers of batches per epoch "
+                    f"{counts} (by rank); every process must take as many steps: shard the "
+                    "same pack, with drop_last=True or pad=True"
+                )
+        if isinstance(models, (tuple, list)):
+            return type(models)(runtime.sync_model(m, dict(self._sync_options)) for m in models)
+        return runtime.sync_model(models, dict(self._sync_options))
+
+    def reduce(self, value: Any, aggregate: bool = False) -> Any:
+        """`value` averaged (`aggregate`: summed) over the processes, in the kind it came in.
+
+        A scalar, an array or a tuple, list or dict of them. Under JAX a learner's loss is
+        already the mean over the global batch; `reduce` is for values each process holds.
+        """
+        if not isinstance(aggregate, (bool, np.bool_)):
+            raise bad_argument("aggregate", aggregate, "a bool (True sums, False averages)")
+        return self.runtime.reduce(value, aggregate=bool(aggregate))
+
+    # ---- what a real run needs ----------------------------------------------------------
+
+    def learner(
+        self, model: Any, optimizer: Any, loss_fn: Callable[..., Any] | None = None,
+        engine: str | None = None,
+    ) -> Any:  # fmt: skip
+        """A data-parallel learner: ``learner.step(inputs, targets, mask=None) -> loss``.
+
+        One step on `nworld` replicas equals one single-worker step on the batch of all
+        replicas' rows (with `mask`, the rows it marks True). `loss_fn(outputs, targets)`
+        returns per-sample losses or their mean; default cross entropy on class indices.
+        """
+        engine = self.engine if engine is None else engine
+        if engine not in _ENGINES or (self.backend == "torch" and engine != "jit"):
+            raise bad_argument("engine", engine, "'jit' or 'pmap' (JAX); 'jit' (torch)")
+        if loss_fn is not None and not callable(loss_fn):
+            raise bad_argument("loss_fn", loss_fn, "None or loss_fn(outputs, targets)")
+        return self.runtime.learner(model, optimizer, loss_fn, engine)
+
+    def seed(self, seed: int) -> Any:
+        """Seeds Python's, NumPy's and the framework's RNGs per rank; the framework's seed.
+
+        The rank's seed is drawn from ``SeedSequence([seed, rank])``: different on every
+        rank, the same on every run. Returns it as torch takes it (an int) or as a JAX key.
+        """
+        seed = check_seed("seed", seed)
+        mine = int(np.random.SeedSequence([seed, self.rank]).generate_state(1)[0])
+        random.seed(mine)
+        np.random.seed(mine)  # noqa: NPY002 - the global RNG users' code draws from
+        return self.runtime.seed(mine)
+
+    def no_sync(self, model: Any) -> Any:
+        """Backward passes accumulate gradients without reducing them (torch: DDP's no_sync)."""
+        return self.runtime.no_sync(model)
+
+    def barrier(self) -> None:
+        """Waits until every process reaches it."""
+        self.runtime.barrier()
+
+    def print(self, *values: Any, **options: Any) -> None:
+        """``print`` on rank 0 only (flushed): one line per step, not one per worker."""
+        if self.is_main:
+            print(*values, **{"flush": True, **options})
+
+    def time_machine(self, machine: Any) -> RankZeroTimeMachine:
+        """`machine` (a TimeMachine) for a run: rank 0 writes, every rank reads.
+
+        Anchors are written once, by rank 0, and every rank waits until the file is there;
+        reading waits until every rank has arrived, so no rank loads an anchor being
+        replaced or deleted by retention. Synced models are unwrapped for it.
+        """
+        return RankZeroTimeMachine(machine, self)
+
+    # ---- Nebulae's decorator -------------------------------------------------------------
+
+    @staticmethod
+    def Executor(  # noqa: N802 - Nebulae's name
+        function: Callable[..., Any] | None = None, **options: Any
+    ) -> Any:
+        """Marks the main function: called without a Multiverse, it runs on one worker.
+
+        ``@Multiverse.Executor`` (torch) or ``@Multiverse.Executor(backend="jax")``: then
+        ``launch()`` runs ``launch(Multiverse(launch, 1, **options))`` and
+        ``Multiverse(launch, 4)()`` runs it on four.
+        """
+        if function is None:
+            return functools.partial(Multiverse.Executor, **options)
+        if not callable(function):
+            raise bad_argument("function", function, "the main function launch(mv, ...)")
+
+        @functools.wraps(function)
+        def main(mv: Multiverse | None = None, *args: Any) -> Any:
+            if mv is None:
+                return Multiverse(function, 1, **options)(*args)
+            return function(mv, *args)
+
+        return main
+
+
+def _worker(
+    conn: Any, rank: int, parent: int, universe: Callable[..., Any], config: dict[str, Any],
+    args: tuple[Any, ...], steps: Any,
+) -> None:  # fmt: skip
+    """A spawned worker's body: join, run the universe, report; never outlive the parent."""
+    watch_parent(parent)
+    mv: Multiverse | None = None
+    try:
+        mv = Multiverse(universe, **config)
+        mv._steps = steps
+        result = universe(mv, *args)
+        mv.leave()
+    except BaseException as err:  # everything reaches the parent, Ctrl-C too
+        report_failure(conn, mv.step if mv is not None else 0, err)
+        conn.close()
+        sys.stderr.flush()
+        os._exit(1)  # no atexit: a process group left mid-collective can hang its teardown
+    report_result(conn, mv.step, result if rank == 0 else None)
+    conn.close()
+
+
+def _host_devices(count: int) -> None:
+    """Asks JAX for `count` host devices when it is not imported yet (CPU runs)."""
+    if "jax" not in sys.modules:
+        os.environ["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), count)
+
+
+def _with_devices(flags: str, count: int) -> str:
+    kept = [f for f in flags.split() if not f.startswith(_DEVICE_FLAG)]
+    return " ".join([*kept, f"{_DEVICE_FLAG}={count}"])
+
+
+def _check_divisible(i: int, tank: Any, devices: int) -> None:
+    if devices <= 1 or tank.to != "jax":
+        return
+    sizes = {tank.batch_size, tank.samples_per_epoch % tank.batch_size or tank.batch_size}
+    bad = sorted(s for s in sizes if s % devices)
+    if bad:
+        raise ArgumentError(
+            f"data[{i}]: batches of {bad[0]} rows do not split over the {devices} devices this "
+            "process drives; use a batch_size that is a multiple of it (and drop_last=True or "
+            "the default full last batch)"
+        )
+
+
+def _count(name: str, value: Any) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or value < 1:
+        raise bad_argument(name, value, "a positive int")
+    return int(value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )

@@ -1,0 +1,68 @@
+"""A TimeMachine for a data-parallel run: rank 0 writes each anchor once, every rank reads.
+
+Writing (``drop``, ``drop_members``, ``drop_embeddings``) runs on rank 0 alone, retention
+included, and the other ranks wait for it: every rank returns the same path, or raises the
+same error when rank 0's write failed (nothing is half-written: TimeMachine writes to a
+temporary name and renames). Reading (``to``, ``to_members``, ``to_embeddings``) waits
+until every rank has arrived, so no rank reads an anchor while rank 0 still replaces it or
+retention deletes it, and then every rank loads the same file into its own model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dualtrain.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from dualtrain.multiverse.multiverse import Multiverse
+
+__all__ = ["RankZeroTimeMachine"]
+
+_WRITES = ("drop", "drop_members", "drop_embeddings")
+_READS = ("to", "to_members", "to_embeddings")
+
+
+class RankZeroTimeMachine:
+    """`machine` (a TimeMachine) with writes on rank 0 only and reads after a barrier.
+
+    Other attributes (``save_path``, ``max_anchors``, ...) are the machine's own.
+    """
+
+    def __init__(self, machine: Any, mv: Multiverse) -> None:
+        self.machine, self._mv = machine, mv
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.machine, name)
+        if name in _WRITES:
+            return lambda model, *args, **kw: self._write(name, model, args, kw)
+        if name in _READS:
+            return lambda model, *args, **kw: self._read(name, model, args, kw)
+        return value
+
+    def _write(self, name: str, model: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        mv = self._mv
+        outcome: tuple[str, Any] = ("ok", None)
+        if mv.is_main:
+            try:
+                outcome = ("ok", getattr(self.machine, name)(_unwrap(mv, model), *args, **kw))
+            except Exception as err:  # every rank must learn of it, or they wait for good
+                outcome = ("error", f"{type(err).__name__}: {err}")
+                mine: BaseException | None = err
+            else:
+                mine = None
+        kind, value = mv.runtime.gather_object(outcome)[0]
+        if kind == "error":
+            if mv.is_main and mine is not None:
+                raise mine
+            raise CheckpointError(f"rank 0 failed to write the anchor ({name}): {value}")
+        return value
+
+    def _read(self, name: str, model: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        self._mv.barrier()
+        return getattr(self.machine, name)(_unwrap(self._mv, model), *args, **kw)
+
+
+def _unwrap(mv: Multiverse, model: Any) -> Any:
+    """The model without the run's wrapping (DDP's ``.module``); rows and others as given."""
+    return mv.runtime.unwrap(model)

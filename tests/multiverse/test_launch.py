@@ -1,0 +1,152 @@
+"""Multiverse's launcher: workers spawned with torchrun's variables, failures stop them all.
+
+The universes here join no run, so these tests cost a Python start per worker, not a
+framework import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dualtrain import ArgumentError, Multiverse, WorkerError
+from tests.multiverse import universes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def records(folder: Path, n: int, wait: float = 30.0) -> list[dict[str, Any]]:
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        found = sorted(folder.glob("rank*.json"))
+        if len(found) == n:
+            return [json.loads(p.read_text()) for p in found]
+        time.sleep(0.05)
+    raise AssertionError(f"{len(list(folder.glob('rank*.json')))} of {n} workers started")
+
+
+def gone(pid: int, wait: float = 10.0) -> bool:
+    """Whether process `pid` is gone (or a zombie nobody reaps) within `wait` seconds."""
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        status = Path(f"/proc/{pid}/stat")
+        if status.exists() and status.read_text().split(")")[-1].split()[0] == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_workers_see_their_place_and_rank_0_returns(tmp_path: Path) -> None:
+    result = Multiverse(universes.where, 3)(str(tmp_path))
+    assert result == {"rank": 0, "squares": [0, 1, 4, 9]}
+    seen = records(tmp_path, 3)
+    assert [r["rank"] for r in seen] == [0, 1, 2]
+    assert all(r["nworld"] == 3 and r["processes"] == 3 and r["world"] == "3" for r in seen)
+    assert [r["is_main"] for r in seen] == [True, False, False]
+    assert [r["local_rank"] for r in seen] == [0, 1, 2]
+    if "OMP_NUM_THREADS" not in os.environ:  # shared cores, not multiplied
+        assert all(int(r["omp"]) == max(1, (os.cpu_count() or 1) // 3) for r in seen)
+    assert all(gone(r["pid"]) for r in seen)
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [("raise", "ValueError: loss is nan at rank 1"), ("kill", "killed by SIGKILL"),
+     ("exit", "exited with code 3")],
+)  # fmt: skip
+def test_a_failing_worker_stops_the_others_and_is_named(
+    tmp_path: Path, how: str, said: str
+) -> None:
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="rank 1 failed at step 2") as caught:
+        Multiverse(universes.fails, 3)(str(tmp_path), 1, 2, how)
+    assert said in str(caught.value)
+    assert (caught.value.rank, caught.value.step) == (1, 2)
+    assert time.monotonic() - start < 30
+    for record in records(tmp_path, 3):
+        assert gone(record["pid"], wait=1.0), f"rank {record['rank']} is still running"
+
+
+def test_an_unpicklable_result_is_an_error_naming_rank_0() -> None:
+    with pytest.raises(WorkerError, match=r"rank 0 .*could not be sent"):
+        Multiverse(universes.unpicklable, 2)()
+
+
+def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tests.multiverse.waiting_run", str(tmp_path)], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        seen = records(tmp_path, 2)
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert run.returncode == 130, err
+    assert "interrupted" in out
+    assert all(gone(r["pid"], wait=1.0) for r in seen)
+
+
+def test_workers_of_a_killed_parent_exit(tmp_path: Path) -> None:
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tests.multiverse.waiting_run", str(tmp_path)], cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        seen = records(tmp_path, 2)
+    finally:
+        run.kill()
+        run.wait()
+    assert all(gone(r["pid"], wait=5.0) for r in seen)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [({"nworld": 0}, "nworld"), ({"nworld": True}, "nworld"), ({"backend": "tf"}, "backend"),
+     ({"timeout": 0}, "timeout"), ({"timeout": float("inf")}, "timeout"),
+     ({"engine": "pmap"}, "engine"), ({"backend": "jax", "engine": "vmap"}, "engine"),
+     ({"nworld": 4, "processes": 2}, "processes"),
+     ({"backend": "jax", "nworld": 4, "processes": 3}, "processes"),
+     ({"bucket_size": 25}, "bucket_size"),
+     ({"backend": "jax", "bucket_cap_mb": 25}, "bucket_cap_mb")],
+)  # fmt: skip
+def test_bad_arguments_are_refused_naming_them(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ArgumentError, match=rf"^{named} must be"):
+        Multiverse(universes.where, **kwargs)
+
+
+def test_a_universe_spawned_workers_cannot_import_is_refused_before_any_start() -> None:
+    with pytest.raises(ArgumentError, match="top level of an importable module"):
+        Multiverse(lambda mv: None, 2)()
+    with pytest.raises(ArgumentError, match="picklable"):
+        Multiverse(universes.where, 2)(lambda: None)
+
+
+def test_executor_runs_a_main_function_on_one_worker_without_a_multiverse() -> None:
+    seen: list[Any] = []
+
+    @Multiverse.Executor
+    def launch(mv: Multiverse | None, value: int) -> int:
+        assert mv is not None
+        seen.append((mv.nworld, mv.rank, mv.is_main))
+        return value * 2
+
+    assert launch(None, 21) == 42
+    mv = Multiverse(launch, 1)
+    assert launch(mv, 5) == 10
+    assert seen == [(1, 0, True), (1, 0, True)]
+    with pytest.raises(ArgumentError, match="function"):
+        Multiverse.Executor(3)  # type: ignore[arg-type]

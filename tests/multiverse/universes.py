@@ -1,0 +1,59 @@
+"""Universes for the launcher's tests: spawned workers import them by name.
+
+They do not join a run (no torch, no JAX): they test the spawning, the reports and the
+stopping. Each writes its pid to ``folder`` so the tests can check that none is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _note(mv: Any, folder: str) -> None:
+    record = {"rank": mv.rank, "nworld": mv.nworld, "local_rank": mv.local_rank,
+              "processes": mv.processes, "is_main": mv.is_main, "pid": os.getpid(),
+              "omp": os.environ.get("OMP_NUM_THREADS"),
+              "world": os.environ.get("WORLD_SIZE")}  # fmt: skip
+    tmp = Path(folder) / f".rank{mv.rank}.json"
+    tmp.write_text(json.dumps(record))
+    tmp.rename(Path(folder) / f"rank{mv.rank}.json")
+
+
+def where(mv: Any, folder: str) -> Any:
+    """Writes where this worker stands; returns its rank and the squares of range(4)."""
+    _note(mv, folder)
+    return {"rank": mv.rank, "squares": [i * i for i in range(4)]}
+
+
+def fails(mv: Any, folder: str, rank: int, steps: int, how: str) -> None:
+    """Rank `rank` takes `steps` steps, then raises or kills itself; the others wait forever."""
+    _note(mv, folder)
+    if mv.rank != rank:
+        while True:
+            time.sleep(0.05)
+    for _ in range(steps):
+        mv._on_step()
+    if how == "raise":
+        raise ValueError(f"loss is nan at rank {rank}")
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "exit":
+        os._exit(3)
+    raise AssertionError(how)
+
+
+def waits(mv: Any, folder: str) -> None:
+    """Every worker waits forever (the test stops them)."""
+    _note(mv, folder)
+    while True:
+        time.sleep(0.05)
+
+
+def unpicklable(mv: Any) -> Any:
+    """Rank 0 returns what cannot be pickled."""
+    return (lambda: None) if mv.is_main else None
