@@ -83,11 +83,13 @@ if TYPE_CHECKING:
     from dualtrain.demo.seams import DemoPart
     from dualtrain.embeddings.seams import EmbeddingsPart
     from dualtrain.fuel.seams import DataPart
+    from dualtrain.multiverse.seams import DistributedPart
     from dualtrain_jax import (
         checkpoint as _checkpoint,
         craft as _craft,
         data as _data,
         demo as _demo,
+        distributed as _distributed,
         embeddings as _embeddings,
         layers as _layers,
     )
@@ -98,3 +100,4 @@ if TYPE_CHECKING:
     _data_meets: DataPart = _data
     _embeddings_meets: EmbeddingsPart = _embeddings
     _demo_meets: DemoPart = _demo
+    _distributed_meets: DistributedPart = _distributed

@@ -31,7 +31,10 @@ __all__ = ["NUMBERS", "Layout", "call_key", "eps", "module_parts", "platform_par
 NUMBERS = (bool, int, float, complex)  # jax.jit traces these as weak-typed scalars
 
 
-_ARRAY = type(jnp.zeros(()))  # jaxlib's concrete array class (never a tracer)
+# jaxlib's concrete array class (never a tracer), found at the first call: making an array
+# at import would start JAX's backend, after which jax.distributed.initialize (Multiverse)
+# can no longer run in this process.
+_ARRAY: Any = None
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -65,6 +68,9 @@ def call_key(tree: Any) -> tuple[Any, list[Any], Any] | None:
     a call already seen costs one flatten and one dict look-up. None: a leaf is a tracer
     (the call is inside the user's own jit/grad/vmap) or a fixed leaf is unhashable.
     """
+    global _ARRAY
+    if _ARRAY is None:
+        _ARRAY = type(jnp.zeros(()))
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     try:
         # The common leaf, a concrete array, inline: this runs on every call. Its sharding

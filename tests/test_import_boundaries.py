@@ -104,3 +104,17 @@ def test_each_adapter_works_with_the_other_framework_missing(works, hidden):
         hidden=(hidden,) if hidden != "jax" else ("jax", "jaxlib", "optax"),
     )
     assert f"pip install 'dualtrain[{hidden}]'" in stdout, stdout
+
+
+def test_importing_every_jax_module_starts_no_backend():
+    """jax.distributed.initialize must still be possible after the imports (Multiverse)."""
+    stdout = run(
+        """
+        import pkgutil, importlib, dualtrain_jax
+        for info in pkgutil.iter_modules(dualtrain_jax.__path__):
+            importlib.import_module(f"dualtrain_jax.{info.name}")
+        from jax._src import xla_bridge
+        print(xla_bridge.backends_are_initialized())
+        """
+    )
+    assert stdout.strip().endswith("False"), stdout

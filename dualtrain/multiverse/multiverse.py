@@ -188,6 +188,7 @@ class Multiverse:
             if self._world is None and self.backend == "jax" and self._requested > 1:
                 _host_devices(self._requested)
             try:
+                self._join_early()
                 return self.universe(self, *args)
             finally:
                 self.leave()
@@ -205,6 +206,8 @@ class Multiverse:
         if self.backend == "jax":
             base["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{free_port()}"
             base["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), local)
+        if "TORCH_CPP_LOG_LEVEL" not in os.environ:  # gloo's per-peer lines at every join
+            base["TORCH_CPP_LOG_LEVEL"] = "ERROR"
         if "OMP_NUM_THREADS" not in os.environ:  # torchrun's rule: cores shared, not multiplied
             base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
         envs = [{**base, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(n)]
@@ -222,6 +225,15 @@ class Multiverse:
             part = backends.load_part(self.backend, "distributed")
             self._runtime = part.join(self.world, timeout=self.timeout, on_step=self._on_step)
         return self
+
+    def _join_early(self) -> None:
+        """Under JAX, joins before the universe runs (torch: at `init` or first need).
+
+        JAX can join a run of several processes only before it computes anything, and
+        realizing a model computes.
+        """
+        if self.backend == "jax":
+            self.init()
 
     def leave(self) -> None:
         """Leaves the run (`mv()` does it when `universe` returns)."""
@@ -384,6 +396,7 @@ def _worker(
     try:
         mv = Multiverse(universe, **config)
         mv._steps = steps
+        mv._join_early()
         result = universe(mv, *args)
         mv.leave()
     except BaseException as err:  # everything reaches the parent, Ctrl-C too

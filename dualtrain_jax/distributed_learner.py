@@ -1,0 +1,331 @@
+"""`DataParallelLearner`: one train step over a JAX mesh, its loss the global batch's mean.
+
+Two engines run the same step. "jit" (default): one ``jax.jit`` over the global batch with
+the parameters replicated (``P()``) and the batch split by rows (``P("data")``); XLA
+partitions it and inserts the all-reduce, so the step is the single-device step on the whole
+batch (BatchNorm's statistics too: they are the global batch's). "pmap": ``jax.pmap`` over
+this process's mesh devices, each device its rows, the gradients and the loss summed with
+``lax.psum`` over the axis "data"; the learner's `model` and `opt_state` come back in the jit
+form (global arrays replicated over the mesh) under both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dualtrain.craft import Craft
+from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain_jax.craft import JaxModule
+from dualtrain_jax.transfer import Transfer
+
+if TYPE_CHECKING:
+    from dualtrain_jax.distributed import JaxRuntime
+
+__all__ = ["DataParallelLearner", "per_sample_cross_entropy"]
+
+ENGINES = ("jit", "pmap")
+_AXIS = "data"
+_RNG_SEED = 0  # the default dropout key of step n: fold_in(key(0), n), as TrainingLearner's
+
+
+def per_sample_cross_entropy(outputs: jax.Array, targets: jax.Array) -> jax.Array:
+    """The default loss: softmax cross-entropy of logits ``(B, C)`` against labels ``(B,)``.
+
+    Returns the per-sample losses ``(B,)`` (the learner averages them, with the mask).
+    """
+    return optax.softmax_cross_entropy_with_integer_labels(outputs, targets)
+
+
+class DataParallelLearner:
+    """A model, an optax optimizer and a loss, stepped data-parallel over a runtime's mesh.
+
+    Two kinds of model:
+
+    - a realized module (`dualtrain_jax.realize`): each step runs ``apply(params, state,
+      *inputs, train=True, rng=...)`` and keeps the new state (BatchNorm statistics), as
+      `dualtrain_jax.TrainingLearner` does; ``loss_fn(outputs, targets)``, default per-sample
+      cross-entropy on integer labels.
+    - a pytree of parameter arrays: ``loss_fn(params, inputs, targets)`` (required) is the
+      whole model; `inputs` is passed as given (one array or a tuple).
+
+    Either loss returns per-sample losses ``(B,)`` over the batch's rows or their mean (a
+    scalar; not with a mask). The step's loss and gradient are those of the mean over the
+    global batch: every process's rows, or with ``mask`` the rows it marks True.
+
+    Args:
+        runtime: the joined run (`dualtrain_jax.distributed.JaxRuntime`).
+        model: a realized module or a pytree of arrays (copied onto the mesh, replicated;
+            the caller's arrays are left as they are).
+        optimizer: an optax ``GradientTransformation``.
+        loss_fn: see above; None: the default (modules only).
+        engine: "jit" (sharded jit) or "pmap".
+
+    Attributes:
+        model: the module (same mode) or params pytree, arrays replicated over the mesh.
+        opt_state: the optimizer's state, replicated likewise.
+        steps: steps taken.
+        engine: "jit" or "pmap".
+
+    Raises:
+        ArgumentError: a bad engine, optimizer or loss_fn, an unrealized Craft.
+    """
+
+    def __init__(
+        self,
+        runtime: JaxRuntime,
+        model: Any,
+        optimizer: Any,
+        loss_fn: Callable[..., Any] | None,
+        engine: str,
+    ) -> None:
+        if engine not in ENGINES:
+            raise bad_argument("engine", engine, "'jit' (sharded jit) or 'pmap'")
+        if not all(callable(getattr(optimizer, name, None)) for name in ("init", "update")):
+            raise bad_argument("optimizer", optimizer, "an optax GradientTransformation")
+        if isinstance(model, Craft):
+            raise bad_argument(
+                "model", model, "a realized module: dualtrain_jax.realize(craft, seed=...) first"
+            )
+        if loss_fn is not None and not callable(loss_fn):
+            raise bad_argument("loss_fn", loss_fn, "None or a callable loss")
+        self.runtime, self.optimizer, self.engine = runtime, optimizer, engine
+        self._module: JaxModule | None = None
+        if isinstance(model, JaxModule):
+            # An AcceleratedModule: the step is compiled whole, no ladder inside it. (Its
+            # module is not imported here: importing it starts JAX's backend, which must wait
+            # for jax.distributed.initialize.)
+            unwrap = getattr(model, "unwrap", None)
+            if callable(unwrap):
+                model = unwrap()
+            self._module = model
+            shell = model.replace(params={}, state={})
+            fn = per_sample_cross_entropy if loss_fn is None else loss_fn
+
+            def forward(params: Any, state: Any, inputs: Any, targets: Any, rng: Any) -> Any:
+                out, new_state = shell.apply(params, state, *inputs, train=True, rng=rng)
+                return fn(out, targets), new_state
+
+            params, state = model.params, model.state
+        else:
+            if loss_fn is None:
+                raise bad_argument(
+                    "loss_fn",
+                    None,
+                    "loss_fn(params, inputs, targets) when the model is a pytree of arrays "
+                    "(a realized module has a default)",
+                )
+            fn = loss_fn
+
+            def forward(params: Any, state: Any, inputs: Any, targets: Any, rng: Any) -> Any:
+                return fn(params, inputs, targets), state
+
+            params, state = model, {}
+        self.loss_fn = fn
+        self._forward = forward
+        params, state = runtime.replicate((params, state))
+        opt_state = jax.jit(optimizer.init, out_shardings=runtime.replicated)(params)
+        self._plain: tuple[Any, Any, Any] | None = (params, state, opt_state)
+        self._stacked: tuple[Any, Any, Any] | None = None  # pmap's per-device copies
+        self._transfer = Transfer(runtime.batched)
+        self._steps: dict[bool, Any] = {}
+        self.steps = 0
+
+    def __repr__(self) -> str:
+        return f"DataParallelLearner(engine={self.engine!r}, steps={self.steps}, {self.runtime!r})"
+
+    # ---- what the learner holds, in the jit form under both engines -------------------------
+
+    def _jit_form(self) -> tuple[Any, Any, Any]:
+        if self._plain is None:
+            assert self._stacked is not None
+            first = jax.tree.map(lambda x: _host_rows(x)[0], self._stacked)  # device 0's copy
+            self._plain = self.runtime.replicate(first, broadcast=False)
+        return self._plain
+
+    @property
+    def model(self) -> Any:
+        """The module (its mode kept) or params pytree, arrays replicated over the mesh."""
+        params, state, _ = self._jit_form()
+        if self._module is None:
+            return params
+        return self._module.replace(params=params, state=state)
+
+    @property
+    def opt_state(self) -> Any:
+        """The optimizer's state, replicated over the mesh."""
+        return self._jit_form()[2]
+
+    # ---- the step -----------------------------------------------------------------------
+
+    def step(
+        self, inputs: Any, targets: Any, mask: Any = None, *, rng: jax.Array | None = None
+    ) -> jax.Array:
+        """One train step on the global batch: forward, mean loss, gradients, update.
+
+        Args:
+            inputs: this process's rows, ``(b, ...)`` (or a tuple of such arrays): NumPy,
+                JAX, or a Tank's batch already sharded over the mesh. The global batch is
+                every process's rows in rank order, ``B = processes * b`` rows, a multiple
+                of the mesh size `nworld`.
+            targets: what the loss compares outputs with, rows likewise.
+            mask: None, or booleans ``(b,)``: rows marked False (a padded last batch) count
+                for nothing; the loss is the mean over the True rows of all processes.
+            rng: the dropout key; default ``fold_in(key(0), learner.steps)``.
+
+        Returns:
+            The loss before the update, a scalar replicated over the mesh (``float(loss)``
+            reads it on any process).
+
+        Raises:
+            ArgumentError: rows that do not split over the mesh; a loss of another shape than
+                ``()`` or ``(B,)``; a scalar loss with a mask.
+        """
+        if self._module is not None:  # apply(params, state, *inputs)
+            inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        masked = mask is not None
+        if rng is None:
+            rng = jax.random.fold_in(jax.random.key(_RNG_SEED), self.steps)
+        key = np.asarray(jax.random.key_data(rng))  # raw uint32: crosses any sharding
+        if self.engine == "jit":
+            loss = self._jit_step(inputs, targets, mask, masked, key)
+        else:
+            loss = self._pmap_step(inputs, targets, mask, masked, key)
+        self.steps += 1
+        self.runtime.on_step()
+        return loss
+
+    def _mean(self, value: Any, mask: Any, rows: int, count: Any) -> Any:
+        """The loss over these rows, divided by `count` (the global rows counted)."""
+        shape = jnp.shape(value)
+        if shape == () and mask is None:
+            return value
+        if shape != (rows,):
+            got = "a scalar with a mask" if shape == () else f"shape {shape}"
+            raise bad_argument(
+                "loss_fn",
+                self.loss_fn,
+                f"a loss returning per-sample losses ({rows},) or (without a mask) their "
+                f"mean; got {got}",
+            )
+        if mask is not None:
+            value = jnp.where(mask, value, 0)
+        return value.sum() / count
+
+    def _jit_step(self, inputs: Any, targets: Any, mask: Any, masked: bool, key: Any) -> Any:
+        rt = self.runtime
+        batch = self._place((inputs, targets, mask) if masked else (inputs, targets))
+        params, state, opt_state = self._jit_form()
+        fn = self._steps.get(masked)
+        if fn is None:
+            forward, optimizer = self._forward, self.optimizer
+
+            def step(params: Any, state: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+                inputs, targets, mask = (*batch, None)[:3]
+                rng = jax.random.wrap_key_data(key)
+                rows = jax.tree.leaves(targets)[0].shape[0]
+                count = rows if mask is None else jnp.maximum(mask.sum(), 1)
+
+                def objective(p: Any) -> Any:
+                    value, new_state = forward(p, state, inputs, targets, rng)
+                    return self._mean(value, mask, rows, count), new_state
+
+                (loss, new_state), grads = jax.value_and_grad(objective, has_aux=True)(params)
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), new_state, opt_state, loss
+
+            r, b = rt.replicated, rt.batched
+            fn = jax.jit(step, in_shardings=(r, r, r, b, r), out_shardings=r)
+            self._steps[masked] = fn
+        params, state, opt_state, loss = fn(params, state, opt_state, batch, key)
+        self._plain, self._stacked = (params, state, opt_state), None
+        return loss
+
+    def _place(self, batch: Any) -> Any:
+        """`batch` (this process's rows) as global arrays split by rows over the mesh."""
+        rt = self.runtime
+        leaves, treedef = jax.tree.flatten(batch)
+        out = []
+        for leaf in leaves:
+            if isinstance(leaf, jax.Array) and leaf.sharding == rt.batched:
+                out.append(leaf)
+                continue
+            x = leaf if isinstance(leaf, jax.Array) and rt.processes == 1 else np.asarray(leaf)
+            if x.ndim == 0 or x.shape[0] % rt.local_devices:
+                raise ArgumentError(
+                    f"inputs, targets and mask must hold rows that split over the "
+                    f"{rt.local_devices} devices this process drives; got an array of shape "
+                    f"{x.shape} (use a batch size that is a multiple of it, a Tank with "
+                    "drop_last=True or pad=True)"
+                )
+            out.append(self._transfer(x))
+        return jax.tree.unflatten(treedef, out)
+
+    def _pmap_step(self, inputs: Any, targets: Any, mask: Any, masked: bool, key: Any) -> Any:
+        rt = self.runtime
+        n = rt.local_devices
+        batch = (inputs, targets, mask) if masked else (inputs, targets)
+        local = jax.tree.map(lambda x: _split(_host_rows(x), n), batch)
+        if self._stacked is None:
+            plain = jax.tree.map(_host_rows, self._jit_form())
+            self._stacked = jax.tree.map(lambda x: np.broadcast_to(x, (n, *x.shape)), plain)
+        fn = self._steps.get(masked)
+        if fn is None:
+            forward, optimizer = self._forward, self.optimizer
+
+            def step(params: Any, state: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+                inputs, targets, mask = (*batch, None)[:3]
+                rng = jax.random.fold_in(jax.random.wrap_key_data(key), jax.lax.axis_index(_AXIS))
+                rows = jax.tree.leaves(targets)[0].shape[0]
+                count = jax.lax.psum(rows if mask is None else mask.sum(), _AXIS)
+                count = jnp.maximum(count, 1)
+
+                def objective(p: Any) -> Any:
+                    value, new_state = forward(p, state, inputs, targets, rng)
+                    if jnp.shape(value) == () and mask is None:  # a mean over these rows
+                        return value * rows / count, new_state
+                    return self._mean(value, mask, rows, count), new_state
+
+                (loss, new_state), grads = jax.value_and_grad(objective, has_aux=True)(params)
+                grads, loss = jax.lax.psum((grads, loss), _AXIS)
+                new_state = jax.tree.map(_pmean_floats, new_state)
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), new_state, opt_state, loss
+
+            devices = list(rt.mesh.devices.flat)
+            fn = jax.pmap(step, axis_name=_AXIS, in_axes=(0, 0, 0, 0, None), devices=devices)
+            self._steps[masked] = fn
+        params, state, opt_state, loss = fn(*self._stacked, local, key)
+        self._stacked, self._plain = (params, state, opt_state), None
+        return rt.replicate(_host_rows(loss)[0], broadcast=False)
+
+
+def _host_rows(x: Any) -> np.ndarray:
+    """This process's rows of `x` on the host (a global array: its local shards, in order)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
+        shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+        return np.concatenate([np.asarray(s.data) for s in shards])
+    return np.asarray(x)
+
+
+def _split(x: np.ndarray, n: int) -> np.ndarray:
+    """Rows ``(b, ...)`` as ``(n, b // n, ...)``: one slice per device."""
+    if x.ndim == 0 or x.shape[0] % n:
+        raise ArgumentError(
+            f"inputs, targets and mask must hold rows that split over the {n} devices this "
+            f"process drives; got an array of shape {x.shape} (use a batch size that is a "
+            "multiple of it, a Tank with drop_last=True or pad=True)"
+        )
+    return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+
+
+def _pmean_floats(x: Any) -> Any:
+    # Each device's batch statistics (BatchNorm under pmap): their mean is the new state.
+    return jax.lax.pmean(x, _AXIS) if jnp.issubdtype(x.dtype, jnp.floating) else x
