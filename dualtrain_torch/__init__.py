@@ -85,11 +85,13 @@ if TYPE_CHECKING:
     from dualtrain.demo.seams import DemoPart
     from dualtrain.embeddings.seams import TorchEmbeddingsPart
     from dualtrain.fuel.seams import DataPart
+    from dualtrain.multiverse.seams import DistributedPart
     from dualtrain_torch import (
         checkpoint as _checkpoint,
         craft as _craft,
         data as _data,
         demo as _demo,
+        distributed as _distributed,
         embeddings as _embeddings,
         layers as _layers,
     )
@@ -100,3 +102,4 @@ if TYPE_CHECKING:
     _data_meets: DataPart = _data
     _embeddings_meets: TorchEmbeddingsPart = _embeddings
     _demo_meets: DemoPart = _demo
+    _distributed_meets: DistributedPart = _distributed

@@ -14,7 +14,7 @@ from dualtrain_torch.compilation import accelerate, explain
 from dualtrain_torch.craft import Rudder, realize
 from dualtrain_torch.embeddings import attach
 
-__all__ = ["train", "train_embeddings", "train_from_tank", "train_sweep"]
+__all__ = ["train", "train_embeddings", "train_from_tank", "train_parallel", "train_sweep"]
 
 LADDER = ("CHANNELS_LAST", "ONNXRUNTIME", "PYTORCH")  # the demo's rungs (compile-free)
 
@@ -82,6 +82,20 @@ def train_from_tank(
             optimizer.step()
             losses.append(loss.item())
     return losses, explain(module).summary()
+
+
+def train_parallel(
+    mv: Any, craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
+) -> list[float]:
+    """Data-parallel SGD under Multiverse `mv`: DDP over gloo (nccl on CUDA) underneath."""
+    module = realize(craft, seed=seed)
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+    learner = mv.learner(mv.sync(module, tank), optimizer)
+    losses = []
+    for _ in range(steps):
+        batch = tank.next()
+        losses.append(float(learner.step(batch["image"], batch["label"])))
+    return losses
 
 
 def train_embeddings(

@@ -93,28 +93,37 @@ def _supervise(procs: list[Any], conns: dict[Connection, int], steps: Any) -> An
     failures: list[tuple[float, int, int, str]] = []  # (time, rank, step, what happened)
     alive = {proc.sentinel: rank for rank, proc in enumerate(procs)}
     deadline: float | None = None
+    reported: dict[int, float] = {}  # rank -> when its result came: it has only to exit
     while alive or conns:
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ends = [t + GRACE for r, t in reported.items() if procs[r].is_alive()]
+        if deadline is not None:
+            ends.append(deadline)
+        timeout = max(0.0, min(ends) - time.monotonic()) if ends else None
         ready = wait([*conns, *alive], timeout)
-        if not ready and deadline is not None:
-            break
         for item in ready:
             if item in conns:
                 _receive(item, conns, results, failures)
+        for rank in results.keys() - reported.keys():
+            reported[rank] = time.monotonic()
         for item in ready:
             if item in alive:
                 rank = alive.pop(item)
                 procs[rank].join()
                 _drain(rank, conns, results, failures)
                 code = procs[rank].exitcode
-                if code != 0 and not any(f[1] == rank for f in failures):
-                    failures.append((time.time(), rank, int(steps[rank]), _death(code)))
-                elif code == 0 and rank not in results and not any(f[1] == rank for f in failures):
-                    failures.append(
-                        (time.time(), rank, int(steps[rank]), "exited without a result")
-                    )
+                if rank in results or any(f[1] == rank for f in failures):
+                    continue  # its exit (or a hang ended by SIGTERM) tells nothing more
+                what = _death(code) if code != 0 else "exited without a result"
+                failures.append((time.time(), rank, int(steps[rank]), what))
+        # A worker that reported and hangs on its way out (a framework's teardown can
+        # deadlock) has done its work: it is stopped, not waited for.
+        for rank, when in reported.items():
+            if procs[rank].is_alive() and time.monotonic() > when + GRACE:
+                procs[rank].terminate()
         if failures and deadline is None:
             deadline = time.monotonic() + _COLLECT
+        if deadline is not None and time.monotonic() >= deadline:
+            break
     if failures:
         _, rank, step, what = min(failures)
         others = sorted({f[1] for f in failures} - {rank})
@@ -130,7 +139,7 @@ def _receive(
 ) -> None:  # fmt: skip
     rank = conns[conn]
     try:
-        kind, step, body, when = conn.recv()
+        kind, step, body, when = pickle.loads(conn.recv_bytes())
     except (EOFError, OSError):
         conns.pop(conn)
         conn.close()
@@ -205,15 +214,21 @@ def report_failure(conn: Connection, step: int, err: BaseException) -> None:
     text = "".join(traceback.format_exception(err)).rstrip()
     summary = f"{type(err).__name__}: {err}"
     with contextlib.suppress(OSError, ValueError):  # the parent is gone: nothing to tell
-        conn.send(("error", step, f"{summary}\n{text}", time.time()))
+        _send(conn, ("error", step, f"{summary}\n{text}", time.time()))
 
 
 def report_result(conn: Connection, step: int, result: Any) -> None:
     """Sends rank 0's result (anything picklable) to the parent."""
     try:
-        conn.send(("result", step, result, time.time()))
+        _send(conn, ("result", step, result, time.time()))
     except (pickle.PicklingError, TypeError, AttributeError) as err:
-        conn.send(("error", step, f"its result could not be sent: {err!r}", time.time()))
+        _send(conn, ("error", step, f"its result could not be sent: {err!r}", time.time()))
+
+
+def _send(conn: Connection, message: tuple[Any, ...]) -> None:
+    # Plain pickle, by value: Connection.send pickles with multiprocessing's reducers, which
+    # send a torch tensor as a handle to this process's shared memory, gone once it exits.
+    conn.send_bytes(pickle.dumps(message))
 
 
 def watch_parent(parent: int) -> None:

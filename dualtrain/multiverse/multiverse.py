@@ -416,7 +416,9 @@ def _host_devices(count: int) -> None:
 
 def _with_devices(flags: str, count: int) -> str:
     kept = [f for f in flags.split() if not f.startswith(_DEVICE_FLAG)]
-    return " ".join([*kept, f"{_DEVICE_FLAG}={count}"])
+    # First: XLA stops reading at a token it does not parse (a common recipe's bare
+    # "intra_op_parallelism_threads=1"), so a flag after one would be lost.
+    return " ".join([f"{_DEVICE_FLAG}={count}", *kept])
 
 
 def _check_divisible(i: int, tank: Any, devices: int) -> None:

@@ -150,3 +150,30 @@ def test_executor_runs_a_main_function_on_one_worker_without_a_multiverse() -> N
     assert seen == [(1, 0, True), (1, 0, True)]
     with pytest.raises(ArgumentError, match="function"):
         Multiverse.Executor(3)  # type: ignore[arg-type]
+
+
+def test_the_device_count_flag_goes_first_and_once() -> None:
+    """XLA stops reading XLA_FLAGS at a token it cannot parse; a flag after it is lost."""
+    from dualtrain.multiverse.multiverse import _with_devices
+
+    flags = "--xla_force_host_platform_device_count=8 intra_op_parallelism_threads=1"
+    assert _with_devices(flags, 2) == (
+        "--xla_force_host_platform_device_count=2 intra_op_parallelism_threads=1"
+    )
+    assert _with_devices("", 3) == "--xla_force_host_platform_device_count=3"
+
+
+def test_a_result_holding_a_torch_tensor_arrives_whole() -> None:
+    import torch
+
+    result = Multiverse(universes.tensor, 2)()
+    assert torch.equal(result["t"], torch.arange(6, dtype=torch.float32).reshape(2, 3))
+
+
+def test_a_worker_that_hangs_after_reporting_is_stopped_not_waited_for(tmp_path: Path) -> None:
+    from dualtrain.multiverse.launch import GRACE
+
+    start = time.monotonic()
+    assert Multiverse(universes.hangs_on_exit, 2)(str(tmp_path)) == 0
+    assert time.monotonic() - start < GRACE + 20
+    assert all(gone(r["pid"], wait=1.0) for r in records(tmp_path, 2))

@@ -57,3 +57,19 @@ def waits(mv: Any, folder: str) -> None:
 def unpicklable(mv: Any) -> Any:
     """Rank 0 returns what cannot be pickled."""
     return (lambda: None) if mv.is_main else None
+
+
+def tensor(mv: Any) -> Any:
+    """Rank 0 returns a torch tensor (sent by value: the worker exits after)."""
+    import torch
+
+    return {"t": torch.arange(6, dtype=torch.float32).reshape(2, 3) * (mv.rank + 1)}
+
+
+def hangs_on_exit(mv: Any, folder: str) -> Any:
+    """Returns, then hangs on its way out (as a gloo group's teardown can)."""
+    import atexit
+
+    _note(mv, folder)
+    atexit.register(time.sleep, 3600)
+    return mv.rank

@@ -1,0 +1,394 @@
+"""Multiverse under torch: torch.distributed's process group, DDP, and a data-parallel learner.
+
+`join(world, timeout=, on_step=)` joins the run `world` describes (gloo on the CPU, nccl on
+CUDA, one process per device) and returns a `TorchRuntime`, the `dualtrain.multiverse.seams`
+Runtime that `dualtrain.Multiverse` drives. Nothing here moves bytes itself: parameters are
+broadcast and gradients mean-reduced by ``DistributedDataParallel``, metrics by
+``dist.all_reduce``, objects by ``dist.all_gather_object``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.multiverse.world import World
+from dualtrain.validate import check_seed
+from dualtrain_torch.distributed_learner import DistributedLearner
+
+__all__ = ["SyncedModule", "TorchRuntime", "join"]
+
+# sync_model's options: what each one is passed to DDP as, checked before any wrapping.
+OPTIONS = (
+    "bucket_cap_mb",
+    "find_unused_parameters",
+    "broadcast_buffers",
+    "gradient_as_bucket_view",
+    "static_graph",
+)
+_TARGETS = ("numpy", "torch", "jax")
+_LEAF = "a number, a torch tensor, a NumPy array, or a tuple, list or dict of them"
+_retired: list[Any] = []  # groups left: kept alive until exit (see TorchRuntime.leave)
+_ours = [False]  # whether the default process group is one join() created (leave destroys it)
+
+
+def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchRuntime:
+    """Joins the run `world` describes: the default process group, then this process's Runtime.
+
+    The backend is nccl when CUDA is available (this process then drives
+    ``cuda:<local_rank>``), else gloo. A world of one process uses an in-memory
+    ``dist.HashStore`` (no port); a torchrun world joins through ``env://`` (torchrun's own
+    store); any other through ``tcp://<master_addr>:<master_port>``, rank 0 listening. A
+    default group that already exists (the script called ``init_process_group``) is reused
+    when its rank and size match `world`.
+
+    Args:
+        world: this process's place in the run.
+        timeout: seconds the joining and every later collective may take.
+        on_step: called once per training step (each learner step; each forward of a synced
+            model in training mode outside a learner).
+
+    Raises:
+        ArgumentError: a bad `world`, `timeout` or `on_step`; an existing group that does
+            not match `world`; a local rank with no CUDA device.
+    """
+    if not isinstance(world, World):
+        raise bad_argument("world", world, "a dualtrain.multiverse.World")
+    if not world.processes >= 1 or not 0 <= world.rank < world.processes:
+        raise bad_argument("world", world, "a rank in [0, processes) and processes >= 1")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise bad_argument("timeout", timeout, "a positive number of seconds")
+    if not callable(on_step):
+        raise bad_argument("on_step", on_step, "a function taking no argument")
+    cuda = torch.cuda.is_available()
+    if cuda and world.local_rank >= torch.cuda.device_count():
+        raise bad_argument(
+            "world.local_rank", world.local_rank,
+            f"less than the {torch.cuda.device_count()} CUDA devices of this host",
+        )  # fmt: skip
+    device = torch.device("cuda", world.local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        rank, size = dist.get_rank(), dist.get_world_size()
+        if (rank, size) != (world.rank, world.processes):
+            raise ArgumentError(
+                f"the default process group is rank {rank} of {size}; world says rank "
+                f"{world.rank} of {world.processes}"
+            )
+    else:
+        _init_group(world, "nccl" if cuda else "gloo", device, float(timeout))
+        _ours[0] = True
+    return TorchRuntime(world, device, on_step)
+
+
+def _init_group(world: World, backend: str, device: torch.device, timeout: float) -> None:
+    options: dict[str, Any] = {
+        "backend": backend, "rank": world.rank, "world_size": world.processes,
+        "timeout": datetime.timedelta(seconds=timeout),
+    }  # fmt: skip
+    if device.type == "cuda":
+        options["device_id"] = device  # nccl binds its communicator to this device now
+    if world.processes == 1:
+        options["store"] = dist.HashStore()
+    elif world.source == "torchrun":
+        options["init_method"] = "env://"  # torchrun's agent already serves the store
+    elif not world.master_addr or not world.master_port:
+        raise bad_argument(
+            "world", world, "a master_addr and master_port for several processes (MASTER_ADDR)"
+        )
+    else:
+        options["init_method"] = f"tcp://{world.master_addr}:{world.master_port}"
+    dist.init_process_group(**options)
+
+
+class SyncedModule(DistributedDataParallel):
+    """A DDP that answers for the module it wraps: ``synced.fc`` is ``synced.module.fc``.
+
+    Attributes DDP lacks are looked up on the wrapped module (Nebulae's wrapper did the
+    same), so code written for the plain model keeps working on the synced one.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":  # half-built (unpickling): no recursion
+                raise
+            return getattr(self.module, name)
+
+
+class TorchRuntime:
+    """One process's handle on a joined torch run (`dualtrain.multiverse.seams.Runtime`).
+
+    Attributes:
+        nworld: processes in the run (one replica each).
+        local_devices: replicas this process drives: 1.
+        rank, local_rank: this process's place, as in its `World`.
+        device: where its replica lives (``cuda:<local_rank>`` or the CPU).
+        backend: the process group's backend, "gloo" or "nccl".
+    """
+
+    def __init__(self, world: World, device: torch.device, on_step: Callable[[], None]) -> None:
+        self.world, self.device, self._on_step = world, device, on_step
+        self.nworld, self.local_devices = dist.get_world_size(), 1
+        self.rank, self.local_rank = dist.get_rank(), world.local_rank
+        self.backend = str(dist.get_backend())
+        self._quiet = 0  # > 0 inside a learner step: it counts its own step
+        self._left = False
+
+    def scope(self) -> AbstractContextManager[Any]:
+        """On CUDA, this process's device as the current one; on the CPU, nothing."""
+        if self.device.type == "cuda":
+            return torch.cuda.device(self.device)
+        return contextlib.nullcontext()
+
+    def sync_model(self, model: Any, /, options: dict[str, Any]) -> Any:
+        """`model` (a realized Craft or any ``nn.Module``) wrapped in a `SyncedModule` (DDP).
+
+        Rank 0's parameters and buffers are broadcast at wrapping; every backward then
+        mean-reduces the gradients. On CUDA the model moves to ``cuda:<local_rank>`` first.
+        A model that is already a DDP is returned as it is.
+
+        Args:
+            model: the module; its parameters are kept (an optimizer made before still fits).
+            options: passed to DDP: ``bucket_cap_mb`` (float > 0, MiB per all-reduce
+                bucket), ``find_unused_parameters``, ``broadcast_buffers``,
+                ``gradient_as_bucket_view``, ``static_graph`` (bools).
+
+        Raises:
+            ArgumentError: not a module, no parameter that requires grad, an unknown option
+                or a bad option value (each named).
+        """
+        if isinstance(model, DistributedDataParallel):
+            return model
+        if not isinstance(model, nn.Module):
+            raise bad_argument("model", model, "a torch.nn.Module (or a realized Craft)")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise bad_argument("model", type(model).__name__, "a module with trainable parameters")
+        ddp = _ddp_options(options)
+        if self.device.type == "cuda":
+            model.to(self.device)
+            ddp.update(device_ids=[self.device.index], output_device=self.device.index)
+        synced = SyncedModule(model, **ddp)
+        synced.register_forward_pre_hook(self._forward_hook)
+        return synced
+
+    def _forward_hook(self, synced: DistributedDataParallel, args: Any) -> None:
+        if synced.module.training and not self._quiet:
+            self._on_step()
+
+    def unwrap(self, model: Any, /) -> Any:
+        """The module inside a DDP (what checkpoints and `TimeMachine` take); else `model`."""
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def batch_device(self, to: str, /) -> Any:
+        """Where a Tank serving `to` delivers: torch on CUDA ``cuda:<local_rank>``, else None."""
+        if to not in _TARGETS:
+            raise bad_argument("to", to, "one of " + ", ".join(map(repr, _TARGETS)))
+        return self.device if to == "torch" and self.device.type == "cuda" else None
+
+    def reduce(self, value: Any, /, aggregate: bool) -> Any:
+        """`value` summed (`aggregate`) or averaged over the processes, in the kind it came in.
+
+        Leaves are numbers, torch tensors (any device) and NumPy arrays or scalars; tuples,
+        lists and dicts of them keep their structure. One all-reduce per wire dtype (float64,
+        float32, int64), on a copy: `value` is never changed. Dtypes follow NumPy: floats
+        keep theirs; integers and bools sum as int64 and average as float64. Every process
+        must pass the same structure, kinds and shapes (a float on one rank and an int on
+        another reduce on different wires: a collective mismatch).
+        """
+        leaves: list[Any] = []
+        _collect(value, leaves)
+        wires = [_wire(leaf) for leaf in leaves]
+        results: list[torch.Tensor | None] = [None] * len(leaves)
+        for dtype in sorted({w.dtype for w in wires}, key=str):  # the same order on every rank
+            picked = [i for i, w in enumerate(wires) if w.dtype == dtype]
+            flat = torch.cat([wires[i].reshape(-1) for i in picked]).to(self.comm_device)
+            dist.all_reduce(flat)
+            parts = flat.cpu().split([wires[i].numel() for i in picked])
+            for i, part in zip(picked, parts, strict=True):
+                results[i] = part.reshape(wires[i].shape)
+        pairs = zip(leaves, results, strict=True)
+        return _rebuild(value, iter(_back(leaf, r, aggregate, self.nworld) for leaf, r in pairs))
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where collectives' tensors live: this process's device under nccl, else the CPU."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def gather_object(self, obj: Any, /) -> list[Any]:
+        """Every process's `obj` (picklable), in rank order (``dist.all_gather_object``)."""
+        out: list[Any] = [None] * self.nworld
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        """Waits until every process reaches it (``dist.barrier``)."""
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def seed(self, seed: int, /) -> int:
+        """Seeds torch's generators (CPU and every CUDA device) with `seed`; returns it."""
+        seed = check_seed("seed", seed)
+        torch.manual_seed(seed)
+        return seed
+
+    def no_sync(self, model: Any, /) -> AbstractContextManager[Any]:
+        """DDP's ``no_sync``: backward passes inside accumulate local gradients.
+
+        The first backward after it reduces everything accumulated.
+        """
+        if not isinstance(model, DistributedDataParallel):
+            raise bad_argument("model", type(model).__name__, "a model returned by sync()")
+        return model.no_sync()
+
+    def learner(
+        self,
+        model: Any,
+        /,
+        optimizer: Any,
+        loss_fn: Callable[..., Any] | None,
+        engine: str,
+    ) -> DistributedLearner:
+        """A `DistributedLearner` over `model` (synced here, with DDP's defaults, if it is not).
+
+        Raises:
+            ArgumentError: `engine` other than "jit" (torch's data parallelism is DDP), an
+                optimizer that is not a ``torch.optim.Optimizer`` over the model's
+                parameters, a `loss_fn` that is not callable.
+        """
+        if engine != "jit":
+            raise bad_argument("engine", engine, "'jit' under torch (DDP; 'pmap' is JAX's)")
+        if loss_fn is not None and not callable(loss_fn):
+            raise bad_argument("loss_fn", loss_fn, "a function (outputs, targets) -> loss")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise bad_argument("optimizer", optimizer, "a torch.optim.Optimizer")
+        synced = self.sync_model(model, {})
+        owned = {id(p) for p in synced.parameters()}
+        if any(id(p) not in owned for g in optimizer.param_groups for p in g["params"]):
+            raise bad_argument(
+                "optimizer", type(optimizer).__name__, "an optimizer over the model's parameters"
+            )
+        return DistributedLearner(self, synced, optimizer, loss_fn)
+
+    def leave(self) -> None:
+        """Destroys the process group join() created (idempotent).
+
+        A group the script created itself (``init_process_group`` before joining) is left.
+        """
+        if self._left:
+            return
+        self._left = True
+        if _ours[0] and dist.is_initialized():
+            # A DDP that outlives the group holds it; were the DDP the last holder, its
+            # deallocation (GIL held) would join the group's threads while one of them waits
+            # for the GIL to drop its last work: a deadlock (seen under gloo). Kept here,
+            # the group ends with the process, its threads long idle.
+            _retired.append(dist.group.WORLD)
+            dist.destroy_process_group()
+        _ours[0] = False
+
+    @contextlib.contextmanager
+    def counted_step(self) -> Iterator[None]:
+        """One training step: synced forwards inside are not counted, the step is, once."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
+        self._on_step()
+
+
+def _ddp_options(options: Any) -> dict[str, Any]:
+    if not isinstance(options, dict):
+        raise bad_argument("options", options, "a dict of DDP options")
+    for name, value in options.items():
+        if name not in OPTIONS:
+            raise bad_argument("option", name, "one of " + ", ".join(map(repr, OPTIONS)))
+        if name == "bucket_cap_mb":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise bad_argument(name, value, "a positive number of MiB")
+        elif not isinstance(value, bool):
+            raise bad_argument(name, value, "a bool")
+    return dict(options)
+
+
+# ---- reduce: leaves out of a structure, onto the wire, and back in the kind they came ----
+
+
+def _collect(value: Any, leaves: list[Any]) -> None:
+    if isinstance(value, dict):
+        for item in value.values():
+            _collect(item, leaves)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _collect(item, leaves)
+    elif isinstance(value, (torch.Tensor, np.ndarray, np.generic, bool, int, float)):
+        if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind not in "biuf":
+            raise bad_argument("value", value, _LEAF + " (bool, integer or float)")
+        if isinstance(value, torch.Tensor) and value.is_complex():
+            raise bad_argument("value", value, _LEAF + " (bool, integer or float)")
+        leaves.append(value)
+    else:
+        raise bad_argument("value", value, _LEAF)
+
+
+def _wire(leaf: Any) -> torch.Tensor:
+    """A copy of `leaf` as a CPU tensor in the dtype it is reduced in."""
+    if isinstance(leaf, torch.Tensor):
+        t = leaf.detach()
+    elif isinstance(leaf, (np.ndarray, np.generic)):
+        t = torch.from_numpy(np.array(leaf, copy=True))
+    else:
+        t = torch.tensor(leaf, dtype=torch.float64 if isinstance(leaf, float) else torch.int64)
+    if t.is_floating_point():
+        wire = torch.float64 if t.dtype == torch.float64 else torch.float32
+    else:
+        wire = torch.int64
+    return t.to("cpu", wire, copy=True)
+
+
+def _back(leaf: Any, summed: Any, aggregate: bool, nworld: int) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        floating = leaf.is_floating_point()
+    elif isinstance(leaf, (np.ndarray, np.generic)):
+        floating = leaf.dtype.kind == "f"
+    else:
+        floating = isinstance(leaf, float)
+    if floating:
+        out = summed if aggregate else summed / nworld
+        dtype = leaf.dtype if isinstance(leaf, torch.Tensor) else None
+    else:
+        out = summed if aggregate else summed.double() / nworld
+        dtype = torch.int64 if aggregate else torch.float64
+    if isinstance(leaf, torch.Tensor):
+        return out.to(leaf.device, dtype)
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        array = out.numpy().astype(leaf.dtype if floating else out.numpy().dtype)
+        return array[()] if isinstance(leaf, np.generic) else array
+    return out.item()
+
+
+def _rebuild(value: Any, results: Iterator[Any]) -> Any:
+    if isinstance(value, dict):
+        pairs = [(key, _rebuild(item, results)) for key, item in value.items()]
+        return dict(pairs) if type(value) is dict else type(value)(pairs)
+    if isinstance(value, list):
+        return [_rebuild(item, results) for item in value]
+    if isinstance(value, tuple):
+        items = [_rebuild(item, results) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return next(results)

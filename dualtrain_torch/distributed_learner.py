@@ -1,0 +1,110 @@
+"""`DistributedLearner`: one DDP training step whose loss is the global batch's mean.
+
+Each process runs its own rows through the synced (DDP) model. Before the backward, one
+``all_reduce`` sums every process's loss sum and row count (rows its mask marks True); each
+process then back-propagates ``nworld * local_sum / global_count``, which DDP's gradient
+averaging turns into the gradient of the global mean. So one step on N processes equals one
+single-process step on their rows together, even when processes hold different numbers of
+(valid) rows: a short last batch is padded and masked, never a hang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dualtrain.errors import ShapeError, bad_argument
+
+if TYPE_CHECKING:
+    from dualtrain_torch.distributed import TorchRuntime
+
+__all__ = ["DistributedLearner"]
+
+
+class DistributedLearner:
+    """One data-parallel training step: ``loss = learner.step(inputs, targets, mask=None)``.
+
+    The loss and the gradient are those of the mean over the GLOBAL batch, every process's
+    rows (with `mask`, the rows it marks True over every process), so one step on N
+    processes with b rows each equals one single-process step on the N*b rows, even when
+    the processes hold different numbers of (valid) rows.
+
+    Attributes:
+        model: the synced model (a `SyncedModule`); `optimizer`, `loss_fn` as given.
+        steps: steps taken.
+    """
+
+    def __init__(
+        self, runtime: TorchRuntime, model: Any, optimizer: Any, loss_fn: Callable[..., Any] | None
+    ) -> None:
+        self.runtime, self.model, self.optimizer = runtime, model, optimizer
+        self.loss_fn = _per_sample_cross_entropy if loss_fn is None else loss_fn
+        self.steps = 0
+
+    def step(self, inputs: Any, targets: Any, mask: Any = None) -> torch.Tensor:
+        """Zero the gradients, forward, loss, backward (all-reduced), optimizer step.
+
+        Args:
+            inputs: a tensor (B, ...) or a tuple of them (the model's positional inputs).
+            targets: what `loss_fn` takes with the outputs (default: class ids (B,)).
+            mask: optional bool (B,): the rows that count (pad-and-mask for a short batch);
+                needs a `loss_fn` returning per-sample losses (B,).
+
+        Returns:
+            The global mean loss, a 0-d tensor (detached), the same on every process.
+        """
+        device = self.runtime.device
+        inputs = tuple(_to(x, device) for x in (inputs if isinstance(inputs, tuple) else (inputs,)))
+        targets = _to(targets, device)
+        with self.runtime.counted_step():
+            self.optimizer.zero_grad(set_to_none=True)
+            losses = self.loss_fn(self.model(*inputs), targets)
+            local_sum, count = self._local(losses, inputs, mask)
+            stats = torch.stack([local_sum.detach().double(), count.double()])
+            stats = stats.to(self.runtime.comm_device)
+            dist.all_reduce(stats)  # [global sum, global count]
+            stats = stats.to(local_sum.device)
+            total = stats[1].clamp(min=1)
+            # DDP averages over the N processes: N * local_sum / global_count averages to
+            # the global mean's gradient.
+            (local_sum * (self.runtime.nworld / total).to(local_sum.dtype)).backward()
+            self.optimizer.step()
+            self.steps += 1
+        return (stats[0] / total).to(local_sum.dtype)
+
+    def _local(self, losses: Any, inputs: tuple[Any, ...], mask: Any) -> tuple[Any, Any]:
+        if not isinstance(losses, torch.Tensor) or losses.ndim > 1:
+            raise ShapeError(
+                f"loss_fn must return per-sample losses (B,) or a 0-d mean; got "
+                f"{getattr(losses, 'shape', type(losses).__name__)}"
+            )
+        if losses.ndim == 0:
+            if mask is not None:
+                raise bad_argument("mask", "given", "None when loss_fn returns a 0-d mean")
+            rows = len(inputs[0]) if inputs and isinstance(inputs[0], torch.Tensor) else 1
+            return losses * rows, torch.tensor(float(rows), device=losses.device)
+        if mask is None:
+            return losses.sum(), torch.tensor(float(losses.shape[0]), device=losses.device)
+        mask = _to(mask, losses.device)
+        if mask.dtype != torch.bool or tuple(mask.shape) != tuple(losses.shape):
+            raise ShapeError(
+                f"mask must be bool of the losses' shape {tuple(losses.shape)}; got "
+                f"mask of {mask.dtype} {tuple(mask.shape)}"
+            )
+        return torch.where(mask, losses, 0).sum(), mask.sum()
+
+
+def _per_sample_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(outputs, targets, reduction="none")
+
+
+def _to(x: Any, device: torch.device) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return torch.as_tensor(x, device=device)
+    return x

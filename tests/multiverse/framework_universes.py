@@ -1,0 +1,71 @@
+"""Universes that train under a framework (spawned workers import them by name)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dualtrain import Craft, TimeMachine, dock
+
+ROWS = 6  # rows per worker and step
+
+
+class TwoLayer(Craft):
+    """Dense 5 -> 7, tanh, Dense 7 -> 3."""
+
+    def __init__(self) -> None:
+        super().__init__("TWO")
+        self.fc1 = dock.Dense(5, 7)
+        self.fc2 = dock.Dense(7, 3)
+
+    def run(self, x: Any) -> Any:
+        return self.fc2(dock.tanh(self.fc1(x)))
+
+
+def batches(steps: int, workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """`steps` global batches of `workers` x ROWS rows: x (steps, n, 5), y (steps, n)."""
+    rng = np.random.default_rng(7)
+    n = workers * ROWS
+    return (rng.normal(size=(steps, n, 5)).astype(np.float32),
+            rng.integers(0, 3, (steps, n)).astype(np.int64))  # fmt: skip
+
+
+def torch_drops_mid_training(mv: Any, folder: str, lr: float) -> dict[str, Any]:
+    """Two SGD steps on 2 workers, rank 0 drops an anchor, one more step; logits of a probe."""
+    import torch
+
+    import dualtrain_torch
+
+    x, y = batches(3, mv.nworld)
+    mine = slice(mv.rank * ROWS, (mv.rank + 1) * ROWS)
+    model = dualtrain_torch.realize(TwoLayer(), seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    learner = mv.learner(mv.sync(model), optimizer)
+    machine = mv.time_machine(TimeMachine(save_path=folder, max_anchors=1))
+    probe = torch.from_numpy(x[0])
+    for step in range(3):
+        learner.step(torch.from_numpy(x[step][mine]), torch.from_numpy(y[step][mine]))
+        if step == 1:
+            anchor = machine.drop(learner.model, step=2)
+            with torch.no_grad():
+                at_anchor = mv.runtime.unwrap(learner.model)(probe).numpy()
+    with torch.no_grad():
+        after = mv.runtime.unwrap(learner.model)(probe).numpy()
+    return {"anchor": str(anchor), "at_anchor": at_anchor, "after": after}
+
+
+def jax_resumes(mv: Any, anchor: str, lr: float) -> dict[str, Any]:
+    """Loads the torch anchor into a fresh JAX module, one SGD step on the whole batch."""
+    import jax.numpy as jnp
+    import optax
+
+    import dualtrain_jax
+
+    x, y = batches(3, 2)
+    module = dualtrain_jax.realize(TwoLayer(), seed=123)  # other weights until loaded
+    TimeMachine().to(module, file=anchor, frozen=True)  # new arrays, in the same module
+    at_anchor = np.asarray(module(jnp.asarray(x[0])))
+    learner = mv.learner(mv.sync(module), optax.sgd(lr))
+    learner.step(jnp.asarray(x[2]), jnp.asarray(y[2].astype(np.int32)))
+    return {"at_anchor": at_anchor, "after": np.asarray(learner.model(jnp.asarray(x[0])))}

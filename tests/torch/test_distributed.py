@@ -1,0 +1,438 @@
+"""Multiverse under torch: real gloo process groups, DDP, and the data-parallel laws.
+
+The 2-process laws run in ONE spawned run (each worker imports torch: seconds) that returns
+every rank's numbers; the parent checks them against plain single-process torch. A world of
+one process joins in this process (an in-memory store) for the cheap Hypothesis laws.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import HealthCheck, given, settings, strategies as st
+from torch import nn
+from torch.nn import functional as F  # noqa: N812 - torch's own spelling
+
+import dualtrain
+from dualtrain.errors import ArgumentError, ShapeError
+from dualtrain.multiverse.world import World
+from dualtrain_torch.distributed import SyncedModule, TorchRuntime, join
+from tests.torch import distributed_universes as U  # noqa: N812 - short: used throughout
+
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+
+# ---- two gloo processes: every law from one run ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    """Each rank's numbers from `U.laws` on 2 spawned gloo processes, by rank."""
+    return dualtrain.Multiverse(U.laws, 2, backend="torch", timeout=60)()
+
+
+def reference(kind, opt, inputs, targets, loss=None):
+    """Plain single-process torch from rank 0's initial weights: losses and final weights."""
+    net = U.model(kind, seed=0)
+    optimizer = U.optimizer(opt, net.parameters())
+    losses = []
+    for x, y in zip(inputs, targets, strict=True):
+        optimizer.zero_grad()
+        value = (loss or F.cross_entropy)(net(x), y)
+        value.backward()
+        optimizer.step()
+        losses.append(float(value.detach()))
+    return losses, U.params(net)
+
+
+def assert_same(got, want):
+    (got_losses, got_params), (want_losses, want_params) = got, want
+    np.testing.assert_allclose(got_losses, want_losses, **TOL)
+    assert got_params.keys() == want_params.keys()
+    for name in want_params:
+        np.testing.assert_allclose(got_params[name], want_params[name], **TOL, err_msg=name)
+
+
+def test_the_run_is_two_gloo_processes_on_the_host(ranks):
+    assert [r["nworld"] for r in ranks] == [2, 2]
+    assert {r["backend"] for r in ranks} == {"gloo"}
+    assert {r["batch_device"] for r in ranks} == {None}
+    # each learner step counts once; each synced forward in training mode counts once
+    # (6 learners, then 2 hand-written loops of STEPS forwards)
+    assert [r["steps"] for r in ranks] == [6 * U.STEPS + 2 * U.STEPS] * 2
+
+
+@pytest.mark.parametrize("kind", U.KINDS)
+@pytest.mark.parametrize("opt", U.OPTIMIZERS)
+def test_one_step_on_two_workers_is_one_step_on_the_double_batch(ranks, kind, opt):
+    """LAW: 2 workers x b rows == one plain step on the 2b rows, K steps, SGD and Adam."""
+    x, y = U.batches(2)
+    want = reference(kind, opt, x, y)
+    for r in ranks:  # rank 1 started from other weights: sync gave it rank 0's
+        assert_same(r[f"learner/{kind}/{opt}"], want)
+
+
+def test_a_hand_written_ddp_loop_on_a_synced_model_meets_the_same_law(ranks):
+    x, y = U.batches(2)
+    _, want = reference("module", "sgd", x, y)
+    for r in ranks:
+        for name, value in want.items():
+            np.testing.assert_allclose(r["manual"][name], value, **TOL)
+
+
+def test_a_masked_step_is_the_mean_over_every_ranks_valid_rows(ranks):
+    """Pad-and-mask: ranks hold 5 and 3 rows, 3 and 1 of them valid: the mean over the 4."""
+    inputs, targets = [], []
+    for k in range(U.STEPS):
+        parts = [U.masked_batch(rank, k) for rank in range(2)]
+        inputs.append(torch.cat([x[m] for x, _, m in parts]))
+        targets.append(torch.cat([y[m] for _, y, m in parts]))
+    want = reference("module", "sgd", inputs, targets)
+    for r in ranks:
+        assert_same(r["masked"], want)
+
+
+def test_a_mean_loss_over_unequal_batches_is_the_global_mean(ranks):
+    inputs, targets = [], []
+    for k in range(U.STEPS):
+        parts = [U.uneven_batch(rank, k) for rank in range(2)]
+        inputs.append(torch.cat([x for x, _ in parts]))
+        targets.append(torch.cat([y for _, y in parts]))
+    want = reference("module", "adam", inputs, targets, loss=U.mean_loss)
+    for r in ranks:
+        assert_same(r["uneven"], want)
+
+
+def _numpy(value):
+    return value[2] if isinstance(value, tuple) and value[:1] == ("torch",) else value
+
+
+@pytest.mark.parametrize("how", ["mean", "sum"])
+def test_reduce_equals_numpy_over_the_ranks_values(ranks, how):
+    values = [U.reduce_value(rank) for rank in range(2)]
+    np_reduce = np.mean if how == "mean" else np.sum
+
+    def want(pick):
+        leaves = [np.asarray(pick(v)) for v in values]
+        return np_reduce(np.stack(leaves), axis=0)
+
+    for r in ranks:
+        got = r[how]
+        assert set(got) == set(values[0])
+        for name in ("tensor", "ints", "float", "int", "array", "scalar"):
+            expected = want(lambda v, name=name: v[name])
+            value = _numpy(got[name])
+            np.testing.assert_allclose(value, expected, rtol=1e-6, err_msg=name)
+            assert np.asarray(value).dtype == expected.dtype, name  # NumPy's dtypes
+        # each comes back in the kind it came in
+        assert got["tensor"][:2] == ("torch", "float32")
+        assert got["ints"][:2] == ("torch", "float64" if how == "mean" else "int64")
+        assert type(got["float"]) is float
+        assert type(got["int"]) is (float if how == "mean" else int)
+        assert isinstance(got["array"], np.ndarray)
+        assert isinstance(got["scalar"], np.float32)
+        array, (tensor,) = got["nested"]
+        np.testing.assert_allclose(array, want(lambda v: v["nested"][0]))
+        np.testing.assert_allclose(tensor[2], want(lambda v: v["nested"][1][0]))
+        assert r["unchanged"]  # reduced on a copy, not in place
+
+
+def test_no_sync_accumulates_locally_and_the_next_backward_reduces_it_all(ranks):
+    x, y = U.batches(2)
+    net = U.model("module", seed=0)
+    for k in range(3):  # the reference: the gradient of each global micro-batch's mean, summed
+        F.cross_entropy(net(x[k]), y[k]).backward()
+    want = net[0].weight.grad.numpy()
+    assert not np.allclose(ranks[0]["local_grad"], ranks[1]["local_grad"])  # not reduced yet
+    for r in ranks:
+        np.testing.assert_allclose(r["accumulated_grad"], want, **TOL)
+
+
+# ---- a world of one process, in this process ----------------------------------------------
+
+
+@pytest.fixture
+def runtime():
+    """A joined world of one (gloo, in-memory store), left after the test."""
+    steps = []
+    rt = join(World(), timeout=30, on_step=lambda: steps.append(1))
+    rt.counted = steps  # type: ignore[attr-defined]
+    try:
+        yield rt
+    finally:
+        rt.leave()
+
+
+def _net(seed, features, classes):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(features, 6), nn.Tanh(), nn.Linear(6, classes))
+
+
+# One joined world for all of a test's examples (the fixture is the same for each).
+ONE_JOIN = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@ONE_JOIN
+@given(
+    seed=st.integers(0, 2**16),
+    rows=st.integers(1, 6),
+    features=st.integers(1, 4),
+    classes=st.integers(2, 4),
+    lr=st.floats(1e-3, 0.5),
+    adam=st.booleans(),
+)
+def test_world_of_one_learner_step_is_a_plain_step(
+    runtime, seed, rows, features, classes, lr, adam
+):
+    net = _net(seed, features, classes)
+    ref = copy.deepcopy(net)
+    kind = torch.optim.Adam if adam else torch.optim.SGD
+    learner = runtime.learner(net, kind(net.parameters(), lr=lr), None, "jit")
+    ref_opt = kind(ref.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(2):
+        x = torch.randn(rows, features, generator=g)
+        y = torch.randint(0, classes, (rows,), generator=g)
+        loss = learner.step(x, y)
+        ref_opt.zero_grad()
+        want = F.cross_entropy(ref(x), y)
+        want.backward()
+        ref_opt.step()
+        torch.testing.assert_close(loss, want.detach(), **TOL)
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+@ONE_JOIN
+@given(seed=st.integers(0, 2**16), mask=st.lists(st.booleans(), min_size=1, max_size=8))
+def test_world_of_one_masked_mean_is_the_mean_of_the_valid_rows(runtime, seed, mask):
+    mask_t = torch.tensor(mask)
+    net = _net(seed, 3, 2)
+    ref = copy.deepcopy(net)
+    learner = runtime.learner(net, torch.optim.SGD(net.parameters(), lr=0.1), None, "jit")
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(len(mask), 3, generator=g), torch.randint(0, 2, (len(mask),), generator=g)
+    x[~mask_t] = 1e3  # padding: it must not count
+    loss = learner.step(x, y, mask=mask_t)
+    if not any(mask):  # nothing valid anywhere: no gradient, a zero loss
+        assert float(loss) == 0.0
+        for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b)
+        return
+    want = F.cross_entropy(ref(x[mask_t]), y[mask_t])
+    want.backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    torch.testing.assert_close(loss, want.detach(), **TOL)
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+@ONE_JOIN
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=5), st.booleans())
+def test_world_of_one_reduce_is_the_value_itself(runtime, values, aggregate):
+    array = np.asarray(values, np.float32)
+    tensor = torch.tensor(values, dtype=torch.float64)
+    out = runtime.reduce({"a": array, "t": [tensor, values[0]]}, aggregate=aggregate)
+    np.testing.assert_array_equal(out["a"], array)
+    torch.testing.assert_close(out["t"][0], tensor)
+    assert out["t"][1] == values[0]
+
+
+def _masked_round(seed):
+    """One join, one masked step checked against plain torch, one leave; the DDP dies on
+    return, right after the group was left."""
+    rt = join(World(), timeout=30, on_step=lambda: None)
+    try:
+        mask = torch.arange(seed % 7 + 1) % 3 != 1
+        net = _net(seed, 3, 2)
+        ref = copy.deepcopy(net)
+        learner = rt.learner(net, torch.optim.SGD(net.parameters(), lr=0.1), None, "jit")
+        g = torch.Generator().manual_seed(seed)
+        x, y = (
+            torch.randn(len(mask), 3, generator=g),
+            torch.randint(0, 2, (len(mask),), generator=g),
+        )
+        loss = learner.step(x, y, mask=mask)
+        want = F.cross_entropy(ref(x[mask]), y[mask])
+        want.backward()
+        torch.optim.SGD(ref.parameters(), lr=0.1).step()
+        torch.testing.assert_close(loss, want.detach(), **TOL)
+    finally:
+        rt.leave()
+
+
+def test_a_ddp_that_outlives_its_left_group_dies_without_a_deadlock():
+    """Dropping the last DDP soon after a step on a left group once hung (gloo's threads
+    waited for the GIL its deallocation held); these rounds did within a few."""
+    for seed in range(40):
+        _masked_round(seed)
+
+
+def test_multiverse_of_one_runs_in_this_process():
+    def universe(mv, scale):
+        net = U.model("craft", seed=0)
+        learner = mv.learner(net, U.optimizer("sgd", net.parameters()))
+        x, y = U.batches(1)
+        return [float(learner.step(x[k], y[k])) * scale for k in range(U.STEPS)], mv.step
+
+    losses, steps = dualtrain.Multiverse(universe, 1, backend="torch")(1.0)
+    x, y = U.batches(1)
+    np.testing.assert_allclose(losses, reference("craft", "sgd", x, y)[0], **TOL)
+    assert steps == U.STEPS
+    assert not dist.is_initialized()  # mv() left the run
+
+
+def test_join_twice_reuses_the_group_and_leave_is_idempotent():
+    first = join(World(), timeout=30, on_step=lambda: None)
+    second = join(World(), timeout=30, on_step=lambda: None)  # the group exists: reused
+    assert dist.is_initialized() and second.nworld == first.nworld == 1
+    with pytest.raises(ArgumentError, match="rank 0 of 1; world says rank 1 of 2"):
+        join(World(processes=2, rank=1, master_port=1), timeout=30, on_step=lambda: None)
+    second.leave()
+    assert not dist.is_initialized()
+    second.leave()
+    first.leave()
+    again = join(World(), timeout=30, on_step=lambda: None)  # a fresh group after leaving
+    assert dist.is_initialized()
+    again.leave()
+    assert not dist.is_initialized()
+
+
+def test_a_group_the_script_made_is_reused_and_left_to_it():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        rt = join(World(), timeout=30, on_step=lambda: None)
+        assert rt.reduce(2.0, aggregate=True) == 2.0
+        rt.leave()
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("world", "timeout", "on_step", "named"),
+    [
+        ("local", 30, print, "world"),
+        (World(processes=2, rank=2), 30, print, "world"),
+        (World(), 0, print, "timeout"),
+        (World(), True, print, "timeout"),
+        (World(), 30, None, "on_step"),
+    ],
+)
+def test_join_refuses_bad_arguments_before_joining(world, timeout, on_step, named):
+    with pytest.raises(ArgumentError, match=f"^{named} must be"):
+        join(world, timeout=timeout, on_step=on_step)
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"bucket_size": 25}, "option must be one of 'bucket_cap_mb'.*got option='bucket_size'"),
+        ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a positive number"),
+        ({"broadcast_buffers": 1}, "broadcast_buffers must be a bool"),
+    ],
+)
+def test_a_bad_sync_option_is_named(runtime, options, named):
+    with pytest.raises(ArgumentError, match=named):
+        runtime.sync_model(_net(0, 3, 2), options)
+
+
+def test_sync_options_reach_ddp(runtime):
+    synced = runtime.sync_model(_net(0, 3, 2), {"bucket_cap_mb": 1, "find_unused_parameters": True})
+    assert synced.find_unused_parameters is True
+    assert synced.bucket_bytes_cap == 1024 * 1024
+    assert runtime.sync_model(synced, {}) is synced  # already synced: as it is
+
+
+def test_a_bad_engine_or_optimizer_is_refused(runtime):
+    net = _net(0, 3, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(ArgumentError, match=r"^engine must be 'jit'.*got engine='pmap'"):
+        runtime.learner(net, opt, None, "pmap")
+    other = torch.optim.SGD(_net(1, 3, 2).parameters(), lr=0.1)
+    with pytest.raises(ArgumentError, match=r"^optimizer must be an optimizer over the model"):
+        runtime.learner(net, other, None, "jit")
+    with pytest.raises(ArgumentError, match=r"^optimizer must be a torch.optim.Optimizer"):
+        runtime.learner(net, "sgd", None, "jit")
+    with pytest.raises(ArgumentError, match=r"^model must be a torch.nn.Module"):
+        runtime.sync_model("net", {})
+
+
+def test_a_bad_mask_or_loss_shape_is_refused(runtime):
+    net = _net(0, 3, 2)
+    learner = runtime.learner(net, torch.optim.SGD(net.parameters(), lr=0.1), None, "jit")
+    x, y = torch.randn(4, 3), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ShapeError, match=r"mask must be bool of the losses' shape \(4,\)"):
+        learner.step(x, y, mask=torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ShapeError, match="mask must be bool"):
+        learner.step(x, y, mask=torch.ones(4))
+    mean = runtime.learner(net, learner.optimizer, U.mean_loss, "jit")
+    with pytest.raises(ArgumentError, match=r"^mask must be None when loss_fn returns a 0-d"):
+        mean.step(x, y, mask=torch.ones(4, dtype=torch.bool))
+    matrix = runtime.learner(net, learner.optimizer, lambda o, t: o, "jit")
+    with pytest.raises(ShapeError, match=r"per-sample losses \(B,\) or a 0-d mean; got"):
+        matrix.step(x, y)
+
+
+def test_reduce_refuses_a_leaf_it_cannot_reduce(runtime):
+    with pytest.raises(ArgumentError, match=r"^value must be a number, a torch tensor"):
+        runtime.reduce({"ok": 1.0, "bad": "text"}, aggregate=False)
+    with pytest.raises(ArgumentError, match=r"^value must be"):
+        runtime.reduce(np.array(["a"]), aggregate=False)
+
+
+def test_steps_are_counted_once_each(runtime):
+    net = U.model("craft", seed=0)
+    synced = runtime.sync_model(net, {})
+    x = torch.randn(2, U.FEATURES)
+    synced(x)  # training mode: a step
+    synced.eval()
+    synced(x)  # evaluation: not a step
+    synced.train()
+    learner = runtime.learner(synced, torch.optim.SGD(net.parameters(), lr=0.1), None, "jit")
+    learner.step(x, torch.zeros(2, dtype=torch.long))  # one step, not one plus its forward
+    assert len(runtime.counted) == 2
+    assert learner.steps == 1
+
+
+def test_the_synced_module_answers_for_the_module(runtime):
+    net = U.model("craft", seed=0)
+    synced = runtime.sync_model(net, {})
+    assert isinstance(synced, SyncedModule) and isinstance(runtime, TorchRuntime)
+    assert synced.fc1 is net.fc1  # forwarded to the wrapped module
+    assert runtime.unwrap(synced) is net and runtime.unwrap(net) is net
+    with pytest.raises(AttributeError):
+        synced.no_such_attribute  # noqa: B018
+    assert runtime.gather_object({"a": 1}) == [{"a": 1}]
+    runtime.barrier()
+    assert runtime.seed(5) == 5 and torch.initial_seed() == 5
+    with pytest.raises(ArgumentError, match=r"^model must be a model returned by sync"):
+        runtime.no_sync(net)
+    assert runtime.batch_device("torch") is None and runtime.batch_device("numpy") is None
+    with pytest.raises(ArgumentError, match=r"^to must be one of"):
+        runtime.batch_device("cupy")
+
+
+@pytest.mark.gpu
+def test_nccl_puts_the_process_on_its_cuda_device():
+    rt = join(World(), timeout=30, on_step=lambda: None)
+    try:
+        assert rt.backend == "nccl" and rt.device == torch.device("cuda", 0)
+        assert rt.batch_device("torch") == torch.device("cuda", 0)
+        assert rt.batch_device("numpy") is None
+        net = U.model("module", seed=0)
+        learner = rt.learner(net, U.optimizer("adam", net.parameters()), None, "jit")
+        assert next(learner.model.parameters()).device == torch.device("cuda", 0)
+        x, y = U.batches(1)
+        losses = [float(learner.step(x[k], y[k])) for k in range(U.STEPS)]  # CPU in, moved
+        want = reference("module", "adam", x, y)
+        np.testing.assert_allclose(losses, want[0], rtol=1e-4)
+        out = rt.reduce({"t": torch.ones(2, device="cuda"), "f": 1.5}, aggregate=True)
+        assert out["t"].device.type == "cuda" and out["f"] == 1.5
+    finally:
+        rt.leave()
