@@ -19,11 +19,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0, help="seed of data and weights")
     demo.add_argument("--steps", type=_positive, default=60, help="SGD steps per framework")
     demo.add_argument("--lr", type=float, default=0.3, help="learning rate")
+    demo.add_argument(
+        "--nworld", type=_positive, default=2, help="Multiverse workers (1 leaves that part out)"
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         from dualtrain.demo import run  # imports rich tables only when asked
 
-        run(seed=args.seed, steps=args.steps, lr=args.lr)
+        run(seed=args.seed, steps=args.steps, lr=args.lr, nworld=args.nworld)
     return 0
 
 

@@ -15,7 +15,7 @@ from dualtrain_jax.compilation import accelerate_model
 from dualtrain_jax.craft import realize
 from dualtrain_jax.embeddings import attach
 
-__all__ = ["train", "train_embeddings", "train_from_tank", "train_sweep"]
+__all__ = ["train", "train_embeddings", "train_from_tank", "train_parallel", "train_sweep"]
 
 
 def train(
@@ -110,6 +110,18 @@ def train_from_tank(
         )
         losses.append(float(loss))
     return losses, step.explain().summary()
+
+
+def train_parallel(
+    mv: Any, craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
+) -> list[float]:
+    """Data-parallel SGD under Multiverse `mv`: parameters replicated, batches split, jit."""
+    learner = mv.learner(mv.sync(realize(craft, seed=seed), tank), optax.sgd(lr))
+    losses = []
+    for _ in range(steps):
+        batch = tank.next()
+        losses.append(float(learner.step(batch["image"], batch["label"])))
+    return losses
 
 
 def train_embeddings(

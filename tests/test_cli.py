@@ -74,6 +74,15 @@ def test_demo_shares_memory_trains_one_craft_in_both_and_crosses_its_checkpoint(
     assert ladders["torch"].startswith("train: ") and ladders["jax"].startswith("call: ")
     assert "JIT" in ladders["jax"] or "EAGER" in ladders["jax"]
     assert "Compile ladder" in text
+    # Multiverse: two torch processes and two JAX processes, the same curve, which learns.
+    parallel_torch, parallel_jax = (
+        result["multiverse_torch_losses"],
+        result["multiverse_jax_losses"],
+    )
+    assert result["multiverse_nworld"] == 2 and len(parallel_torch) == len(parallel_jax) == 30
+    np.testing.assert_allclose(parallel_torch, parallel_jax, rtol=1e-4, atol=1e-5)
+    assert np.mean(parallel_torch[-5:]) < np.mean(parallel_torch[:5])
+    assert "Multiverse: 2 workers x 16 rows a step" in text
 
 
 def test_python_dash_m_runs_the_cli():

@@ -24,7 +24,15 @@ def test_readme_quickstarts_run(index):
 
 @pytest.mark.parametrize(
     "guide",
-    ["craft.md", "checkpoints.md", "fuel.md", "embeddings.md", "preload.md", "acceleration.md"],
+    [
+        "craft.md",
+        "checkpoints.md",
+        "fuel.md",
+        "embeddings.md",
+        "preload.md",
+        "acceleration.md",
+        "multiverse.md",
+    ],
 )
 def test_guides_run_as_written(guide):
     """Each guide's Python blocks run in order, in one namespace, as a reader would."""

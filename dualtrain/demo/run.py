@@ -5,8 +5,9 @@ copies, trains one Craft (a small MLP with BatchNorm) in torch and in JAX from t
 and the same seed, printing the two loss curves side by side, then drops the torch model's
 checkpoint and loads it into a fresh JAX module, which then predicts what torch does.
 It sweeps eight learning rates as one batched model under both. Then it packs synthetic
-images into a Fuel pack and trains from a preloading Tank under both, and last it trains a
-user x item factorization from two host-memory EmbeddingStores under both. Adapters are
+images into a Fuel pack and trains from a preloading Tank under both, trains a user x item
+factorization from two host-memory EmbeddingStores under both, and last trains one Craft
+data-parallel on two workers (Multiverse) under both. Adapters are
 reached only through `dualtrain.backends`; nothing is downloaded.
 """
 
@@ -74,8 +75,17 @@ def _aligned(values: np.ndarray, dtype: Any = np.float32) -> np.ndarray:
     return out
 
 
-def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None = None) -> dict:
-    """Runs the demo and returns what it showed (for tests): copies, losses, timings."""
+def run(
+    seed: int = 0,
+    steps: int = 60,
+    lr: float = 0.3,
+    console: Console | None = None,
+    nworld: int = 2,
+) -> dict:
+    """Runs the demo and returns what it showed (for tests): copies, losses, timings.
+
+    `nworld` workers train in the Multiverse part (1 leaves it out).
+    """
     console = console or Console()
     started = time.perf_counter()
     console.rule("[bold]dualtrain demo")
@@ -92,6 +102,11 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
     sweep = run_sweep(console, craft, x, y, seed, steps=min(steps, 30))
     fuel = run_fuel(console, seed)
     embeddings = run_embeddings(console, seed)
+    parallel: dict[str, Any] = {}
+    if nworld > 1:
+        from dualtrain.demo.multiverse import run_multiverse
+
+        parallel = run_multiverse(console, seed, nworld)
     total = time.perf_counter() - started
     console.print(f"demo finished in {total:.1f} s")
     return {
@@ -103,6 +118,7 @@ def run(seed: int = 0, steps: int = 60, lr: float = 0.3, console: Console | None
         **sweep,
         **fuel,
         **embeddings,
+        **parallel,
     }
 
 

@@ -40,6 +40,16 @@ class DemoPart(Protocol):
         """
         ...
 
+    def train_parallel(
+        self, mv: Any, craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
+    ) -> list[float]:
+        """`steps` data-parallel SGD steps of `craft` on `tank` under Multiverse `mv`.
+
+        Realized with `seed` on every worker, synced (`mv.sync`, which shards the Tank),
+        trained by `mv.learner`: each step's loss, the mean over every worker's rows.
+        """
+        ...
+
     def train_embeddings(
         self,
         users: np.ndarray,
