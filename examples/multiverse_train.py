@@ -74,7 +74,8 @@ def universe(mv: Multiverse, out: str | None, epochs: int, batch: int, lr: float
     paths = json.loads((folder / "pack.json").read_text())
     realize, make_optimizer = framework(mv.backend, lr)
     label = "int64" if mv.backend == "torch" else "int32"
-    tank = Tank(paths, {"image": "uint8", "label": label}, batch, seed=seed, to=mv.backend,
+    rows = batch * mv.runtime.local_devices  # this process's rows: `batch` per device
+    tank = Tank(paths, {"image": "uint8", "label": label}, rows, seed=seed, to=mv.backend,
                 layout="NCHW", scale=1 / 255, cast="same_kind", drop_last=True)  # fmt: skip
     model = realize(SmallCNN(), seed=seed)  # the same weights everywhere; sync checks it
     optimizer = make_optimizer(model)
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> Any:
     parser.add_argument("--nworld", type=int, default=2, help="data-parallel workers")
     parser.add_argument("--processes", type=int, default=None, help="JAX: processes")
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=16, help="rows per worker and step")
+    parser.add_argument("--batch", type=int, default=16, help="rows per worker (device) and step")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="folder for data and checkpoints "

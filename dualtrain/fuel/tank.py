@@ -209,6 +209,10 @@ class Tank:
             ArgumentError: a rank or world out of range, a world larger than the pack, a
                 Tank part-way through an epoch, or a device that is not there.
         """
+        self._take_share(self._share(rank, world, device))
+
+    def _share(self, rank: int, world: int, device: Any = _UNCHANGED) -> tuple[Any, ...]:
+        """Everything `shard` changes, checked, with nothing changed yet."""
         rank, world = _int("rank", rank, 0), _int("world", world, 1)
         if self.position != 0:
             raise ArgumentError(
@@ -221,15 +225,17 @@ class Tank:
             rank=rank, world=world, last=old.last,
         )  # fmt: skip
         deliver = self._deliver
-        if device is not _UNCHANGED:
-            if self.to == "numpy" and device is not None:
-                raise bad_argument("device", device, "None when to='numpy'")
-            deliver = None if self.to == "numpy" else backends.load_part(self.to, "data").Courier(
-                device
-            )  # fmt: skip
-            self.device = device
+        if device is _UNCHANGED:
+            device = self.device
+        elif self.to == "numpy" and device is not None:
+            raise bad_argument("device", device, "None when to='numpy'")
+        elif self.to != "numpy":
+            deliver = backends.load_part(self.to, "data").Courier(device)
+        return order, deliver, device
+
+    def _take_share(self, share: tuple[Any, ...]) -> None:
         self._pipeline.cancel()  # batches prepared for the old share
-        self._order, self._deliver = order, deliver
+        self._order, self._deliver, self.device = share
 
     def _plan(self, key: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
         epoch, number = key

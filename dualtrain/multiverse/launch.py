@@ -26,7 +26,7 @@ from typing import Any
 
 from dualtrain.errors import ArgumentError, WorkerError
 
-__all__ = ["GRACE", "check_picklable", "run_workers"]
+__all__ = ["GRACE", "check_picklable", "end_group", "own_group", "run_workers", "watch_parent"]
 
 GRACE = 5.0  # seconds a terminated worker gets before SIGKILL
 _COLLECT = 1.0  # seconds to gather other reports after the first failure: find the first cause
@@ -42,10 +42,14 @@ def check_picklable(universe: Callable[..., Any], args: tuple[Any, ...]) -> None
             f"universe must be a function defined at the top level of an importable module "
             f"(spawned workers import it by name); got universe={universe!r} ({err})"
         ) from None
-    try:
-        pickle.dumps(args)
-    except Exception as err:
-        raise ArgumentError(f"the arguments of mv(...) must be picklable; {err}") from None
+    for i, arg in enumerate(args):
+        try:
+            pickle.dumps(arg)
+        except Exception as err:
+            raise ArgumentError(
+                f"the arguments of mv(...) reach the workers by pickle: argument {i} must be "
+                f"picklable; got {arg!r} ({err})"
+            ) from None
 
 
 def run_workers(
@@ -76,11 +80,14 @@ def run_workers(
                 target=target, args=(writer, rank, os.getpid(), *payload),
                 name=f"dualtrain-multiverse-{rank}", daemon=False,
             )  # fmt: skip
+            procs.append(proc)  # before it starts: a Ctrl-C now still stops it
+            conns[reader] = rank
+            # The variables must be in the worker's environment before its first import (a
+            # script importing JAX at its top reads XLA_FLAGS then), so they are set here,
+            # under a lock, and restored at once.
             with _ENV_LOCK, _Environment(env):
                 proc.start()
             writer.close()  # the worker holds the only write end: EOF when it is gone
-            procs.append(proc)
-            conns[reader] = rank
         return _supervise(procs, conns, steps)
     finally:
         _stop(procs)
@@ -90,15 +97,20 @@ def run_workers(
 
 def _supervise(procs: list[Any], conns: dict[Connection, int], steps: Any) -> Any:
     results: dict[int, Any] = {}
-    failures: list[tuple[float, int, int, str]] = []  # (time, rank, step, what happened)
+    # (kind, time, rank, step, what): kind 0 a death (no report), 1 a reported error. A
+    # death leaves no message and makes its peers' collectives fail after it, so a death
+    # in the collection window is the cause and is named first.
+    failures: list[tuple[int, float, int, int, str]] = []
     alive = {proc.sentinel: rank for rank, proc in enumerate(procs)}
     deadline: float | None = None
     reported: dict[int, float] = {}  # rank -> when its result came: it has only to exit
     while alive or conns:
-        ends = [t + GRACE for r, t in reported.items() if procs[r].is_alive()]
+        ends = [t + GRACE * (2 if t + GRACE < time.monotonic() else 1)
+                for r, t in reported.items() if procs[r].is_alive()]  # fmt: skip
         if deadline is not None:
             ends.append(deadline)
         timeout = max(0.0, min(ends) - time.monotonic()) if ends else None
+        waited = time.time()  # a death noticed now happened after this
         ready = wait([*conns, *alive], timeout)
         for item in ready:
             if item in conns:
@@ -111,22 +123,24 @@ def _supervise(procs: list[Any], conns: dict[Connection, int], steps: Any) -> An
                 procs[rank].join()
                 _drain(rank, conns, results, failures)
                 code = procs[rank].exitcode
-                if rank in results or any(f[1] == rank for f in failures):
-                    continue  # its exit (or a hang ended by SIGTERM) tells nothing more
+                if rank in results or any(f[2] == rank for f in failures):
+                    continue  # its exit (or a hang ended by a signal) tells nothing more
                 what = _death(code) if code != 0 else "exited without a result"
-                failures.append((time.time(), rank, int(steps[rank]), what))
+                failures.append((0, waited, rank, int(steps[rank]), what))
         # A worker that reported and hangs on its way out (a framework's teardown can
-        # deadlock) has done its work: it is stopped, not waited for.
+        # deadlock) has done its work: it is stopped, not waited for; killed if it must be.
+        now = time.monotonic()
         for rank, when in reported.items():
-            if procs[rank].is_alive() and time.monotonic() > when + GRACE:
-                procs[rank].terminate()
+            if procs[rank].is_alive() and now > when + GRACE:
+                _signal_group(procs[rank], signal.SIGKILL if now > when + 2 * GRACE
+                              else signal.SIGTERM)  # fmt: skip
         if failures and deadline is None:
-            deadline = time.monotonic() + _COLLECT
-        if deadline is not None and time.monotonic() >= deadline:
+            deadline = now + _COLLECT
+        if deadline is not None and now >= deadline:
             break
     if failures:
-        _, rank, step, what = min(failures)
-        others = sorted({f[1] for f in failures} - {rank})
+        _, _, rank, step, what = min(failures)
+        others = sorted({f[2] for f in failures} - {rank})
         also = f" (then rank(s) {others} failed too)" if others else ""
         raise WorkerError(f"Multiverse worker rank {rank} failed at step {step}: {what}{also}",
                           rank, step)  # fmt: skip
@@ -135,7 +149,7 @@ def _supervise(procs: list[Any], conns: dict[Connection, int], steps: Any) -> An
 
 def _receive(
     conn: Connection, conns: dict[Connection, int], results: dict[int, Any],
-    failures: list[tuple[float, int, int, str]],
+    failures: list[tuple[int, float, int, int, str]],
 ) -> None:  # fmt: skip
     rank = conns[conn]
     try:
@@ -150,12 +164,12 @@ def _receive(
     if kind == "result":
         results[rank] = body
     else:
-        failures.append((when, rank, step, body))
+        failures.append((1, when, rank, step, body))
 
 
 def _drain(
     rank: int, conns: dict[Connection, int], results: dict[int, Any],
-    failures: list[tuple[float, int, int, str]],
+    failures: list[tuple[int, float, int, int, str]],
 ) -> None:  # fmt: skip
     """Reads what a finished worker left in its pipe (its report may arrive after its exit)."""
     for conn in [c for c, r in conns.items() if r == rank]:
@@ -176,17 +190,29 @@ def _death(code: int | None) -> str:
 
 
 def _stop(procs: list[Any]) -> None:
-    """Terminates every live worker, then kills what is left after the grace period."""
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
+    """Stops every worker and whatever it started (each leads its own process group).
+
+    SIGTERM to each group, then SIGKILL to what is left after the grace period.
+    """
+    started = [p for p in procs if p.pid is not None]
+    for proc in started:
+        _signal_group(proc, signal.SIGTERM)
     end = time.monotonic() + GRACE
-    for proc in procs:
+    for proc in started:
         proc.join(max(0.0, end - time.monotonic()))
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+    for proc in started:
+        _signal_group(proc, signal.SIGKILL)
+        proc.join()
+
+
+def _signal_group(proc: Any, sig: int) -> None:
+    """Sends `sig` to the worker's process group (its children too), else to the worker."""
+    try:
+        os.killpg(proc.pid, sig)  # the worker made its group, id = its pid (`own_group`)
+    except (ProcessLookupError, PermissionError):
+        if proc.is_alive():  # it died before making its group, or has not made it yet
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
 
 
 class _Environment:
@@ -231,12 +257,26 @@ def _send(conn: Connection, message: tuple[Any, ...]) -> None:
     conn.send_bytes(pickle.dumps(message))
 
 
+def own_group() -> None:
+    """Makes this worker the leader of a process group, so stopping it stops its children."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+
+
+def end_group(sig: int = signal.SIGKILL) -> None:
+    """Stops this worker's group, itself and every process it started (Tank workers, pools)."""
+    with contextlib.suppress(OSError):
+        if os.getpgid(0) == os.getpid():
+            os.killpg(0, sig)
+
+
 def watch_parent(parent: int) -> None:
-    """Exits this worker as soon as its parent (pid `parent`) is gone: no orphans."""
+    """Ends this worker and its children as soon as its parent (pid `parent`) is gone."""
 
     def loop() -> None:
         while True:
             if os.getppid() != parent:
+                end_group()
                 os._exit(70)
             time.sleep(0.2)
 

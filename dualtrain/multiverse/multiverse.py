@@ -7,6 +7,7 @@ import math
 import multiprocessing
 import os
 import random
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -19,6 +20,8 @@ from dualtrain import backends
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.launch import (
     check_picklable,
+    end_group,
+    own_group,
     report_failure,
     report_result,
     run_workers,
@@ -63,7 +66,7 @@ class Multiverse:
             by name: a function at the top level of a module (a script's ``__main__`` too).
         nworld: data-parallel replicas (torch: processes; JAX: devices over all processes).
         backend: "torch" or "jax".
-        timeout: seconds for joining the run and for each collective to finish.
+        timeout: seconds for joining the run and (torch) for each collective to finish.
         engine: JAX: "jit" (sharded jit) or "pmap" for `learner` steps; torch: "jit" (DDP).
         processes: JAX only: processes to spawn (a divisor of `nworld`); torch: `nworld`.
         **sync_options: torch: DistributedDataParallel's ``bucket_cap_mb``,
@@ -132,8 +135,8 @@ class Multiverse:
     @property
     def world(self) -> World:
         """This process's World (the launcher's, or this process alone)."""
-        if self._world is None:
-            self._world = World(local_devices=self._requested if self.backend == "jax" else 0)
+        if self._world is None:  # not stored: reading it must not make `mv()` run here
+            return World(local_devices=self._requested if self.backend == "jax" else 0)
         return self._world
 
     @property
@@ -222,6 +225,16 @@ class Multiverse:
     def init(self) -> Multiverse:
         """Joins the run (idempotent; `sync`, `reduce` and the rest call it when needed)."""
         if self._runtime is None:
+            if self._world is None and self._processes > 1:
+                raise ArgumentError(
+                    f"this process is not a worker of a run of {self._processes} processes: "
+                    "call mv() to start them (init() joins from inside the universe)"
+                )
+            if self.backend == "torch" and not self.world.master_addr:
+                raise ArgumentError(
+                    f"{self.world.source} runs {self.world.processes} processes over several "
+                    "hosts: export MASTER_ADDR (rank 0's host) and MASTER_PORT for torch"
+                )
             part = backends.load_part(self.backend, "distributed")
             self._runtime = part.join(self.world, timeout=self.timeout, on_step=self._on_step)
         return self
@@ -281,10 +294,13 @@ class Multiverse:
                     f"{tank.position} of its {tank.MPE} batches"
                 )
         runtime = self.runtime
-        for i, tank in enumerate(tanks):
-            tank.shard(self.rank, self.processes, device=runtime.batch_device(tank.to))
-            _check_divisible(i, tank, runtime.local_devices)
-        served = runtime.gather_object([tank.MPE for tank in tanks])
+        # Everything checked before anything changes: the shares, then that every process
+        # serves as many batches, then the models; the Tanks change last.
+        shares = [tank._share(self.rank, self.processes, runtime.batch_device(tank.to))
+                  for tank in tanks]  # fmt: skip
+        for i, (tank, (order, _, _)) in enumerate(zip(tanks, shares, strict=True)):
+            _check_divisible(i, tank.to, order, runtime.local_devices)
+        served = runtime.gather_object([order.batches for order, _, _ in shares])
         for i in range(len(tanks)):
             counts = [ranks[i] for ranks in served]
             if len(set(counts)) > 1:
@@ -294,8 +310,12 @@ class Multiverse:
                     "same pack, with drop_last=True or pad=True"
                 )
         if isinstance(models, (tuple, list)):
-            return type(models)(runtime.sync_model(m, dict(self._sync_options)) for m in models)
-        return runtime.sync_model(models, dict(self._sync_options))
+            synced = type(models)(runtime.sync_model(m, dict(self._sync_options)) for m in models)
+        else:
+            synced = runtime.sync_model(models, dict(self._sync_options))
+        for tank, share in zip(tanks, shares, strict=True):
+            tank._take_share(share)
+        return synced
 
     def reduce(self, value: Any, aggregate: bool = False) -> Any:
         """`value` averaged (`aggregate`: summed) over the processes, in the kind it came in.
@@ -391,6 +411,7 @@ def _worker(
     args: tuple[Any, ...], steps: Any,
 ) -> None:  # fmt: skip
     """A spawned worker's body: join, run the universe, report; never outlive the parent."""
+    own_group()  # what it starts (Tank workers, pools) is stopped with it
     watch_parent(parent)
     mv: Multiverse | None = None
     try:
@@ -398,14 +419,17 @@ def _worker(
         mv._steps = steps
         mv._join_early()
         result = universe(mv, *args)
-        mv.leave()
     except BaseException as err:  # everything reaches the parent, Ctrl-C too
         report_failure(conn, mv.step if mv is not None else 0, err)
         conn.close()
         sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        end_group(signal.SIGTERM)  # its children; the parent SIGKILLs what stays
         os._exit(1)  # no atexit: a process group left mid-collective can hang its teardown
+    # Reported before leaving: a teardown that hangs is then the parent's to end.
     report_result(conn, mv.step, result if rank == 0 else None)
     conn.close()
+    mv.leave()
 
 
 def _host_devices(count: int) -> None:
@@ -421,10 +445,11 @@ def _with_devices(flags: str, count: int) -> str:
     return " ".join([f"{_DEVICE_FLAG}={count}", *kept])
 
 
-def _check_divisible(i: int, tank: Any, devices: int) -> None:
-    if devices <= 1 or tank.to != "jax":
+def _check_divisible(i: int, to: str, order: Any, devices: int) -> None:
+    if devices <= 1 or to != "jax":
         return
-    sizes = {tank.batch_size, tank.samples_per_epoch % tank.batch_size or tank.batch_size}
+    size = order.batch_size
+    sizes = {size, order.samples_per_epoch % size or size}
     bad = sorted(s for s in sizes if s % devices)
     if bad:
         raise ArgumentError(

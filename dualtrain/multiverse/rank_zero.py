@@ -4,8 +4,9 @@ Writing (``drop``, ``drop_members``, ``drop_embeddings``) runs on rank 0 alone, 
 included, and the other ranks wait for it: every rank returns the same path, or raises the
 same error when rank 0's write failed (nothing is half-written: TimeMachine writes to a
 temporary name and renames). Reading (``to``, ``to_members``, ``to_embeddings``) waits
-until every rank has arrived, so no rank reads an anchor while rank 0 still replaces it or
-retention deletes it, and then every rank loads the same file into its own model.
+until every rank has arrived and again until every rank has read, and a write waits until
+every rank has arrived, so no rank reads an anchor while rank 0 replaces it or retention
+deletes it: every rank loads the same file into its own model.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class RankZeroTimeMachine:
 
     def _write(self, name: str, model: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
         mv = self._mv
+        mv.barrier()  # no rank still reads what this write may replace or retention delete
         outcome: tuple[str, Any] = ("ok", None)
         if mv.is_main:
             try:
@@ -59,8 +61,11 @@ class RankZeroTimeMachine:
         return value
 
     def _read(self, name: str, model: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-        self._mv.barrier()
-        return getattr(self.machine, name)(_unwrap(self._mv, model), *args, **kw)
+        self._mv.barrier()  # every rank is here: no write is under way
+        try:
+            return getattr(self.machine, name)(_unwrap(self._mv, model), *args, **kw)
+        finally:
+            self._mv.barrier()  # and no later write starts before every rank has read
 
 
 def _unwrap(mv: Multiverse, model: Any) -> Any:

@@ -104,7 +104,7 @@ class DistributedPart(Protocol):
         torch: ``init_process_group`` (gloo on the CPU, nccl on CUDA; a world of one process
         uses an in-memory store). JAX: ``jax.distributed.initialize`` when there are several
         processes, then a one-axis mesh ("data") over every process's devices.
-        `timeout` (seconds) bounds the joining and every collective. The runtime calls
+        `timeout` (seconds) bounds the joining and, under torch, every collective. The runtime calls
         `on_step` once per training step: each learner step, and (torch) each forward of a
         synced model in training mode; Multiverse counts them to name the step in errors.
         """

@@ -2,10 +2,13 @@
 
 A process joins a run through the environment its launcher set. torchrun (and Multiverse's
 own spawn, which sets the same variables) gives ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; SLURM gives ``SLURM_PROCID``,
-``SLURM_NTASKS`` and ``SLURM_LOCALID`` (the master address then comes from ``MASTER_ADDR``,
-which a batch script exports). JAX's coordinator is ``JAX_COORDINATOR_ADDRESS`` when set,
-else the master address one port above ``MASTER_PORT`` (torchrun's own store holds that one).
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. A task of an ``srun`` step gets
+``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the tasks per node
+(the batch script itself, which has no step, is no worker); over several hosts torch's
+master address comes from ``MASTER_ADDR``, which the batch script exports. JAX's coordinator
+is ``JAX_COORDINATOR_ADDRESS`` when set, else the master address one port above
+``MASTER_PORT`` (torchrun's own store holds that one), else (SLURM over several hosts) left to
+``jax.distributed.initialize``, which finds SLURM's.
 """
 
 from __future__ import annotations
@@ -71,27 +74,30 @@ def from_environment(environ: Mapping[str, str] | None = None) -> World | None:
         local_rank = _int(env, "LOCAL_RANK", rank)
         local_processes = _int(env, "LOCAL_WORLD_SIZE", processes)
         source = "spawned" if SPAWNED in env else "torchrun"
-    elif "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", 1) > 1:
+    elif "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and _int(env, "SLURM_NTASKS", 1) > 1:
+        # A task of an srun step (a batch script itself is no worker: it has no step id).
         rank, processes = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
         local_rank = _int(env, "SLURM_LOCALID", 0)
-        local_processes = _int(env, "SLURM_NTASKS_PER_NODE", processes) if _plain(
-            env.get("SLURM_NTASKS_PER_NODE", "")
-        ) else processes  # fmt: skip
+        per_node = _tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE")
+                                   or env.get("SLURM_TASKS_PER_NODE", ""))  # fmt: skip
+        node = _int(env, "SLURM_NODEID", 0)
+        local_processes = per_node[node] if node < len(per_node) else processes
         source = "slurm"
     else:
         return None
     if not 0 <= rank < processes or not 0 <= local_rank < max(local_processes, 1):
+        names = ("RANK", "LOCAL_RANK") if source != "slurm" else ("SLURM_PROCID", "SLURM_LOCALID")
         raise ArgumentError(
-            f"the launcher's environment is inconsistent: rank {rank} of {processes} "
-            f"processes, local rank {local_rank} of {local_processes}"
+            f"the launcher's environment is inconsistent: {names[0]}={rank} of {processes} "
+            f"processes, {names[1]}={local_rank} of {local_processes} on this host"
         )
     port = _int(env, "MASTER_PORT", 29500)
     addr = env.get("MASTER_ADDR", "")
-    if not addr:
-        if source == "slurm":  # JAX finds SLURM's coordinator itself; torch needs the address
-            addr = "127.0.0.1" if processes == local_processes else ""
-        else:
-            addr = "127.0.0.1"
+    one_host = processes == local_processes
+    if not addr and (source != "slurm" or one_host):
+        addr = "127.0.0.1"
+    # JAX: the given coordinator, else one port above torch's; under SLURM without an
+    # address, None lets jax.distributed.initialize find SLURM's coordinator itself.
     coordinator = env.get("JAX_COORDINATOR_ADDRESS") or (f"{addr}:{port + 1}" if addr else None)
     return World(
         processes=processes, rank=rank, local_rank=local_rank,
@@ -107,8 +113,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _plain(text: str) -> bool:
-    return text.isdigit()
+def _tasks_per_node(text: str) -> list[int]:
+    """SLURM's tasks per node, "2(x3),1" -> [2, 2, 2, 1]; [] when absent or unreadable."""
+    counts: list[int] = []
+    for part in filter(None, text.split(",")):
+        number, _, repeat = part.partition("(x")
+        if not number.isdigit() or (repeat and not repeat.rstrip(")").isdigit()):
+            return []
+        counts += [int(number)] * (int(repeat.rstrip(")")) if repeat else 1)
+    return counts
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:

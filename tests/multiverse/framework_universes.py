@@ -69,3 +69,51 @@ def jax_resumes(mv: Any, anchor: str, lr: float) -> dict[str, Any]:
     learner = mv.learner(mv.sync(module), optax.sgd(lr))
     learner.step(jnp.asarray(x[2]), jnp.asarray(y[2].astype(np.int32)))
     return {"at_anchor": at_anchor, "after": np.asarray(learner.model(jnp.asarray(x[0])))}
+
+
+class Recorder:
+    """A TimeMachine stand-in that logs which rank wrote and read (to one shared file)."""
+
+    def __init__(self, folder: str, rank: int) -> None:
+        self.folder, self.rank, self.save_path = folder, rank, folder
+
+    def _log(self, what: str) -> None:
+        with open(f"{self.folder}/log", "a") as f:
+            f.write(f"{what} {self.rank}\n")
+
+    def drop(self, model: Any, fail: bool = False) -> str:
+        self._log("drop")
+        if fail:
+            raise ValueError("disk full")
+        return f"{self.folder}/anchor-{self.rank}"
+
+    def to(self, model: Any) -> str:
+        self._log("to")
+        return "read"
+
+
+def rank_zero_then_death(mv: Any, folder: str) -> None:
+    """Rank 0 writes, every rank reads, a failed write reaches all; then rank 1 is killed
+    while rank 0 waits in a collective."""
+    import json
+    import os
+    import signal
+
+    from dualtrain import CheckpointError
+
+    mv.init()
+    machine = mv.time_machine(Recorder(folder, mv.rank))
+    seen: dict[str, Any] = {"dropped": machine.drop(None), "read": machine.to(None)}
+    try:
+        machine.drop(None, fail=True)
+    except CheckpointError as err:
+        seen["failed"] = ("CheckpointError", str(err))
+    except ValueError as err:
+        seen["failed"] = ("ValueError", str(err))
+    seen["save_path"] = machine.save_path
+    with open(f"{folder}/rank{mv.rank}.json", "w") as f:
+        json.dump(seen, f)
+    mv.barrier()
+    if mv.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    mv.barrier()  # rank 0: gloo's error when rank 1's connection closes

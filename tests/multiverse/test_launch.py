@@ -177,3 +177,31 @@ def test_a_worker_that_hangs_after_reporting_is_stopped_not_waited_for(tmp_path:
     assert Multiverse(universes.hangs_on_exit, 2)(str(tmp_path)) == 0
     assert time.monotonic() - start < GRACE + 20
     assert all(gone(r["pid"], wait=1.0) for r in records(tmp_path, 2))
+
+
+def test_the_children_of_a_failed_worker_are_stopped_too(tmp_path: Path) -> None:
+    with pytest.raises(WorkerError, match="rank 1 failed at step 0: RuntimeError"):
+        Multiverse(universes.fails_with_child, 2)(str(tmp_path))
+    children = [int(p.read_text()) for p in tmp_path.glob("child*")]
+    assert len(children) == 2
+    assert all(gone(pid, wait=2.0) for pid in children)
+    assert all(gone(r["pid"], wait=1.0) for r in records(tmp_path, 2))
+
+
+def test_a_reported_worker_that_ignores_sigterm_is_killed(tmp_path: Path, monkeypatch) -> None:
+    from dualtrain.multiverse import launch
+
+    monkeypatch.setattr(launch, "GRACE", 0.5)
+    start = time.monotonic()
+    assert Multiverse(universes.ignores_term_and_hangs, 2)(str(tmp_path)) == 0
+    assert time.monotonic() - start < 20
+    assert all(gone(r["pid"], wait=1.0) for r in records(tmp_path, 2))
+
+
+def test_reading_where_it_stands_before_the_call_still_spawns(tmp_path: Path) -> None:
+    mv = Multiverse(universes.where, 3)
+    assert (mv.is_main, mv.rank, mv.local_rank, mv.nworld, mv.processes) == (True, 0, 0, 3, 3)
+    mv(str(tmp_path))
+    assert [r["rank"] for r in records(tmp_path, 3)] == [0, 1, 2]
+    with pytest.raises(ArgumentError, match="call mv"):
+        mv.init()  # the parent is no worker of a 3-process run

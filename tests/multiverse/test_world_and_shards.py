@@ -36,17 +36,38 @@ def test_torchrun_variables_give_the_world(processes, data, port, addr, jax) -> 
 
 
 def test_slurm_and_spawned_and_none() -> None:
-    slurm = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
-             "SLURM_NTASKS_PER_NODE": "2", "MASTER_ADDR": "n1"}  # fmt: skip
-    world = from_environment(slurm)
+    task = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+            "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}  # fmt: skip
+    world = from_environment({**task, "MASTER_ADDR": "n1"})
     assert world is not None
     assert (world.rank, world.processes, world.local_rank, world.local_processes) == (3, 4, 1, 2)
-    assert (world.source, world.master_port) == ("slurm", 29500)
-    assert from_environment({**slurm, "SLURM_NTASKS_PER_NODE": "2(x2)"}).local_processes == 4
-    assert from_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # one task
+    assert (world.source, world.master_port, world.coordinator) == ("slurm", 29500, "n1:29501")
+    # Over two hosts without MASTER_ADDR: no address to guess; JAX finds SLURM's itself.
+    alone = from_environment(task)
+    assert alone is not None and (alone.master_addr, alone.coordinator) == ("", None)
+    uneven = from_environment({**task, "SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_NODEID": "0",
+                               "SLURM_PROCID": "2", "SLURM_LOCALID": "2"})  # fmt: skip
+    assert uneven is not None and uneven.local_processes == 3
+    one_host = from_environment({**task, "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_NODEID": "0"})
+    assert one_host is not None and one_host.master_addr == "127.0.0.1"
+    batch_script = {k: v for k, v in task.items() if k != "SLURM_STEP_ID"}
+    assert from_environment(batch_script) is None  # the script itself is no worker
+    assert from_environment({**task, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) is None
     assert from_environment({}) is None
     spawned = from_environment({"RANK": "1", "WORLD_SIZE": "2", SPAWNED: "2"})
     assert spawned is not None and (spawned.source, spawned.local_devices) == ("spawned", 2)
+
+
+def test_torch_over_hosts_without_master_addr_is_refused_at_init(monkeypatch) -> None:
+    from dualtrain import Multiverse
+
+    task = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+            "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}  # fmt: skip
+    for name, value in task.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(ArgumentError, match="export MASTER_ADDR"):
+        Multiverse(lambda mv: None, 1).init()
 
 
 @pytest.mark.parametrize(

@@ -73,3 +73,29 @@ def hangs_on_exit(mv: Any, folder: str) -> Any:
     _note(mv, folder)
     atexit.register(time.sleep, 3600)
     return mv.rank
+
+
+def fails_with_child(mv: Any, folder: str) -> None:
+    """Every worker starts a child process that would sleep 10 minutes; rank 1 then raises."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    (Path(folder) / f"child{mv.rank}").write_text(str(child.pid))
+    _note(mv, folder)
+    if mv.rank == 1:
+        while len(list(Path(folder).glob("child*"))) < mv.processes:
+            time.sleep(0.05)
+        raise RuntimeError("rank 1 gives up")
+    while True:
+        time.sleep(0.05)
+
+
+def ignores_term_and_hangs(mv: Any, folder: str) -> Any:
+    """Returns, then hangs on its way out and ignores SIGTERM."""
+    import atexit
+
+    _note(mv, folder)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    atexit.register(time.sleep, 3600)
+    return mv.rank
