@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -119,6 +120,11 @@ class SyncedModule(DistributedDataParallel):
     same), so code written for the plain model keeps working on the synced one.
     """
 
+    @property
+    def dualtrain_wrapped(self) -> nn.Module:
+        """The wrapped module: what `TimeMachine.drop` and `to` take in this one's place."""
+        return self.module
+
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
@@ -205,12 +211,17 @@ class TorchRuntime:
         lists and dicts of them keep their structure. One all-reduce per wire dtype (float64,
         float32, int64), on a copy: `value` is never changed. Dtypes follow NumPy: floats
         keep theirs; integers and bools sum as int64 and average as float64. Every process
-        must pass the same structure, kinds and shapes (a float on one rank and an int on
-        another reduce on different wires: a collective mismatch).
+        must pass the same structure, dict keys (in the same order), dtypes and shapes;
+        one more small all-reduce checks it first.
+
+        Raises:
+            ArgumentError: a leaf it cannot reduce; layouts that differ across processes
+                (raised on every process, naming each one's layout).
         """
         leaves: list[Any] = []
         _collect(value, leaves)
         wires = [_wire(leaf) for leaf in leaves]
+        self._same_layout(_layout(value, iter(wires)))
         results: list[torch.Tensor | None] = [None] * len(leaves)
         for dtype in sorted({w.dtype for w in wires}, key=str):  # the same order on every rank
             picked = [i for i, w in enumerate(wires) if w.dtype == dtype]
@@ -221,6 +232,28 @@ class TorchRuntime:
                 results[i] = part.reshape(wires[i].shape)
         pairs = zip(leaves, results, strict=True)
         return _rebuild(value, iter(_back(leaf, r, aggregate, self.nworld) for leaf, r in pairs))
+
+    def _same_layout(self, layout: str) -> None:
+        """Refuses, on every process at once, values whose layouts differ across processes.
+
+        Unchecked, a mismatch pairs different buffers in the all-reduce: it hangs until the
+        timeout, aborts the process (gloo), or sums the wrong leaves silently (dict keys in
+        another order). One all-reduce of a (2,) tensor, the same on every process, finds
+        it: the maximum of the layout's checksum and of its negation differ.
+        """
+        if self.nworld == 1:
+            return
+        mine = zlib.crc32(layout.encode())
+        bounds = torch.tensor([mine, -mine], dtype=torch.int64, device=self.comm_device)
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+        if int(bounds[0]) == -int(bounds[1]):
+            return
+        layouts = self.gather_object(layout[:200])  # every process is here: none waits
+        seen = "; ".join(f"rank {rank}: {text}" for rank, text in enumerate(layouts))
+        raise ArgumentError(
+            f"value must have the same structure, keys, dtypes and shapes on every process "
+            f"(reduce combines them leaf by leaf); got by rank: {seen}"
+        )
 
     @property
     def comm_device(self) -> torch.device:
@@ -359,6 +392,16 @@ def _wire(leaf: Any) -> torch.Tensor:
     else:
         wire = torch.int64
     return t.to("cpu", wire, copy=True)
+
+
+def _layout(value: Any, wires: Iterator[torch.Tensor]) -> str:
+    """`value`'s structure with each leaf as its wire dtype and shape: what must match."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_layout(v, wires)}" for k, v in value.items()) + "}"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_layout(v, wires) for v in value) + "]"
+    wire = next(wires)
+    return f"{str(wire.dtype).removeprefix('torch.')}{list(wire.shape)}"
 
 
 def _back(leaf: Any, summed: Any, aggregate: bool, nworld: int) -> Any:

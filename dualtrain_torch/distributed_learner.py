@@ -57,6 +57,14 @@ class DistributedLearner:
         Returns:
             The global mean loss, a 0-d tensor (detached), the same on every process.
         """
+        if not getattr(self.model, "require_backward_grad_sync", True):
+            # Inside DDP's no_sync the backward reduces nothing, yet the step would apply
+            # each process's own gradient: the replicas would part for good, silently.
+            raise bad_argument(
+                "learner.model", "inside no_sync()", "outside mv.no_sync(...): a learner "
+                "step reduces and applies the gradient at once (accumulate micro-batches by "
+                "hand, or pass a larger batch)"
+            )  # fmt: skip
         device = self.runtime.device
         inputs = tuple(_to(x, device) for x in (inputs if isinstance(inputs, tuple) else (inputs,)))
         targets = _to(targets, device)
@@ -86,6 +94,8 @@ class DistributedLearner:
             if mask is not None:
                 raise bad_argument("mask", "given", "None when loss_fn returns a 0-d mean")
             rows = len(inputs[0]) if inputs and isinstance(inputs[0], torch.Tensor) else 1
+            if rows == 0:  # the mean of no rows is NaN: it would make the global mean NaN
+                losses = losses.nan_to_num(0.0)  # still in the graph: DDP's hooks must fire
             return losses * rows, torch.tensor(float(rows), device=losses.device)
         if mask is None:
             return losses.sum(), torch.tensor(float(losses.shape[0]), device=losses.device)

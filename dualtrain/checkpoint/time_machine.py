@@ -132,6 +132,7 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
         Returns:
             The anchor's absolute path (`to` takes it as it is).
         """
+        craft = _unwrapped(craft)
         i = self._member_argument(craft, member, "drop_members", optimizer, scheduler)
         if i is not None:
             craft = member_of(craft, i)
@@ -266,6 +267,7 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
         Returns:
             The names skipped (with why), and the step, extra data and optimizer restored.
         """
+        craft = _unwrapped(craft)
         i = self._member_argument(craft, member, "to_members", optimizer, scheduler)
         if i is not None:
             one = member_of(craft, i)  # a copy: loaded, then inserted only if it all loaded
@@ -358,6 +360,11 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
     ) -> Path:
         """The anchor `to` reads: `file`, `ckpt_path` itself, or the scope's newest."""
         return source_path(self.ckpt_path, self.save_path, scope, file, member)
+
+
+def _unwrapped(craft: Any) -> Any:
+    """The model inside a Multiverse-synced one (its DDP's ``module``: unprefixed names)."""
+    return getattr(craft, "dualtrain_wrapped", craft)
 
 
 def _adapter(craft: Any) -> CheckpointPart:

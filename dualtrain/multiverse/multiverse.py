@@ -344,6 +344,8 @@ class Multiverse:
             raise bad_argument("engine", engine, "'jit' or 'pmap' (JAX); 'jit' (torch)")
         if loss_fn is not None and not callable(loss_fn):
             raise bad_argument("loss_fn", loss_fn, "None or loss_fn(outputs, targets)")
+        if self.backend == "torch":  # a model not synced yet gets this Multiverse's options
+            model = self.runtime.sync_model(model, dict(self._sync_options))
         return self.runtime.learner(model, optimizer, loss_fn, engine)
 
     def seed(self, seed: int) -> Any:
@@ -389,8 +391,9 @@ class Multiverse:
         """Marks the main function: called without a Multiverse, it runs on one worker.
 
         ``@Multiverse.Executor`` (torch) or ``@Multiverse.Executor(backend="jax")``: then
-        ``launch()`` runs ``launch(Multiverse(launch, 1, **options))`` and
-        ``Multiverse(launch, 4)()`` runs it on four.
+        ``launch(cfg)`` (or ``launch(None, cfg)``) runs ``launch(mv, cfg)`` with
+        ``mv = Multiverse(launch, 1, **options)``, and ``Multiverse(launch, 4)(cfg)`` runs it
+        on four.
         """
         if function is None:
             return functools.partial(Multiverse.Executor, **options)
@@ -398,10 +401,12 @@ class Multiverse:
             raise bad_argument("function", function, "the main function launch(mv, ...)")
 
         @functools.wraps(function)
-        def main(mv: Multiverse | None = None, *args: Any) -> Any:
-            if mv is None:
-                return Multiverse(function, 1, **options)(*args)
-            return function(mv, *args)
+        def main(*args: Any) -> Any:
+            if args and isinstance(args[0], Multiverse):
+                return function(*args)
+            if args and args[0] is None:  # launch(None, ...), the brochure's `mv=None`
+                args = args[1:]
+            return Multiverse(function, 1, **options)(*args)
 
         return main
 

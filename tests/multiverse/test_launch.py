@@ -145,9 +145,10 @@ def test_executor_runs_a_main_function_on_one_worker_without_a_multiverse() -> N
         return value * 2
 
     assert launch(None, 21) == 42
+    assert launch(4) == 8  # the brochure's launch() with an argument: not taken for mv
     mv = Multiverse(launch, 1)
     assert launch(mv, 5) == 10
-    assert seen == [(1, 0, True), (1, 0, True)]
+    assert seen == [(1, 0, True)] * 3
     with pytest.raises(ArgumentError, match="function"):
         Multiverse.Executor(3)  # type: ignore[arg-type]
 

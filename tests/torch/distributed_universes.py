@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812 - torch's own spelling
 
 from dualtrain import Craft, dock
+from dualtrain.errors import ArgumentError
 from dualtrain_torch import realize
 
 ROWS, FEATURES, CLASSES, STEPS = 4, 5, 3, 3  # rows per rank and step
@@ -76,6 +77,11 @@ def uneven_batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + 100 * rank + step)
     n = UNEVEN_ROWS[rank]
     return torch.randn(n, FEATURES, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+
+
+def empty_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of no rows (a rank whose share of the step is empty)."""
+    return torch.zeros(0, FEATURES), torch.zeros(0, dtype=torch.long)
 
 
 def mean_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -154,6 +160,19 @@ def laws(mv: Any) -> list[dict[str, Any]] | None:
         [float(learner.step(*uneven_batch(rank, k))) for k in range(STEPS)],
         params(net),
     )
+    # A 0-d mean loss where rank 1 holds no rows: the mean over rank 0's, not NaN.
+    net = model("module", seed=rank)
+    learner = mv.learner(net, optimizer("adam", net.parameters()), loss_fn=mean_loss)
+    steps = [uneven_batch(0, k) if rank == 0 else empty_batch() for k in range(STEPS)]
+    out["empty"] = ([float(learner.step(*batch)) for batch in steps], params(net))
+    # reduce of layouts that differ by rank (dict keys in another order): refused on every
+    # rank, and the run goes on.
+    keys = ("a", "b") if rank == 0 else ("b", "a")
+    try:
+        mv.reduce({key: float(i) for i, key in enumerate(keys)})
+        out["mismatch"] = "reduced"
+    except ArgumentError as err:
+        out["mismatch"] = str(err)
     # reduce: on a copy, never in place.
     value, before = reduce_value(rank), reduce_value(rank)
     out["mean"] = portable(mv.reduce(value))

@@ -62,8 +62,8 @@ def test_the_run_is_two_gloo_processes_on_the_host(ranks):
     assert {r["backend"] for r in ranks} == {"gloo"}
     assert {r["batch_device"] for r in ranks} == {None}
     # each learner step counts once; each synced forward in training mode counts once
-    # (6 learners, then 2 hand-written loops of STEPS forwards)
-    assert [r["steps"] for r in ranks] == [6 * U.STEPS + 2 * U.STEPS] * 2
+    # (7 learners, then 2 hand-written loops of STEPS forwards)
+    assert [r["steps"] for r in ranks] == [7 * U.STEPS + 2 * U.STEPS] * 2
 
 
 @pytest.mark.parametrize("kind", U.KINDS)
@@ -105,6 +105,23 @@ def test_a_mean_loss_over_unequal_batches_is_the_global_mean(ranks):
     want = reference("module", "adam", inputs, targets, loss=U.mean_loss)
     for r in ranks:
         assert_same(r["uneven"], want)
+
+
+def test_a_rank_with_no_rows_leaves_the_mean_loss_to_the_others(ranks):
+    """A 0-d mean over no rows is NaN; it once made every rank's loss NaN."""
+    parts = [U.uneven_batch(0, k) for k in range(U.STEPS)]
+    want = reference("module", "adam", *zip(*parts, strict=True), loss=U.mean_loss)
+    for r in ranks:
+        assert_same(r["empty"], want)
+
+
+def test_reduce_refuses_layouts_that_differ_across_ranks_on_every_rank(ranks):
+    """Keys in another order once summed 'a' with 'b' silently; other mismatches hung
+    until the timeout or aborted gloo. The run went on (the laws after it hold)."""
+    for r in ranks:
+        assert r["mismatch"].startswith("value must have the same structure, keys")
+        assert "rank 0: {'a': float64[], 'b': float64[]}" in r["mismatch"]
+        assert "rank 1: {'b': float64[], 'a': float64[]}" in r["mismatch"]
 
 
 def _numpy(value):
@@ -379,6 +396,35 @@ def test_a_bad_mask_or_loss_shape_is_refused(runtime):
         matrix.step(x, y)
 
 
+def test_a_learner_step_inside_no_sync_is_refused(runtime):
+    """Inside no_sync nothing is reduced: the step would apply each rank's own gradient
+    and the replicas would part silently. Nothing changes before the refusal."""
+    net = _net(0, 3, 2)
+    before = copy.deepcopy(net.state_dict())
+    learner = runtime.learner(net, torch.optim.SGD(net.parameters(), lr=0.1), None, "jit")
+    x, y = torch.randn(4, 3), torch.zeros(4, dtype=torch.long)
+    with runtime.no_sync(learner.model), pytest.raises(ArgumentError, match=r"outside mv\.no_sync"):
+        learner.step(x, y)
+    for name, value in net.state_dict().items():
+        torch.testing.assert_close(value, before[name])
+    assert learner.steps == 0
+    learner.step(x, y)  # after it, steps go on
+    assert learner.steps == 1
+
+
+@ONE_JOIN
+@given(seed=st.integers(0, 2**16), adam=st.booleans())
+def test_world_of_one_mean_loss_of_an_empty_batch_is_zero_and_moves_nothing(runtime, seed, adam):
+    net = _net(seed, 3, 2)
+    before = copy.deepcopy(net.state_dict())
+    kind = torch.optim.Adam if adam else torch.optim.SGD
+    learner = runtime.learner(net, kind(net.parameters(), lr=0.1), U.mean_loss, "jit")
+    loss = learner.step(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+    assert float(loss) == 0.0  # was NaN: the mean of no rows
+    for name, value in net.state_dict().items():
+        torch.testing.assert_close(value, before[name])
+
+
 def test_reduce_refuses_a_leaf_it_cannot_reduce(runtime):
     with pytest.raises(ArgumentError, match=r"^value must be a number, a torch tensor"):
         runtime.reduce({"ok": 1.0, "bad": "text"}, aggregate=False)
@@ -436,3 +482,24 @@ def test_nccl_puts_the_process_on_its_cuda_device():
         assert out["t"].device.type == "cuda" and out["f"] == 1.5
     finally:
         rt.leave()
+
+
+def _options_and_checkpoint(mv: dualtrain.Multiverse, folder: str) -> dict:
+    import dualtrain_torch
+    from tests.multiverse.framework_universes import TwoLayer
+
+    model = dualtrain_torch.realize(TwoLayer(), seed=0)
+    learner = mv.learner(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    path = dualtrain.TimeMachine(save_path=folder).drop(learner.model)  # not mv.time_machine
+    fresh = dualtrain_torch.realize(TwoLayer(), seed=5)
+    skipped = dualtrain.TimeMachine().to(fresh, path, frozen=True)
+    same = all(
+        torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters(), strict=True)
+    )
+    return {"unused": learner.model.find_unused_parameters, "skipped": list(skipped),
+            "same": same}  # fmt: skip
+
+
+def test_the_multiverse_options_reach_a_learners_ddp_and_time_machine_unwraps_it(tmp_path):
+    mv = dualtrain.Multiverse(_options_and_checkpoint, 1, find_unused_parameters=True)
+    assert mv(str(tmp_path)) == {"unused": True, "skipped": [], "same": True}
