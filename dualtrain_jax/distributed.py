@@ -266,10 +266,22 @@ class JaxRuntime:
             return value
         leaves, treedef = jax.tree.flatten(value)
         local = [_local_value(x) for x in leaves]
-        every = self.gather_object(local)  # exact: no float64 -> float32 on the way
+        # The layout travels with the values: leaves paired by position alone would average
+        # one rank's "b" with another's "c", or fail on one rank only and hang the others.
+        layout = (str(treedef), [np.shape(x) for x in local])
+        every = self.gather_object((layout, local))  # exact: no float64 -> float32 on the way
+        layouts = [rank[0] for rank in every]
+        if any(other != layout for other in layouts):
+            described = "; ".join(
+                f"rank {r}: {tree} with shapes {shapes}" for r, (tree, shapes) in enumerate(layouts)
+            )
+            raise ArgumentError(
+                "value must have the same structure and shapes on every process (reduce "
+                f"pairs the processes' leaves); got {described}"
+            )
         out = []
         for i, leaf in enumerate(leaves):
-            stacked = np.stack([np.asarray(rank[i]) for rank in every])
+            stacked = np.stack([np.asarray(rank[1][i]) for rank in every])
             out.append(_like(leaf, _combine(stacked, aggregate)))
         return jax.tree.unflatten(treedef, out)
 

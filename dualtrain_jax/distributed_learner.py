@@ -11,6 +11,7 @@ form (global arrays replicated over the mesh) under both.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
@@ -133,7 +135,8 @@ class DataParallelLearner:
         self._plain: tuple[Any, Any, Any] | None = (params, state, opt_state)
         self._stacked: tuple[Any, Any, Any] | None = None  # pmap's per-device copies
         self._transfer = Transfer(runtime.batched)
-        self._steps: dict[bool, Any] = {}
+        self._steps: dict[Any, Any] = {}
+        self._view: tuple[Any, Any, Any] | None = None  # the module `model` last handed out
         self.steps = 0
 
     def __repr__(self) -> str:
@@ -144,22 +147,88 @@ class DataParallelLearner:
     def _jit_form(self) -> tuple[Any, Any, Any]:
         if self._plain is None:
             assert self._stacked is not None
-            first = jax.tree.map(lambda x: _host_rows(x)[0], self._stacked)  # device 0's copy
-            self._plain = self.runtime.replicate(first, broadcast=False)
+            if self.runtime.processes == 1:
+                self._plain = self._first(self._stacked)  # device 0's copy, on the devices
+            else:
+                first = jax.tree.map(lambda x: _host_rows(x)[0], self._stacked)
+                self._plain = self.runtime.replicate(first, broadcast=False)
         return self._plain
 
     @property
     def model(self) -> Any:
-        """The module (its mode kept) or params pytree, arrays replicated over the mesh."""
+        """The module (its mode kept) or params pytree, arrays replicated over the mesh.
+
+        Assigning a module (or pytree) of the same structure and shapes replaces the
+        learner's (process 0's values, replicated). A checkpoint loaded into the module this
+        returns (``TimeMachine.to(learner.model)``, which gives it new arrays) is taken up
+        by the learner at its next step or read, as torch's learner is loaded in place.
+        """
+        self._adopt()
         params, state, _ = self._jit_form()
         if self._module is None:
             return params
-        return self._module.replace(params=params, state=state)
+        view = self._module.replace(params=params, state=state)
+        self._view = (view, view.params, view.state)
+        return view
+
+    @model.setter
+    def model(self, model: Any) -> None:
+        if self._module is not None:
+            if not isinstance(model, JaxModule):
+                raise bad_argument("model", model, "a realized module like the learner's")
+            given: Any = (model.params, model.state)
+        else:
+            given = (model, {})
+        params, state, opt_state = self._jit_form()
+        params, state = self._replicated_like("model", given, (params, state))
+        self._plain, self._stacked, self._view = (params, state, opt_state), None, None
 
     @property
     def opt_state(self) -> Any:
-        """The optimizer's state, replicated over the mesh."""
+        """The optimizer's state, replicated over the mesh.
+
+        Assigning a state of the same structure and shapes (``TimeMachine.to(...,
+        optimizer=learner.opt_state).optimizer``, say) resumes the optimizer from it.
+        """
+        self._adopt()
         return self._jit_form()[2]
+
+    @opt_state.setter
+    def opt_state(self, opt_state: Any) -> None:
+        self._adopt()
+        params, state, current = self._jit_form()
+        opt_state = self._replicated_like("opt_state", opt_state, current)
+        self._plain, self._stacked = (params, state, opt_state), None
+
+    def _adopt(self) -> None:
+        """Takes up arrays loaded into the module `model` handed out since the last step."""
+        if self._view is None:
+            return
+        view, params, state = self._view
+        if view.params is not params or view.state is not state:
+            self.model = view
+
+    def _replicated_like(self, name: str, tree: Any, like: Any) -> Any:
+        """`tree` checked against `like` (structure, shapes) and replicated in its dtypes."""
+        leaves, treedef = jax.tree.flatten(tree)
+        want, want_def = jax.tree.flatten(like)
+        if str(treedef) != str(want_def):  # (PyTreeDef has no typed ==)
+            raise ArgumentError(
+                f"{name} must have the learner's structure {_short(want_def)}; got "
+                f"{_short(treedef)}"
+            )
+        for (path, got), ref in zip(
+            jax.tree_util.tree_flatten_with_path(tree)[0], want, strict=True
+        ):
+            if tuple(np.shape(got)) != tuple(ref.shape):
+                raise ArgumentError(
+                    f"{name} must have the learner's shapes: {tuple(ref.shape)} at "
+                    f"{jax.tree_util.keystr(path)}; got {tuple(np.shape(got))}"
+                )
+        host = [
+            np.asarray(_host_rows(x), dtype=ref.dtype) for x, ref in zip(leaves, want, strict=True)
+        ]
+        return self.runtime.replicate(jax.tree.unflatten(treedef, host))
 
     # ---- the step -----------------------------------------------------------------------
 
@@ -186,16 +255,32 @@ class DataParallelLearner:
             ArgumentError: rows that do not split over the mesh; a loss of another shape than
                 ``()`` or ``(B,)``; a scalar loss with a mask.
         """
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((inputs, targets, mask))):
+            raise ArgumentError(
+                "learner.step compiles and runs its own sharded step and keeps the new "
+                "parameters: call it outside jax.jit, jax.vmap and other transformations; "
+                "got traced inputs"
+            )
         if self._module is not None:  # apply(params, state, *inputs)
             inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        rows = _rows(targets)
+        if mask is not None:
+            # A list of booleans is one mask, not a pytree of scalars.
+            mask = mask if isinstance(mask, (np.ndarray, jax.Array)) else np.asarray(mask)
+            if tuple(mask.shape) != (rows,):
+                # (B, 1) would broadcast against the per-sample losses (B,): a wrong loss.
+                raise bad_argument(
+                    "mask", mask, f"booleans of shape ({rows},), one per row of targets"
+                )
         masked = mask is not None
         if rng is None:
             rng = jax.random.fold_in(jax.random.key(_RNG_SEED), self.steps)
-        key = np.asarray(jax.random.key_data(rng))  # raw uint32: crosses any sharding
+        impl, key = _key_data(rng)  # raw uint32: crosses any sharding
+        self._adopt()
         if self.engine == "jit":
-            loss = self._jit_step(inputs, targets, mask, masked, key)
+            loss = self._jit_step(inputs, targets, mask, (masked, impl), key)
         else:
-            loss = self._pmap_step(inputs, targets, mask, masked, key)
+            loss = self._pmap_step(inputs, targets, mask, (masked, impl), key)
         self.steps += 1
         self.runtime.on_step()
         return loss
@@ -217,18 +302,20 @@ class DataParallelLearner:
             value = jnp.where(mask, value, 0)
         return value.sum() / count
 
-    def _jit_step(self, inputs: Any, targets: Any, mask: Any, masked: bool, key: Any) -> Any:
+    def _jit_step(self, inputs: Any, targets: Any, mask: Any, variant: Any, key: Any) -> Any:
         rt = self.runtime
+        masked, impl = variant
         batch = self._place((inputs, targets, mask) if masked else (inputs, targets))
         params, state, opt_state = self._jit_form()
-        fn = self._steps.get(masked)
+        fn = self._steps.get(variant)
         if fn is None:
             forward, optimizer = self._forward, self.optimizer
 
             def step(params: Any, state: Any, opt_state: Any, batch: Any, key: Any) -> Any:
                 inputs, targets, mask = (*batch, None)[:3]
-                rng = jax.random.wrap_key_data(key)
+                rng = jax.random.wrap_key_data(key, impl=impl)
                 rows = jax.tree.leaves(targets)[0].shape[0]
+                mask = None if mask is None else mask.astype(bool)
                 count = rows if mask is None else jnp.maximum(mask.sum(), 1)
 
                 def objective(p: Any) -> Any:
@@ -241,9 +328,9 @@ class DataParallelLearner:
 
             r, b = rt.replicated, rt.batched
             fn = jax.jit(step, in_shardings=(r, r, r, b, r), out_shardings=r)
-            self._steps[masked] = fn
+            self._steps[variant] = fn
         params, state, opt_state, loss = fn(params, state, opt_state, batch, key)
-        self._plain, self._stacked = (params, state, opt_state), None
+        self._plain, self._stacked, self._view = (params, state, opt_state), None, None
         return loss
 
     def _place(self, batch: Any) -> Any:
@@ -266,22 +353,25 @@ class DataParallelLearner:
             out.append(self._transfer(x))
         return jax.tree.unflatten(treedef, out)
 
-    def _pmap_step(self, inputs: Any, targets: Any, mask: Any, masked: bool, key: Any) -> Any:
+    def _pmap_step(self, inputs: Any, targets: Any, mask: Any, variant: Any, key: Any) -> Any:
         rt = self.runtime
-        n = rt.local_devices
+        masked, impl = variant
         batch = (inputs, targets, mask) if masked else (inputs, targets)
-        local = jax.tree.map(lambda x: _split(_host_rows(x), n), batch)
+        local = jax.tree.map(self._pmap_rows, batch)
         if self._stacked is None:
-            plain = jax.tree.map(_host_rows, self._jit_form())
-            self._stacked = jax.tree.map(lambda x: np.broadcast_to(x, (n, *x.shape)), plain)
-        fn = self._steps.get(masked)
+            # One copy per device, committed where pmap puts its results: numpy inputs at
+            # the first step would compile the step a second time at the next.
+            self._stacked = self._stack(self._jit_form())
+        fn = self._steps.get(variant)
         if fn is None:
             forward, optimizer = self._forward, self.optimizer
 
             def step(params: Any, state: Any, opt_state: Any, batch: Any, key: Any) -> Any:
                 inputs, targets, mask = (*batch, None)[:3]
-                rng = jax.random.fold_in(jax.random.wrap_key_data(key), jax.lax.axis_index(_AXIS))
+                rng = jax.random.wrap_key_data(key, impl=impl)
+                rng = jax.random.fold_in(rng, jax.lax.axis_index(_AXIS))
                 rows = jax.tree.leaves(targets)[0].shape[0]
+                mask = None if mask is None else mask.astype(bool)
                 count = jax.lax.psum(rows if mask is None else mask.sum(), _AXIS)
                 count = jnp.maximum(count, 1)
 
@@ -299,10 +389,54 @@ class DataParallelLearner:
 
             devices = list(rt.mesh.devices.flat)
             fn = jax.pmap(step, axis_name=_AXIS, in_axes=(0, 0, 0, 0, None), devices=devices)
-            self._steps[masked] = fn
+            self._steps[variant] = fn
         params, state, opt_state, loss = fn(*self._stacked, local, key)
-        self._stacked, self._plain = (params, state, opt_state), None
+        self._stacked, self._plain, self._view = (params, state, opt_state), None, None
+        if rt.processes == 1:
+            return self._first(loss)  # on the devices: no wait for the step to finish
+        # Several processes: pmap's results are each process's own arrays, not global ones.
         return rt.replicate(_host_rows(loss)[0], broadcast=False)
+
+    def _pmap_rows(self, x: Any) -> Any:
+        """Rows `x` as pmap's ``(devices, rows per device, ...)``: on the devices if there."""
+        rt = self.runtime
+        if isinstance(x, jax.Array) and rt.processes == 1:
+            _check_rows(x.shape, rt.local_devices)
+            return self._unstack(x)  # split where it lies (a Tank's batch): no host copy
+        return _split(_host_rows(x), rt.local_devices)
+
+    @functools.cached_property
+    def _stack(self) -> Any:
+        """Replicated arrays as pmap's per-device copies, where pmap leaves its results."""
+        rt = self.runtime
+        mine = [d for d in rt.mesh.devices.flat if d.process_index == rt.rank]
+        local = NamedSharding(Mesh(np.array(mine), (_AXIS,)), PartitionSpec(_AXIS))
+        n = len(mine)
+
+        def stack(tree: Any) -> Any:
+            if rt.processes > 1:  # a global array's local copy, then onto this process's devices
+                tree = jax.tree.map(_host_rows, tree)
+            return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), tree)
+
+        return (
+            jax.jit(stack, out_shardings=local)
+            if rt.processes == 1
+            else (lambda tree: jax.device_put(stack(tree), local))
+        )
+
+    @functools.cached_property
+    def _unstack(self) -> Any:
+        n, rt = self.runtime.nworld, self.runtime
+        return jax.jit(
+            lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), out_shardings=rt.batched
+        )
+
+    @functools.cached_property
+    def _first(self) -> Any:
+        """Device 0's copy of pmap's per-device results, replicated over the mesh."""
+        return jax.jit(
+            lambda t: jax.tree.map(lambda x: x[0], t), out_shardings=self.runtime.replicated
+        )
 
 
 def _host_rows(x: Any) -> np.ndarray:
@@ -315,15 +449,44 @@ def _host_rows(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def _short(treedef: Any) -> str:
+    text = str(treedef)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _rows(targets: Any) -> int:
+    """The rows of a batch (its targets' first axis); ArgumentError for none."""
+    leaves = jax.tree.leaves(targets)
+    shape = tuple(np.shape(leaves[0])) if leaves else ()
+    if not shape or shape[0] == 0:
+        # No rows: without a mask the mean would be 0 / 0, and NaN would reach the params.
+        raise bad_argument("targets", targets, "rows (B, ...) with B >= 1")
+    return int(shape[0])
+
+
+def _key_data(rng: Any) -> tuple[str, np.ndarray]:
+    """A single PRNG key (typed, any implementation, or a legacy uint32 one) as raw data."""
+    if isinstance(rng, jax.Array) and jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+        if rng.shape == ():
+            return str(jax.random.key_impl(rng)), np.asarray(jax.random.key_data(rng))
+    elif isinstance(rng, (jax.Array, np.ndarray)) and rng.shape == (2,) and rng.dtype == np.uint32:
+        return "threefry2x32", np.asarray(rng)  # jax.random.PRNGKey's raw form
+    raise bad_argument("rng", rng, "one PRNG key: jax.random.key(seed) (or PRNGKey(seed))")
+
+
 def _split(x: np.ndarray, n: int) -> np.ndarray:
     """Rows ``(b, ...)`` as ``(n, b // n, ...)``: one slice per device."""
-    if x.ndim == 0 or x.shape[0] % n:
+    _check_rows(x.shape, n)
+    return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+
+
+def _check_rows(shape: tuple[int, ...], n: int) -> None:
+    if not shape or shape[0] % n:
         raise ArgumentError(
             f"inputs, targets and mask must hold rows that split over the {n} devices this "
-            f"process drives; got an array of shape {x.shape} (use a batch size that is a "
+            f"process drives; got an array of shape {shape} (use a batch size that is a "
             "multiple of it, a Tank with drop_last=True or pad=True)"
         )
-    return x.reshape(n, x.shape[0] // n, *x.shape[1:])
 
 
 def _pmean_floats(x: Any) -> Any:

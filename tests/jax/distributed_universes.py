@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import optax
 
-from dualtrain import Craft, Tank, dock
+from dualtrain import ArgumentError, Craft, Tank, dock
 
 FEATURES, CLASSES = 6, 3
 SPEC = {"image": "uint8", "label": "int32"}
@@ -99,6 +99,10 @@ def two_processes(mv: Any, x: np.ndarray, y: np.ndarray, pack: str) -> dict[str,
     value = {"f": 1.5 * (rank + 1), "a": np.arange(3.0) * (rank + 2), "i": rank + 1}
     out["mean"], out["sum"] = mv.reduce(value), mv.reduce(value, aggregate=True)
     out["gathered"] = mv.runtime.gather_object(("rank", rank))
+    try:  # keys that differ by rank: refused on every rank, never averaged "b" with "c"
+        out["mismatch"] = mv.reduce({"a": 1.0, "bc"[rank]: 10.0**rank})
+    except ArgumentError as err:
+        out["mismatch"] = str(err)
     tank = Tank(pack, SPEC, 4, shuffle=False, to="jax", cast="same_kind")
     mv.sync((), data=tank)
     first = tank.next()
@@ -106,11 +110,16 @@ def two_processes(mv: Any, x: np.ndarray, y: np.ndarray, pack: str) -> dict[str,
         {"w": np.zeros((4 * 4 * 3, CLASSES), np.float32), "b": np.zeros(CLASSES, np.float32)}
     )
     learner = mv.learner(params, optax.sgd(0.5), loss_fn=image_loss)
+    pmapped = mv.learner(params, optax.sgd(0.5), loss_fn=image_loss, engine="pmap")
     out["tank"] = (
         str(first["image"].sharding.spec),
         first["image"].shape,
         float(learner.step(first["image"], first["label"])),
         {k: np.asarray(v.addressable_data(0)) for k, v in learner.model.items()},
+    )
+    out["tank pmap"] = (  # the global batch split where it lies, under pmap
+        float(pmapped.step(first["image"], first["label"])),
+        {k: np.asarray(v.addressable_data(0)) for k, v in pmapped.model.items()},
     )
     mv.barrier()
     return out

@@ -230,7 +230,8 @@ def test_two_processes_joined_by_jax_distributed_obey_the_laws(pack):
             np.testing.assert_allclose(got[key], want, rtol=1e-12)
     assert type(out["mean"]["i"]) is float and type(out["sum"]["i"]) is int
     assert out["gathered"] == [("rank", 0), ("rank", 1)]
-    spec, shape, loss, params = out["tank"]
+    assert "same structure and shapes on every process" in out["mismatch"]
+    spec, shape = out["tank"][:2]
     assert (spec, shape) == (str(P("data")), (8, 4, 4, 3))
     rows = [Tank(pack, SPEC, 4, shuffle=False, cast="same_kind", rank=r, world=2).next()
             for r in range(2)]  # fmt: skip
@@ -238,5 +239,103 @@ def test_two_processes_joined_by_jax_distributed_obey_the_laws(pack):
     labels = np.concatenate([r["label"] for r in rows])
     zeros = {"w": np.zeros((48, CLASSES), np.float32), "b": np.zeros(CLASSES, np.float32)}
     value, grads = jax.value_and_grad(lambda p: image_loss(p, images, labels).mean())(zeros)
-    np.testing.assert_allclose(loss, float(value), rtol=RTOL)
-    assert_close(params, {k: -0.5 * np.asarray(g) for k, g in grads.items()})
+    for loss, params in (out["tank"][2:], out["tank pmap"]):
+        np.testing.assert_allclose(loss, float(value), rtol=RTOL)
+        assert_close(params, {k: -0.5 * np.asarray(g) for k, g in grads.items()})
+
+
+# ---- what a demanding user meets: wrong inputs, other keys, resuming, pmap's compiles -------
+
+
+def test_step_refuses_inputs_that_would_give_wrong_numbers_and_takes_any_key():
+    net = realize(MLP(), seed=3)
+    x, y = batch(4, 8)
+    _, want_losses = reference(net, "sgd", 0.1, [(x, y, None)])
+
+    def universe(mv):
+        learner = mv.learner(mv.sync(net), optax.sgd(0.1))
+        # (8, 1) broadcast against the per-sample losses (8,) gave an 8x loss, silently.
+        with pytest.raises(ArgumentError, match=r"mask must be booleans of shape \(8,\)"):
+            learner.step(x, y, np.ones((8, 1), bool))
+        # No rows: 0 / 0 made every parameter NaN.
+        with pytest.raises(ArgumentError, match=r"targets must be rows"):
+            learner.step(x[:0], y[:0])
+        # Under jax.jit: a house error, not a tracer-conversion error from inside.
+        with pytest.raises(ArgumentError, match=r"outside jax\.jit"):
+            jax.jit(learner.step)(x, y)
+        assert learner.steps == 0  # nothing above stepped
+        losses = [
+            float(learner.step(x, y, [True] * 8)),  # a list is one mask, not 8 scalars
+            float(learner.step(x, y, rng=jax.random.key(1, impl="rbg"))),  # any PRNG impl
+            float(learner.step(x, y, rng=jax.random.PRNGKey(1))),  # a legacy raw key
+        ]
+        return losses
+
+    losses = run(universe)
+    np.testing.assert_allclose(losses[0], want_losses[0], rtol=RTOL)
+    assert all(np.isfinite(losses))
+
+
+def test_a_checkpoint_loaded_into_learner_model_and_opt_state_resumes_the_run(tmp_path):
+    net = realize(MLP(), seed=6)
+    batches = [batch(20 + k, 8) for k in range(3)]
+
+    def universe(mv):
+        anchors = mv.time_machine(dualtrain.TimeMachine(save_path=tmp_path, max_anchors=1))
+        learner = mv.learner(mv.sync(net), optax.adam(0.05))
+        for x, y in batches[:2]:
+            learner.step(x, y)
+        anchors.drop(learner.model, optimizer=learner.opt_state, step=learner.steps)
+        want = float(learner.step(*batches[2])), host(learner.model.params)
+        # A new run: torch's learner loads in place; JAX's takes the module it handed out.
+        resumed = mv.learner(mv.sync(realize(MLP(), seed=7)), optax.adam(0.05))
+        restored = anchors.to(resumed.model, optimizer=resumed.opt_state)
+        resumed.opt_state = restored.optimizer
+        got = float(resumed.step(*batches[2])), host(resumed.model.params)
+        with pytest.raises(ArgumentError, match="opt_state"):
+            resumed.opt_state = optax.sgd(0.1).init(net.params)
+        with pytest.raises(
+            ArgumentError,
+            match=r"model must have the learner.s shapes: \(3,\) at .*fc2\.bias.*; got \(4,\)",
+        ):
+            resumed.model = realize(MLP(), seed=0).replace(
+                params={**net.params, "fc2.bias": np.zeros(4, np.float32)}
+            )
+        return want, got
+
+    (want_loss, want_params), (got_loss, got_params) = run(universe)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=RTOL)
+    assert_close(got_params, want_params)
+
+
+def test_pmap_compiles_its_step_once_and_steps_a_tank_batch_where_it_lies(pack):
+    compiles = []
+
+    def count(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    tank = Tank(pack, SPEC, 8, shuffle=False, to="jax", cast="same_kind")
+    zeros = {"w": np.zeros((48, CLASSES), np.float32), "b": np.zeros(CLASSES, np.float32)}
+
+    def universe(mv):
+        mv.sync((), data=tank)
+        first = tank.next()
+        out = {}
+        for engine in ("jit", "pmap"):
+            learner = mv.learner(mv.sync(zeros), optax.sgd(0.5), image_loss, engine)
+            losses = [float(learner.step(first["image"], first["label"]))]
+            before = len(compiles)
+            losses += [float(learner.step(first["image"], first["label"])) for _ in range(2)]
+            out[engine] = losses, len(compiles) - before, host(learner.model)
+        return out
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        out = run(universe)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    (jit_losses, jit_compiles, jit_params), (losses, pmap_compiles, params) = out.values()
+    assert (jit_compiles, pmap_compiles) == (0, 0)
+    np.testing.assert_allclose(losses, jit_losses, rtol=RTOL)
+    assert_close(params, jit_params)
