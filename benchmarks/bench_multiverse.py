@@ -236,8 +236,8 @@ def main() -> None:
 
     args = harness.parse_args("multiverse")
     # First: XLA stops reading XLA_FLAGS at the harness's bare thread-count token.
-    os.environ["XLA_FLAGS"] = (
-        "--xla_force_host_platform_device_count=4 " + os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 " + os.environ.get(
+        "XLA_FLAGS", ""
     )
     global SAMPLES
     if args.quick:
