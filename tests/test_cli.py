@@ -79,9 +79,9 @@ def test_demo_shares_memory_trains_one_craft_in_both_and_crosses_its_checkpoint(
         result["multiverse_torch_losses"],
         result["multiverse_jax_losses"],
     )
-    assert result["multiverse_nworld"] == 2 and len(parallel_torch) == len(parallel_jax) == 30
+    assert result["multiverse_nworld"] == 2 and len(parallel_torch) == len(parallel_jax) == 60
     np.testing.assert_allclose(parallel_torch, parallel_jax, rtol=1e-4, atol=1e-5)
-    assert np.mean(parallel_torch[-5:]) < np.mean(parallel_torch[:5])
+    assert np.mean(parallel_torch[-5:]) < 0.5 * np.mean(parallel_torch[:5])  # it learns
     assert "Multiverse: 2 workers x 16 rows a step" in text
 
 

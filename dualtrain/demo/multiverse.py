@@ -49,7 +49,7 @@ def universe(mv: Multiverse, paths: list[str], steps: int, lr: float, seed: int)
     return {"losses": losses, "nworld": mv.nworld, "rows_per_worker": tank.rows_per_epoch}
 
 
-def run_multiverse(console: Console, seed: int = 0, nworld: int = 2, steps: int = 30) -> dict:
+def run_multiverse(console: Console, seed: int = 0, nworld: int = 2, steps: int = 60) -> dict:
     """Packs 256 images, trains FlatNet on `nworld` workers under torch and JAX."""
     from dualtrain.demo.fuel import make_images
 
@@ -63,7 +63,7 @@ def run_multiverse(console: Console, seed: int = 0, nworld: int = 2, steps: int 
             # JAX is already imported here with one device: its workers are processes too.
             mv = Multiverse(universe, nworld, backend=name,
                             processes=nworld if name == "jax" else None)  # fmt: skip
-            result = mv(paths, steps, 0.5, seed)
+            result = mv(paths, steps, 0.1, seed)
             losses[name], seconds[name] = result["losses"], time.perf_counter() - started
     title = f"Multiverse: {nworld} workers x {BATCH} rows a step"
     console.print(loss_table(title, "step", losses, rows=5))
