@@ -68,21 +68,31 @@ class DistributedLearner:
         device = self.runtime.device
         inputs = tuple(_to(x, device) for x in (inputs if isinstance(inputs, tuple) else (inputs,)))
         targets = _to(targets, device)
+        alone = self.runtime.nworld == 1
+        comm = self.runtime.comm_device
         with self.runtime.counted_step():
+            # The rows that count are known before the forward: their global number is
+            # summed while the forward runs (a blocking collective here cost 10-20% a step).
+            counted = _count(inputs, mask, device).to(comm)
+            counting = None if alone else dist.all_reduce(counted, async_op=True)
             self.optimizer.zero_grad(set_to_none=True)
             losses = self.loss_fn(self.model(*inputs), targets)
             local_sum, count = self._local(losses, inputs, mask)
-            stats = torch.stack([local_sum.detach().double(), count.double()])
-            stats = stats.to(self.runtime.comm_device)
-            dist.all_reduce(stats)  # [global sum, global count]
-            stats = stats.to(local_sum.device)
-            total = stats[1].clamp(min=1)
+            if counting is not None:
+                counting.wait()
+                total = counted[0].to(local_sum.device).clamp(min=1)
+            else:
+                total = count.double().clamp(min=1)
             # DDP averages over the N processes: N * local_sum / global_count averages to
             # the global mean's gradient.
             (local_sum * (self.runtime.nworld / total).to(local_sum.dtype)).backward()
-            self.optimizer.step()
+            summed = local_sum.detach().double().reshape(1).to(comm)
+            summing = None if alone else dist.all_reduce(summed, async_op=True)
+            self.optimizer.step()  # while the loss is summed
+            if summing is not None:
+                summing.wait()
             self.steps += 1
-        return (stats[0] / total).to(local_sum.dtype)
+        return (summed.to(local_sum.device).reshape(()) / total).to(local_sum.dtype)
 
     def _local(self, losses: Any, inputs: tuple[Any, ...], mask: Any) -> tuple[Any, Any]:
         if not isinstance(losses, torch.Tensor) or losses.ndim > 1:
@@ -106,6 +116,18 @@ class DistributedLearner:
                 f"mask of {mask.dtype} {tuple(mask.shape)}"
             )
         return torch.where(mask, losses, 0).sum(), mask.sum()
+
+
+def _count(inputs: tuple[Any, ...], mask: Any, device: torch.device) -> torch.Tensor:
+    """The rows that count, as a float64 (1,): the mask's True entries, else the batch's rows."""
+    if mask is not None:
+        rows = _to(mask, device).sum() if isinstance(mask, (torch.Tensor, np.ndarray)) else None
+        if rows is None:
+            rows = torch.as_tensor(mask, device=device).sum()
+        return rows.double().reshape(1)
+    first = inputs[0] if inputs else None
+    rows = len(first) if isinstance(first, torch.Tensor) and first.ndim else 1
+    return torch.tensor([float(rows)], dtype=torch.float64, device=device)
 
 
 def _per_sample_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
