@@ -92,9 +92,10 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     try:
         seen = records(tmp_path, 2)
         run.send_signal(signal.SIGINT)
-        out, err = run.communicate(timeout=30)
+        out, err = run.communicate(timeout=60)
     finally:
         run.kill()
+        run.communicate()  # reaped and its pipes closed, whatever happened above
     assert run.returncode == 130, err
     assert "interrupted" in out
     assert all(gone(r["pid"], wait=1.0) for r in seen)
