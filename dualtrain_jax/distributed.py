@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -28,10 +27,11 @@ from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import World
 from dualtrain_jax.distributed_learner import DataParallelLearner
+from dualtrain_jax.distributed_reduce import local_value, reduce_value
+from dualtrain_jax.distributed_rows import AXIS
 
 __all__ = ["JaxRuntime", "join"]
 
-AXIS = "data"  # the mesh's one axis: replicas of the model, shards of the batch
 _TARGETS = ("numpy", "torch", "jax")
 
 
@@ -207,7 +207,7 @@ class JaxRuntime:
         """
         if self.processes > 1:
             # Host copies first: a global array spanning other processes cannot be broadcast.
-            tree = jax.tree.map(_local_value, tree)
+            tree = jax.tree.map(local_value, tree)
             if broadcast:
                 tree = multihost_utils.broadcast_one_to_all(tree)
             return jax.tree.map(self._global_replicated, tree)
@@ -262,28 +262,7 @@ class JaxRuntime:
             The same structure, each leaf of its kind: a Python number (a float for a mean),
             a NumPy scalar or array, a JAX array. One process: `value` itself.
         """
-        if self.processes == 1:
-            return value
-        leaves, treedef = jax.tree.flatten(value)
-        local = [_local_value(x) for x in leaves]
-        # The layout travels with the values: leaves paired by position alone would average
-        # one rank's "b" with another's "c", or fail on one rank only and hang the others.
-        layout = (str(treedef), [np.shape(x) for x in local])
-        every = self.gather_object((layout, local))  # exact: no float64 -> float32 on the way
-        layouts = [rank[0] for rank in every]
-        if any(other != layout for other in layouts):
-            described = "; ".join(
-                f"rank {r}: {tree} with shapes {shapes}" for r, (tree, shapes) in enumerate(layouts)
-            )
-            raise ArgumentError(
-                "value must have the same structure and shapes on every process (reduce "
-                f"pairs the processes' leaves); got {described}"
-            )
-        out = []
-        for i, leaf in enumerate(leaves):
-            stacked = np.stack([np.asarray(rank[1][i]) for rank in every])
-            out.append(_like(leaf, _combine(stacked, aggregate)))
-        return jax.tree.unflatten(treedef, out)
+        return reduce_value(self, value, aggregate)
 
     def gather_object(self, obj: Any, /) -> list[Any]:
         """Every process's `obj` (picklable), in rank order (``process_allgather`` of bytes)."""
@@ -319,37 +298,3 @@ def _scope(mesh: Mesh) -> Iterator[Mesh]:
     # jax.set_mesh sets the mesh when called: calling it only on entry keeps scope() inert.
     with jax.set_mesh(mesh):
         yield mesh
-
-
-def _local_value(x: Any) -> Any:
-    """`x` as this process holds it: a host NumPy value (a global array: its local copy)."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        if not x.is_fully_replicated:
-            raise bad_argument(
-                "value",
-                x,
-                "this process's own value (a global array sharded over processes has no "
-                "per-process value: reduce its local rows)",
-            )
-        x = x.addressable_data(0)
-    return np.asarray(x)
-
-
-def _combine(stacked: np.ndarray, aggregate: bool) -> np.ndarray:
-    if aggregate:
-        return stacked.sum(0, dtype=stacked.dtype if stacked.dtype != np.bool_ else None)
-    mean = stacked.mean(0)
-    return mean.astype(stacked.dtype) if np.issubdtype(stacked.dtype, np.floating) else mean
-
-
-def _like(leaf: Any, value: np.ndarray) -> Any:
-    """`value` in the kind of `leaf`: Python number, NumPy scalar or array, JAX array."""
-    if isinstance(leaf, jax.Array):
-        return jnp.asarray(value)
-    if isinstance(leaf, np.ndarray):
-        return np.asarray(value)
-    if isinstance(leaf, np.generic):
-        return value[()]
-    if isinstance(leaf, (bool, int)) and np.issubdtype(value.dtype, np.integer):
-        return int(value)
-    return float(value)

@@ -11,7 +11,6 @@ form (global arrays replicated over the mesh) under both.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +18,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_jax.craft import JaxModule
+from dualtrain_jax.distributed_rows import (
+    AXIS,
+    PmapLayout,
+    batch_rows,
+    host_rows,
+    mean_floats,
+    place,
+)
 from dualtrain_jax.transfer import Transfer
 
 if TYPE_CHECKING:
@@ -32,7 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["DataParallelLearner", "per_sample_cross_entropy"]
 
 ENGINES = ("jit", "pmap")
-_AXIS = "data"
 _RNG_SEED = 0  # the default dropout key of step n: fold_in(key(0), n), as TrainingLearner's
 
 
@@ -135,6 +140,7 @@ class DataParallelLearner:
         self._plain: tuple[Any, Any, Any] | None = (params, state, opt_state)
         self._stacked: tuple[Any, Any, Any] | None = None  # pmap's per-device copies
         self._transfer = Transfer(runtime.batched)
+        self._pmap = PmapLayout(runtime)
         self._steps: dict[Any, Any] = {}
         self._view: tuple[Any, Any, Any] | None = None  # the module `model` last handed out
         self.steps = 0
@@ -148,9 +154,9 @@ class DataParallelLearner:
         if self._plain is None:
             assert self._stacked is not None
             if self.runtime.processes == 1:
-                self._plain = self._first(self._stacked)  # device 0's copy, on the devices
+                self._plain = self._pmap.first(self._stacked)  # device 0's copy, on the devices
             else:
-                first = jax.tree.map(lambda x: _host_rows(x)[0], self._stacked)
+                first = jax.tree.map(lambda x: host_rows(x)[0], self._stacked)
                 self._plain = self.runtime.replicate(first, broadcast=False)
         return self._plain
 
@@ -226,7 +232,7 @@ class DataParallelLearner:
                     f"{jax.tree_util.keystr(path)}; got {tuple(np.shape(got))}"
                 )
         host = [
-            np.asarray(_host_rows(x), dtype=ref.dtype) for x, ref in zip(leaves, want, strict=True)
+            np.asarray(host_rows(x), dtype=ref.dtype) for x, ref in zip(leaves, want, strict=True)
         ]
         return self.runtime.replicate(jax.tree.unflatten(treedef, host))
 
@@ -263,7 +269,7 @@ class DataParallelLearner:
             )
         if self._module is not None:  # apply(params, state, *inputs)
             inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-        rows = _rows(targets)
+        rows = batch_rows(targets)
         if mask is not None:
             # A list of booleans is one mask, not a pytree of scalars.
             mask = mask if isinstance(mask, (np.ndarray, jax.Array)) else np.asarray(mask)
@@ -302,30 +308,49 @@ class DataParallelLearner:
             value = jnp.where(mask, value, 0)
         return value.sum() / count
 
+    def _build_step(self, impl: str, axis: str | None) -> Callable[..., Any]:
+        """The step both engines compile (one body, so jit and pmap cannot drift apart).
+
+        Under pmap (`axis`) each device holds its rows: the row count, the gradients and the
+        loss are summed over the axis and each device draws its own dropout key. Under jit,
+        XLA does the same for the global batch.
+        """
+        forward, optimizer, mean = self._forward, self.optimizer, self._mean
+
+        def step(params: Any, state: Any, opt_state: Any, batch: Any, key: Any) -> Any:
+            inputs, targets, mask = (*batch, None)[:3]
+            rng = jax.random.wrap_key_data(key, impl=impl)
+            rows = jax.tree.leaves(targets)[0].shape[0]
+            mask = None if mask is None else mask.astype(bool)
+            count = rows if mask is None else mask.sum()
+            if axis is not None:
+                rng = jax.random.fold_in(rng, jax.lax.axis_index(axis))
+                count = jax.lax.psum(count, axis)
+            count = jnp.maximum(count, 1)
+
+            def objective(p: Any) -> Any:
+                value, new_state = forward(p, state, inputs, targets, rng)
+                if axis is not None and jnp.shape(value) == () and mask is None:
+                    return value * rows / count, new_state  # a mean over this device's rows
+                return mean(value, mask, rows, count), new_state
+
+            (loss, new_state), grads = jax.value_and_grad(objective, has_aux=True)(params)
+            if axis is not None:
+                grads, loss = jax.lax.psum((grads, loss), axis)
+                new_state = jax.tree.map(mean_floats, new_state)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), new_state, opt_state, loss
+
+        return step
+
     def _jit_step(self, inputs: Any, targets: Any, mask: Any, variant: Any, key: Any) -> Any:
         rt = self.runtime
         masked, impl = variant
-        batch = self._place((inputs, targets, mask) if masked else (inputs, targets))
+        batch = place(rt, self._transfer, (inputs, targets, mask) if masked else (inputs, targets))
         params, state, opt_state = self._jit_form()
         fn = self._steps.get(variant)
         if fn is None:
-            forward, optimizer = self._forward, self.optimizer
-
-            def step(params: Any, state: Any, opt_state: Any, batch: Any, key: Any) -> Any:
-                inputs, targets, mask = (*batch, None)[:3]
-                rng = jax.random.wrap_key_data(key, impl=impl)
-                rows = jax.tree.leaves(targets)[0].shape[0]
-                mask = None if mask is None else mask.astype(bool)
-                count = rows if mask is None else jnp.maximum(mask.sum(), 1)
-
-                def objective(p: Any) -> Any:
-                    value, new_state = forward(p, state, inputs, targets, rng)
-                    return self._mean(value, mask, rows, count), new_state
-
-                (loss, new_state), grads = jax.value_and_grad(objective, has_aux=True)(params)
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                return optax.apply_updates(params, updates), new_state, opt_state, loss
-
+            step = self._build_step(impl, axis=None)
             r, b = rt.replicated, rt.batched
             fn = jax.jit(step, in_shardings=(r, r, r, b, r), out_shardings=r)
             self._steps[variant] = fn
@@ -333,135 +358,32 @@ class DataParallelLearner:
         self._plain, self._stacked, self._view = (params, state, opt_state), None, None
         return loss
 
-    def _place(self, batch: Any) -> Any:
-        """`batch` (this process's rows) as global arrays split by rows over the mesh."""
-        rt = self.runtime
-        leaves, treedef = jax.tree.flatten(batch)
-        out = []
-        for leaf in leaves:
-            if isinstance(leaf, jax.Array) and leaf.sharding == rt.batched:
-                out.append(leaf)
-                continue
-            x = leaf if isinstance(leaf, jax.Array) and rt.processes == 1 else np.asarray(leaf)
-            if x.ndim == 0 or x.shape[0] % rt.local_devices:
-                raise ArgumentError(
-                    f"inputs, targets and mask must hold rows that split over the "
-                    f"{rt.local_devices} devices this process drives; got an array of shape "
-                    f"{x.shape} (use a batch size that is a multiple of it, a Tank with "
-                    "drop_last=True or pad=True)"
-                )
-            out.append(self._transfer(x))
-        return jax.tree.unflatten(treedef, out)
-
     def _pmap_step(self, inputs: Any, targets: Any, mask: Any, variant: Any, key: Any) -> Any:
         rt = self.runtime
         masked, impl = variant
         batch = (inputs, targets, mask) if masked else (inputs, targets)
-        local = jax.tree.map(self._pmap_rows, batch)
+        local = jax.tree.map(self._pmap.rows, batch)
         if self._stacked is None:
             # One copy per device, committed where pmap puts its results: numpy inputs at
             # the first step would compile the step a second time at the next.
-            self._stacked = self._stack(self._jit_form())
+            self._stacked = self._pmap.stack(self._jit_form())
         fn = self._steps.get(variant)
         if fn is None:
-            forward, optimizer = self._forward, self.optimizer
-
-            def step(params: Any, state: Any, opt_state: Any, batch: Any, key: Any) -> Any:
-                inputs, targets, mask = (*batch, None)[:3]
-                rng = jax.random.wrap_key_data(key, impl=impl)
-                rng = jax.random.fold_in(rng, jax.lax.axis_index(_AXIS))
-                rows = jax.tree.leaves(targets)[0].shape[0]
-                mask = None if mask is None else mask.astype(bool)
-                count = jax.lax.psum(rows if mask is None else mask.sum(), _AXIS)
-                count = jnp.maximum(count, 1)
-
-                def objective(p: Any) -> Any:
-                    value, new_state = forward(p, state, inputs, targets, rng)
-                    if jnp.shape(value) == () and mask is None:  # a mean over these rows
-                        return value * rows / count, new_state
-                    return self._mean(value, mask, rows, count), new_state
-
-                (loss, new_state), grads = jax.value_and_grad(objective, has_aux=True)(params)
-                grads, loss = jax.lax.psum((grads, loss), _AXIS)
-                new_state = jax.tree.map(_pmean_floats, new_state)
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                return optax.apply_updates(params, updates), new_state, opt_state, loss
-
+            step = self._build_step(impl, axis=AXIS)
             devices = list(rt.mesh.devices.flat)
-            fn = jax.pmap(step, axis_name=_AXIS, in_axes=(0, 0, 0, 0, None), devices=devices)
+            fn = jax.pmap(step, axis_name=AXIS, in_axes=(0, 0, 0, 0, None), devices=devices)
             self._steps[variant] = fn
         params, state, opt_state, loss = fn(*self._stacked, local, key)
         self._stacked, self._plain, self._view = (params, state, opt_state), None, None
         if rt.processes == 1:
-            return self._first(loss)  # on the devices: no wait for the step to finish
+            return self._pmap.first(loss)  # on the devices: no wait for the step to finish
         # Several processes: pmap's results are each process's own arrays, not global ones.
-        return rt.replicate(_host_rows(loss)[0], broadcast=False)
-
-    def _pmap_rows(self, x: Any) -> Any:
-        """Rows `x` as pmap's ``(devices, rows per device, ...)``: on the devices if there."""
-        rt = self.runtime
-        if isinstance(x, jax.Array) and rt.processes == 1:
-            _check_rows(x.shape, rt.local_devices)
-            return self._unstack(x)  # split where it lies (a Tank's batch): no host copy
-        return _split(_host_rows(x), rt.local_devices)
-
-    @functools.cached_property
-    def _stack(self) -> Any:
-        """Replicated arrays as pmap's per-device copies, where pmap leaves its results."""
-        rt = self.runtime
-        mine = [d for d in rt.mesh.devices.flat if d.process_index == rt.rank]
-        local = NamedSharding(Mesh(np.array(mine), (_AXIS,)), PartitionSpec(_AXIS))
-        n = len(mine)
-
-        def stack(tree: Any) -> Any:
-            if rt.processes > 1:  # a global array's local copy, then onto this process's devices
-                tree = jax.tree.map(_host_rows, tree)
-            return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), tree)
-
-        return (
-            jax.jit(stack, out_shardings=local)
-            if rt.processes == 1
-            else (lambda tree: jax.device_put(stack(tree), local))
-        )
-
-    @functools.cached_property
-    def _unstack(self) -> Any:
-        n, rt = self.runtime.nworld, self.runtime
-        return jax.jit(
-            lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), out_shardings=rt.batched
-        )
-
-    @functools.cached_property
-    def _first(self) -> Any:
-        """Device 0's copy of pmap's per-device results, replicated over the mesh."""
-        return jax.jit(
-            lambda t: jax.tree.map(lambda x: x[0], t), out_shardings=self.runtime.replicated
-        )
-
-
-def _host_rows(x: Any) -> np.ndarray:
-    """This process's rows of `x` on the host (a global array: its local shards, in order)."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        if x.is_fully_replicated:
-            return np.asarray(x.addressable_data(0))
-        shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
-        return np.concatenate([np.asarray(s.data) for s in shards])
-    return np.asarray(x)
+        return rt.replicate(host_rows(loss)[0], broadcast=False)
 
 
 def _short(treedef: Any) -> str:
     text = str(treedef)
     return text if len(text) <= 300 else text[:300] + "..."
-
-
-def _rows(targets: Any) -> int:
-    """The rows of a batch (its targets' first axis); ArgumentError for none."""
-    leaves = jax.tree.leaves(targets)
-    shape = tuple(np.shape(leaves[0])) if leaves else ()
-    if not shape or shape[0] == 0:
-        # No rows: without a mask the mean would be 0 / 0, and NaN would reach the params.
-        raise bad_argument("targets", targets, "rows (B, ...) with B >= 1")
-    return int(shape[0])
 
 
 def _key_data(rng: Any) -> tuple[str, np.ndarray]:
@@ -472,23 +394,3 @@ def _key_data(rng: Any) -> tuple[str, np.ndarray]:
     elif isinstance(rng, (jax.Array, np.ndarray)) and rng.shape == (2,) and rng.dtype == np.uint32:
         return "threefry2x32", np.asarray(rng)  # jax.random.PRNGKey's raw form
     raise bad_argument("rng", rng, "one PRNG key: jax.random.key(seed) (or PRNGKey(seed))")
-
-
-def _split(x: np.ndarray, n: int) -> np.ndarray:
-    """Rows ``(b, ...)`` as ``(n, b // n, ...)``: one slice per device."""
-    _check_rows(x.shape, n)
-    return x.reshape(n, x.shape[0] // n, *x.shape[1:])
-
-
-def _check_rows(shape: tuple[int, ...], n: int) -> None:
-    if not shape or shape[0] % n:
-        raise ArgumentError(
-            f"inputs, targets and mask must hold rows that split over the {n} devices this "
-            f"process drives; got an array of shape {shape} (use a batch size that is a "
-            "multiple of it, a Tank with drop_last=True or pad=True)"
-        )
-
-
-def _pmean_floats(x: Any) -> Any:
-    # Each device's batch statistics (BatchNorm under pmap): their mean is the new state.
-    return jax.lax.pmean(x, _AXIS) if jnp.issubdtype(x.dtype, jnp.floating) else x

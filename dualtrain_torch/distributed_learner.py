@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from dualtrain.errors import ShapeError, bad_argument
+from dualtrain.errors import bad_argument
+from dualtrain_torch.distributed_rows import count_rows, local_loss, to_device
 
 if TYPE_CHECKING:
     from dualtrain_torch.distributed import TorchRuntime
@@ -66,18 +66,20 @@ class DistributedLearner:
                 "hand, or pass a larger batch)"
             )  # fmt: skip
         device = self.runtime.device
-        inputs = tuple(_to(x, device) for x in (inputs if isinstance(inputs, tuple) else (inputs,)))
-        targets = _to(targets, device)
+        inputs = tuple(
+            to_device(x, device) for x in (inputs if isinstance(inputs, tuple) else (inputs,))
+        )
+        targets = to_device(targets, device)
         alone = self.runtime.nworld == 1
         comm = self.runtime.comm_device
         with self.runtime.counted_step():
             # The rows that count are known before the forward: their global number is
             # summed while the forward runs (a blocking collective here cost 10-20% a step).
-            counted = _count(inputs, mask, device).to(comm)
+            counted = count_rows(inputs, mask, device).to(comm)
             counting = None if alone else dist.all_reduce(counted, async_op=True)
             self.optimizer.zero_grad(set_to_none=True)
             losses = self.loss_fn(self.model(*inputs), targets)
-            local_sum, count = self._local(losses, inputs, mask)
+            local_sum, count = local_loss(losses, inputs, mask)
             if counting is not None:
                 counting.wait()
                 total = counted[0].to(local_sum.device).clamp(min=1)
@@ -94,49 +96,6 @@ class DistributedLearner:
             self.steps += 1
         return (summed.to(local_sum.device).reshape(()) / total).to(local_sum.dtype)
 
-    def _local(self, losses: Any, inputs: tuple[Any, ...], mask: Any) -> tuple[Any, Any]:
-        if not isinstance(losses, torch.Tensor) or losses.ndim > 1:
-            raise ShapeError(
-                f"loss_fn must return per-sample losses (B,) or a 0-d mean; got "
-                f"{getattr(losses, 'shape', type(losses).__name__)}"
-            )
-        if losses.ndim == 0:
-            if mask is not None:
-                raise bad_argument("mask", "given", "None when loss_fn returns a 0-d mean")
-            rows = len(inputs[0]) if inputs and isinstance(inputs[0], torch.Tensor) else 1
-            if rows == 0:  # the mean of no rows is NaN: it would make the global mean NaN
-                losses = losses.nan_to_num(0.0)  # still in the graph: DDP's hooks must fire
-            return losses * rows, torch.tensor(float(rows), device=losses.device)
-        if mask is None:
-            return losses.sum(), torch.tensor(float(losses.shape[0]), device=losses.device)
-        mask = _to(mask, losses.device)
-        if mask.dtype != torch.bool or tuple(mask.shape) != tuple(losses.shape):
-            raise ShapeError(
-                f"mask must be bool of the losses' shape {tuple(losses.shape)}; got "
-                f"mask of {mask.dtype} {tuple(mask.shape)}"
-            )
-        return torch.where(mask, losses, 0).sum(), mask.sum()
-
-
-def _count(inputs: tuple[Any, ...], mask: Any, device: torch.device) -> torch.Tensor:
-    """The rows that count, as a float64 (1,): the mask's True entries, else the batch's rows."""
-    if mask is not None:
-        rows = _to(mask, device).sum() if isinstance(mask, (torch.Tensor, np.ndarray)) else None
-        if rows is None:
-            rows = torch.as_tensor(mask, device=device).sum()
-        return rows.double().reshape(1)
-    first = inputs[0] if inputs else None
-    rows = len(first) if isinstance(first, torch.Tensor) and first.ndim else 1
-    return torch.tensor([float(rows)], dtype=torch.float64, device=device)
-
 
 def _per_sample_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(outputs, targets, reduction="none")
-
-
-def _to(x: Any, device: torch.device) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.to(device, non_blocking=True)
-    if isinstance(x, (np.ndarray, np.generic)):
-        return torch.as_tensor(x, device=device)
-    return x

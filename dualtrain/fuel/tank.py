@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -11,8 +10,9 @@ import numpy as np
 
 from dualtrain import backends
 from dualtrain.errors import ArgumentError, PackError, bad_argument
-from dualtrain.fuel.casts import _check_jax_floats, _check_spec, _Served
+from dualtrain.fuel.casts import _check_jax_floats, _check_spec
 from dualtrain.fuel.fetch import DefaultFetch
+from dualtrain.fuel.finish import Finish
 from dualtrain.fuel.order import EpochOrder
 from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.pipeline import Pipeline, Recipe
@@ -155,7 +155,7 @@ class Tank:
                 "pad", pad, f"a mask key that is not a pack column ({self.pack.keys}): "
                 "pass pad='<another name>'"
             )  # fmt: skip
-        finish = _Finish(self.pack, self.spec, layout, scale)
+        finish = Finish(self.pack, self.spec, layout, scale)
         self.batch_size, self.seed, self.to, self.device = batch_size, seed, to, device
         self.mask_key, self.layout = mask_key, layout
         last = "pad" if mask_key else "drop" if drop_last else None
@@ -358,62 +358,3 @@ def _int(name: str, value: Any, low: int | None) -> int:
     if not _is_int(value) or (low is not None and value < low):
         raise bad_argument(name, value, "an int" if low is None else f"an int >= {low}")
     return int(value)
-
-
-class _Finish:
-    """Puts image columns in the Tank's layout and scale, after prep_fn (picklable)."""
-
-    def __init__(
-        self, pack: Pack, spec: dict[str, _Served], layout: str,
-        scale: float | Mapping[str, float] | None,
-    ) -> None:  # fmt: skip
-        image_keys = [k for k in spec if pack.columns[k]["kind"] in ("image", "sequence")]
-        scales: dict[str, float] = {}
-        if isinstance(scale, Mapping):
-            for key, factor in scale.items():
-                if key not in image_keys:
-                    raise bad_argument("scale", dict(scale), f"keys among the images {image_keys}")
-                scales[key] = _factor(f"scale[{key!r}]", factor)
-        elif scale is not None:
-            if not image_keys:
-                raise bad_argument("scale", scale, "None when data_specf serves no image column")
-            factor = _factor("scale", scale)
-            scales = dict.fromkeys(image_keys, factor)
-        self.nchw = layout == "NCHW"
-        keys = image_keys if self.nchw else list(scales)
-        self.keys = {k: scales.get(k) for k in keys}
-
-    def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
-        for key, factor in self.keys.items():
-            if key not in sample:
-                continue
-            x = sample[key]
-            if not isinstance(x, np.ndarray) or x.ndim not in (3, 4):
-                raise ArgumentError(
-                    f"{key!r} must be an (H, W, C) image or (T, H, W, C) sequence array for "
-                    f"the Tank's layout or scale; prep_fn left a {_describe(x)}"
-                )
-            if self.nchw:
-                x = np.moveaxis(x, -1, -3)
-            if factor is None:
-                sample[key] = np.ascontiguousarray(x)
-            else:
-                out = np.empty(x.shape, np.float32)
-                sample[key] = np.multiply(x, np.float32(factor), out=out, dtype=np.float32)
-        return sample
-
-
-def _factor(name: str, value: Any) -> float:
-    if (
-        not isinstance(value, (int, float, np.integer, np.floating))
-        or isinstance(value, (bool, np.bool_))
-        or not math.isfinite(value)
-        or value == 0
-    ):
-        raise bad_argument(name, value, "a finite, non-zero number (1 / 255 gives [0, 1])")
-    return float(value)
-
-
-def _describe(x: Any) -> str:
-    shape = getattr(x, "shape", None)
-    return f"shape {tuple(shape)}" if shape is not None else type(x).__name__

@@ -5,10 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import multiprocessing
-import os
 import random
-import signal
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,18 +15,16 @@ import numpy as np
 
 from dualtrain import backends
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.multiverse.checks import check_divisible, is_number, positive_count
+from dualtrain.multiverse.devices import host_devices
 from dualtrain.multiverse.launch import (
     check_picklable,
-    end_group,
-    own_group,
-    report_failure,
-    report_result,
     run_workers,
-    watch_parent,
 )
 from dualtrain.multiverse.rank_zero import RankZeroTimeMachine
 from dualtrain.multiverse.seams import Runtime
-from dualtrain.multiverse.world import SPAWNED, World, free_port, from_environment
+from dualtrain.multiverse.worker import run_worker
+from dualtrain.multiverse.world import World, from_environment, spawn_environments
 from dualtrain.validate import check_seed
 
 __all__ = ["Multiverse"]
@@ -47,7 +42,6 @@ _SYNC_OPTIONS = {
     ),
     "jax": (),
 }
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
 
 
 class Multiverse:
@@ -93,14 +87,14 @@ class Multiverse:
             raise bad_argument("universe", universe, "a function universe(mv, *args)")
         if backend not in _BACKENDS:
             raise bad_argument("backend", backend, "'torch' or 'jax'")
-        nworld = _count("nworld", nworld)
-        if not _number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+        nworld = positive_count("nworld", nworld)
+        if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
             raise bad_argument("timeout", timeout, "a positive number of seconds")
         if engine not in _ENGINES or (backend == "torch" and engine != "jit"):
             allowed = "'jit' or 'pmap'" if backend == "jax" else "'jit' (DDP) under torch"
             raise bad_argument("engine", engine, allowed)
         if processes is not None:
-            processes = _count("processes", processes)
+            processes = positive_count("processes", processes)
             if backend == "torch" and processes != nworld:
                 raise bad_argument(
                     "processes", processes, f"None or nworld={nworld} under torch (one "
@@ -189,7 +183,7 @@ class Multiverse:
         """
         if self._world is not None or self._processes == 1:
             if self._world is None and self.backend == "jax" and self._requested > 1:
-                _host_devices(self._requested)
+                host_devices(self._requested)
             try:
                 self._join_early()
                 return self.universe(self, *args)
@@ -200,27 +194,14 @@ class Multiverse:
 
     def _spawn(self, args: tuple[Any, ...]) -> Any:
         n = self._processes
-        port = free_port()
-        local = self._requested // n
-        base = {
-            "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), SPAWNED: str(local if self.backend == "jax" else 0),
-        }  # fmt: skip
-        if self.backend == "jax":
-            base["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{free_port()}"
-            base["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), local)
-        if "TORCH_CPP_LOG_LEVEL" not in os.environ:  # gloo's per-peer lines at every join
-            base["TORCH_CPP_LOG_LEVEL"] = "ERROR"
-        if "OMP_NUM_THREADS" not in os.environ:  # torchrun's rule: cores shared, not multiplied
-            base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))
-        envs = [{**base, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(n)]
+        envs = spawn_environments(n, self._requested // n, self.backend)
         steps = multiprocessing.get_context("spawn").Array("q", n, lock=False)
         config = {
             "nworld": self._requested, "backend": self.backend, "timeout": self.timeout,
             "engine": self.engine, **self._sync_options,
         }  # fmt: skip
-        payload = (self.universe, config, args, steps)
-        return run_workers(_worker, [payload] * n, envs, steps)
+        payload = (Multiverse, self.universe, config, args, steps)
+        return run_workers(run_worker, [payload] * n, envs, steps)
 
     def init(self) -> Multiverse:
         """Joins the run (idempotent; `sync`, `reduce` and the rest call it when needed)."""
@@ -299,7 +280,7 @@ class Multiverse:
         shares = [tank._share(self.rank, self.processes, runtime.batch_device(tank.to))
                   for tank in tanks]  # fmt: skip
         for i, (tank, (order, _, _)) in enumerate(zip(tanks, shares, strict=True)):
-            _check_divisible(i, tank.to, order, runtime.local_devices)
+            check_divisible(i, tank.to, order, runtime.local_devices)
         served = runtime.gather_object([order.batches for order, _, _ in shares])
         for i in range(len(tanks)):
             counts = [ranks[i] for ranks in served]
@@ -409,68 +390,3 @@ class Multiverse:
             return Multiverse(function, 1, **options)(*args)
 
         return main
-
-
-def _worker(
-    conn: Any, rank: int, parent: int, universe: Callable[..., Any], config: dict[str, Any],
-    args: tuple[Any, ...], steps: Any,
-) -> None:  # fmt: skip
-    """A spawned worker's body: join, run the universe, report; never outlive the parent."""
-    own_group()  # what it starts (Tank workers, pools) is stopped with it
-    watch_parent(parent)
-    mv: Multiverse | None = None
-    try:
-        mv = Multiverse(universe, **config)
-        mv._steps = steps
-        mv._join_early()
-        result = universe(mv, *args)
-    except BaseException as err:  # everything reaches the parent, Ctrl-C too
-        report_failure(conn, mv.step if mv is not None else 0, err)
-        conn.close()
-        sys.stderr.flush()
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        end_group(signal.SIGTERM)  # its children; the parent SIGKILLs what stays
-        os._exit(1)  # no atexit: a process group left mid-collective can hang its teardown
-    # Reported before leaving: a teardown that hangs is then the parent's to end.
-    report_result(conn, mv.step, result if rank == 0 else None)
-    conn.close()
-    mv.leave()
-
-
-def _host_devices(count: int) -> None:
-    """Asks JAX for `count` host devices when it is not imported yet (CPU runs)."""
-    if "jax" not in sys.modules:
-        os.environ["XLA_FLAGS"] = _with_devices(os.environ.get("XLA_FLAGS", ""), count)
-
-
-def _with_devices(flags: str, count: int) -> str:
-    kept = [f for f in flags.split() if not f.startswith(_DEVICE_FLAG)]
-    # First: XLA stops reading at a token it does not parse (a common recipe's bare
-    # "intra_op_parallelism_threads=1"), so a flag after one would be lost.
-    return " ".join([f"{_DEVICE_FLAG}={count}", *kept])
-
-
-def _check_divisible(i: int, to: str, order: Any, devices: int) -> None:
-    if devices <= 1 or to != "jax":
-        return
-    size = order.batch_size
-    sizes = {size, order.samples_per_epoch % size or size}
-    bad = sorted(s for s in sizes if s % devices)
-    if bad:
-        raise ArgumentError(
-            f"data[{i}]: batches of {bad[0]} rows do not split over the {devices} devices this "
-            "process drives; use a batch_size that is a multiple of it (and drop_last=True or "
-            "the default full last batch)"
-        )
-
-
-def _count(name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or value < 1:
-        raise bad_argument(name, value, "a positive int")
-    return int(value)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-        value, (bool, np.bool_)
-    )

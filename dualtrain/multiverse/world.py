@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dualtrain.errors import ArgumentError
+from dualtrain.multiverse.devices import with_devices
 
 __all__ = ["SPAWNED", "World", "free_port", "from_environment"]
 
@@ -139,3 +140,24 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     if value < 0:
         raise ArgumentError(f"the environment variable {name} must be >= 0; got {name}={text!r}")
     return value
+
+
+def spawn_environments(processes: int, local_devices: int, backend: str) -> list[dict[str, str]]:
+    """The variables each of `processes` spawned workers starts with, rank by rank.
+
+    torchrun's names on a free localhost port; for JAX a coordinator on another port and
+    `local_devices` host devices a process; the cores shared, not multiplied.
+    """
+    base = {
+        "WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        SPAWNED: str(local_devices if backend == "jax" else 0),
+    }  # fmt: skip
+    if backend == "jax":
+        base["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{free_port()}"
+        base["XLA_FLAGS"] = with_devices(os.environ.get("XLA_FLAGS", ""), local_devices)
+    if "TORCH_CPP_LOG_LEVEL" not in os.environ:  # gloo's per-peer lines at every join
+        base["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    if "OMP_NUM_THREADS" not in os.environ:  # torchrun's rule: cores shared, not multiplied
+        base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // processes))
+    return [{**base, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(processes)]

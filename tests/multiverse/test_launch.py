@@ -156,13 +156,13 @@ def test_executor_runs_a_main_function_on_one_worker_without_a_multiverse() -> N
 
 def test_the_device_count_flag_goes_first_and_once() -> None:
     """XLA stops reading XLA_FLAGS at a token it cannot parse; a flag after it is lost."""
-    from dualtrain.multiverse.multiverse import _with_devices
+    from dualtrain.multiverse.devices import with_devices
 
     flags = "--xla_force_host_platform_device_count=8 intra_op_parallelism_threads=1"
-    assert _with_devices(flags, 2) == (
+    assert with_devices(flags, 2) == (
         "--xla_force_host_platform_device_count=2 intra_op_parallelism_threads=1"
     )
-    assert _with_devices("", 3) == "--xla_force_host_platform_device_count=3"
+    assert with_devices("", 3) == "--xla_force_host_platform_device_count=3"
 
 
 def test_a_result_holding_a_torch_tensor_arrives_whole() -> None:
