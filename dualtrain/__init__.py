@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dualtrain.backends import Backend, available, backend_of, load
 from dualtrain.checkpoint import TimeMachine
-from dualtrain.craft import Craft, autopad, dock
+from dualtrain.craft import Craft, autoPad, autopad, dock
 from dualtrain.embeddings import EmbeddingStore
 from dualtrain.errors import (
     ArgumentError,
@@ -56,6 +56,7 @@ __all__ = [
     "accelerate_dataset",
     "aligned_copy",
     "aligned_empty",
+    "autoPad",
     "autopad",
     "available",
     "backend_of",

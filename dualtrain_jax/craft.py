@@ -10,7 +10,8 @@ import numpy as np
 
 from dualtrain.craft import Craft, binding
 from dualtrain.deprecation import positional_deprecated
-from dualtrain.errors import bad_argument
+from dualtrain.dtypes import name_of
+from dualtrain.errors import DtypeError, bad_argument
 from dualtrain.interop import convert
 from dualtrain_jax.layers import LAYERS
 
@@ -192,13 +193,25 @@ def coat(datum: Any, as_const: bool = True, device: Any = None, dtype: Any = Non
     """Any number, list or array as a JAX array on `device`.
 
     JAX arrays are all constants: `as_const` is accepted for symmetry with torch, and
-    differentiation is ``jax.grad``'s business.
+    differentiation is ``jax.grad``'s business. It is checked as torch checks it, so code
+    that runs under one adapter is refused the same way under the other.
+
+    Raises:
+        ArgumentError: `as_const` is not a bool.
+        DtypeError: ``as_const=False`` for an array that is not floating.
     """
+    if not isinstance(as_const, (bool, np.bool_)):
+        raise bad_argument("as_const", as_const, "a bool")
     if isinstance(datum, (int, float, bool, list, tuple)) or np.isscalar(datum):
         out = jnp.asarray(datum, dtype=dtype)
     else:
         out = convert(datum, to="jax")
         out = out.astype(dtype) if dtype is not None else out
+    if not as_const and not jnp.issubdtype(out.dtype, jnp.inexact):
+        raise DtypeError(
+            f"coat(as_const=False) makes a trainable array, which must be floating; got "
+            f"{name_of(out.dtype)} (pass dtype='float32' or a float datum)"
+        )
     return jax.device_put(out, device) if device is not None else out
 
 

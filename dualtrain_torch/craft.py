@@ -13,7 +13,8 @@ from torch import nn
 from dualtrain.craft import Craft, binding, dock
 from dualtrain.craft.craft import is_torch_module
 from dualtrain.deprecation import positional_deprecated
-from dualtrain.errors import ShapeError, bad_argument
+from dualtrain.dtypes import name_of
+from dualtrain.errors import DtypeError, ShapeError, bad_argument
 from dualtrain.interop import convert
 from dualtrain.validate import check_float_dtype
 from dualtrain_torch.layers import build
@@ -231,7 +232,24 @@ class Nozzle(_Mode):
 
 
 def coat(datum: Any, as_const: bool = True, device: Any = None, dtype: Any = None) -> torch.Tensor:
-    """Any number, list or array as a tensor on `device`; trainable when ``as_const=False``."""
+    """Any number, list or array as a tensor on `device`; trainable when ``as_const=False``.
+
+    Nebulae's ``coat(datum, as_const=True)``, with `device` and `dtype` added (Nebulae took
+    the device from its Engine).
+
+    Args:
+        datum: a Python number or list, a NumPy/JAX/torch array.
+        as_const: False gives a new leaf tensor that requires grad (a copy).
+        device: where the tensor goes; default where it is (CPU for new ones).
+        dtype: the dtype to cast to (``"float32"``, ``np.float32``, ``torch.float32``).
+
+    Raises:
+        ArgumentError: `as_const` is not a bool.
+        DtypeError: ``as_const=False`` for a tensor that is not floating (nothing
+            integral or boolean can have a gradient).
+    """
+    if not isinstance(as_const, (bool, np.bool_)):
+        raise bad_argument("as_const", as_const, "a bool")
     if isinstance(datum, torch.Tensor):
         t = datum
     elif isinstance(datum, (int, float, bool, complex, list, tuple)):
@@ -239,7 +257,12 @@ def coat(datum: Any, as_const: bool = True, device: Any = None, dtype: Any = Non
     else:
         t = convert(datum, to="torch")  # arrays (and NumPy scalars) keep their dtype
     if dtype is not None:
-        t = t.to(getattr(torch, str(dtype)))
+        t = t.to(dtype if isinstance(dtype, torch.dtype) else getattr(torch, name_of(dtype)))
+    if not as_const and not (t.is_floating_point() or t.is_complex()):
+        raise DtypeError(
+            f"coat(as_const=False) makes a trainable tensor, which must be floating; got "
+            f"{name_of(t.dtype)} (pass dtype='float32' or a float datum)"
+        )
     if device is not None:
         t = t.to(device)
     if not as_const:

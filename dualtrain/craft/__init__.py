@@ -5,8 +5,16 @@ from __future__ import annotations
 from dualtrain.craft import dock
 from dualtrain.craft.binding import NotRealizedError
 from dualtrain.craft.craft import Craft
-from dualtrain.craft.padding import autopad
+from dualtrain.craft.padding import autoPad, autopad
 from dualtrain.craft.params import ParamSpec
 from dualtrain.craft.reference import reference_forward
 
-__all__ = ["Craft", "NotRealizedError", "ParamSpec", "autopad", "dock", "reference_forward"]
+__all__ = [
+    "Craft",
+    "NotRealizedError",
+    "ParamSpec",
+    "autoPad",
+    "autopad",
+    "dock",
+    "reference_forward",
+]

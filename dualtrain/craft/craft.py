@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from dualtrain.craft import binding
-from dualtrain.craft.dock import Layer, Native, Sequential
 from dualtrain.craft.params import ParamSpec, initial_value, join
+from dualtrain.craft.specs.base import Layer
+from dualtrain.craft.specs.containers import Native, Sequential
 from dualtrain.errors import bad_argument
 from dualtrain.validate import check_float_dtype, check_seed
 

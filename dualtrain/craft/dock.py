@@ -30,6 +30,7 @@ kind; this module is their public home.
 from __future__ import annotations
 
 from dualtrain.craft import ops
+from dualtrain.craft.craft import Craft as Craft  # Nebulae's spelling: class Net(dock.Craft)
 from dualtrain.craft.ops import (  # the functional ops live in dock too: dock.relu(x)
     add as add,
     concat as concat,

@@ -1,4 +1,11 @@
-"""Padding arithmetic for convolutions and pooling: `autopad` and "same"/"valid" resolution."""
+"""Padding arithmetic for convolutions and pooling: `autopad`, `autoPad`, "same"/"valid".
+
+Two forms of the same "same" padding: `autopad` gives ``((low, high), ...)`` per spatial axis
+in axis order, the form the dock layers, ``np.pad`` and ``jnp.pad`` (after ``(0, 0)`` for the
+batch and channel axes) and ``lax.conv_general_dilated`` take; `autoPad` gives Nebulae's flat
+tuple, last axis first, ``(left, right, top, bottom, front, back)``, the form
+``torch.nn.functional.pad`` takes.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ import numpy as np
 
 from dualtrain.errors import bad_argument
 
-__all__ = ["Pads", "autopad", "resolve_padding", "to_tuple"]
+__all__ = ["Pads", "autoPad", "autopad", "resolve_padding", "to_tuple"]
 
 Pads = tuple[tuple[int, int], ...]  # (low, high) per spatial axis, in axis order
 
@@ -51,10 +58,9 @@ def autopad(
     Returns:
         ``((low, high), ...)`` in axis order (height before width).
     """
-    ndim = 1 if isinstance(in_size, int) else len(in_size)
-    for value in (kernel, stride, dilation):
-        if not isinstance(value, int):
-            ndim = max(ndim, len(value))
+    # The number of axes is the longest sequence given (1 if all are ints); anything that is
+    # neither an int nor a tuple/list is refused by to_tuple below, naming the argument.
+    ndim = max(1, *(len(_items(v)) for v in (in_size, kernel, stride, dilation)))
     sizes = to_tuple(in_size, ndim, "in_size")
     kernels = to_tuple(kernel, ndim, "kernel")
     strides = to_tuple(stride, ndim, "stride")
@@ -65,6 +71,32 @@ def autopad(
         total = max(0, (out - 1) * s + d * (k - 1) + 1 - n)
         pads.append((total // 2, total - total // 2))
     return tuple(pads)
+
+
+def autoPad(  # noqa: N802 - Nebulae's spelling, kept for migrating code
+    in_size: int | Sequence[int],
+    kernel: int | Sequence[int],
+    stride: int | Sequence[int] = 1,
+    dilation: int | Sequence[int] = 1,
+) -> tuple[int, ...]:
+    """`autopad` as one flat tuple, last axis first: what ``torch.nn.functional.pad`` takes.
+
+    ``(left, right, top, bottom, front, back)`` for a 3-d input ``(D, H, W)``;
+    ``(left, right, top, bottom)`` for ``(H, W)``. ``F.pad(x, autoPad(x.shape[2:], k, s, d))``
+    followed by a convolution or pooling with that kernel, stride and dilation and no
+    padding of its own gives ``ceil(in / stride)`` outputs per axis (the input's size at
+    stride 1). The arguments are `autopad`'s, and so are the errors.
+
+    Example:
+        >>> autoPad((32, 40), (3, 5))
+        (2, 2, 1, 1)
+
+    Returns:
+        ``(low, high)`` of the last axis, then of the one before, and so on.
+    """
+    return tuple(
+        side for pair in reversed(autopad(in_size, kernel, stride, dilation)) for side in pair
+    )
 
 
 def resolve_padding(
