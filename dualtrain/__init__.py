@@ -7,8 +7,10 @@ backend by name or handed an array of that framework.
 
 from __future__ import annotations
 
+from dualtrain.aerolog import DashBoard
 from dualtrain.backends import Backend, available, backend_of, load
 from dualtrain.checkpoint import TimeMachine
+from dualtrain.cockpit import CPU, GPU, Engine, GPUtil
 from dualtrain.craft import Craft, autoPad, autopad, dock
 from dualtrain.embeddings import EmbeddingStore
 from dualtrain.errors import (
@@ -34,14 +36,19 @@ __all__ = [
     "ArgumentError",
     "Backend",
     "BackendError",
+    "CPU",
     "CheckpointError",
     "CopyCount",
     "Comburant",
     "Craft",
+    "DashBoard",
     "DtypeError",
     "DualtrainError",
     "EmbeddingStore",
+    "Engine",
     "FuelGenerator",
+    "GPU",
+    "GPUtil",
     "Multiverse",
     "NebulDataset",
     "OutOfRangeError",

@@ -29,6 +29,7 @@ from dualtrain.errors import BackendError, bad_argument
 
 if TYPE_CHECKING:  # the seams sit beside their consumers, which import this module
     from dualtrain.checkpoint.seams import CheckpointPart, TorchCheckpointPart
+    from dualtrain.cockpit.seams import CockpitPart
     from dualtrain.craft.seams import CraftPart, LayersPart
     from dualtrain.demo.seams import DemoPart
     from dualtrain.embeddings.seams import EmbeddingsPart, TorchEmbeddingsPart
@@ -89,6 +90,7 @@ PARTS: dict[str, dict[str, str]] = {
     "demo": dict.fromkeys(("torch", "jax"), "dualtrain.demo.seams:DemoPart"),
     "preload": dict.fromkeys(("torch", "jax"), "dualtrain.preload.seams:PreloadPart"),
     "distributed": dict.fromkeys(("torch", "jax"), "dualtrain.multiverse.seams:DistributedPart"),
+    "cockpit": dict.fromkeys(("torch", "jax"), "dualtrain.cockpit.seams:CockpitPart"),
 }
 
 
@@ -141,6 +143,8 @@ def load_part(name: str, part: Literal["demo"]) -> DemoPart: ...
 def load_part(name: str, part: Literal["preload"]) -> PreloadPart: ...
 @overload
 def load_part(name: str, part: Literal["distributed"]) -> DistributedPart: ...
+@overload
+def load_part(name: str, part: Literal["cockpit"]) -> CockpitPart: ...
 
 
 def load_part(name: str, part: str) -> Any:

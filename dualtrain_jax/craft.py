@@ -14,6 +14,7 @@ from dualtrain.dtypes import name_of
 from dualtrain.errors import DtypeError, bad_argument
 from dualtrain.interop import convert
 from dualtrain_jax.layers import LAYERS
+from dualtrain_jax.transfer import parse_device
 
 __all__ = ["JaxModule", "Nozzle", "Prober", "Rudder", "coat", "realize", "shell"]
 
@@ -101,6 +102,18 @@ class JaxModule:
             self.state = new_state
         return out
 
+    def gear(self, gear: Any) -> JaxModule:
+        """Nebulae's ``gear``: an Engine or device puts the arrays there; returns the module.
+
+        The new arrays are rebound on this module, as the contexts rebind them. True / False
+        set the training mode instead.
+        """
+        if isinstance(gear, (bool, np.bool_)):
+            self.train = bool(gear)
+            return self
+        self.params, self.state = jax.device_put((self.params, self.state), parse_device(gear))
+        return self
+
     def replace(self, **changes: Any) -> JaxModule:
         """A copy (of the same class, its static fields kept) with `params`/`state` replaced."""
         return type(self)(
@@ -126,7 +139,8 @@ def realize(craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = Non
         craft: the model description.
         seed: initialization seed, an int in [0, 2**64); the same seed gives the same
             weights under torch.
-        device: a JAX device or sharding for the arrays; default JAX's default device.
+        device: a JAX device or sharding for the arrays, or a `dualtrain.Engine`; default
+            the Engine the Craft was geared to (``craft.gear(engine)``), else JAX's default.
         dtype: floating dtype (float16, bfloat16, float32, float64; float64 needs
             ``jax.enable_x64``); None means float32.
 
@@ -148,6 +162,8 @@ def realize(craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = Non
         )
     dtype = "float32" if dtype is None else dtype
     specs = craft.param_specs()
+    if device is None:
+        device = craft.geared
     values = convert(craft.init(seed, dtype), to="jax", device=device)
     params = {k: v for k, v in values.items() if specs[k].trainable}
     state = {k: v for k, v in values.items() if not specs[k].trainable}
@@ -212,7 +228,7 @@ def coat(datum: Any, as_const: bool = True, device: Any = None, dtype: Any = Non
             f"coat(as_const=False) makes a trainable array, which must be floating; got "
             f"{name_of(out.dtype)} (pass dtype='float32' or a float datum)"
         )
-    return jax.device_put(out, device) if device is not None else out
+    return jax.device_put(out, parse_device(device)) if device is not None else out
 
 
 def shell(datum: Any, as_np: bool = True) -> Any:

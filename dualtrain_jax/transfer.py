@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from dualtrain.cockpit.engine import Engine
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.interop import convert
 from dualtrain.tree import Path, map_with_path
@@ -36,12 +37,15 @@ def parse_device(device: Any) -> Any:
 
     Args:
         device: ``"cpu"``, ``"cpu:N"``, ``"gpu"``, ``"cuda:N"`` (or a ``torch.device``,
-            read by its name), a ``jax.Device`` or a ``jax.sharding.Sharding``.
+            read by its name), a ``jax.Device`` or a ``jax.sharding.Sharding``, or a
+            `dualtrain.Engine` (its device for this process).
 
     Raises:
         ArgumentError: naming `device`, the value and the devices there are (the same
             wording as `dualtrain_torch.transfer.parse_device`).
     """
+    if isinstance(device, Engine):
+        return device.jax_device
     try:
         return resolve(device)
     except (RuntimeError, ValueError, IndexError, TypeError) as err:

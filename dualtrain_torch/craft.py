@@ -18,6 +18,7 @@ from dualtrain.errors import DtypeError, ShapeError, bad_argument
 from dualtrain.interop import convert
 from dualtrain.validate import check_float_dtype
 from dualtrain_torch.layers import build
+from dualtrain_torch.transfer import parse_device
 
 __all__ = ["CraftModule", "Nozzle", "Prober", "Rudder", "coat", "realize", "shell"]
 
@@ -101,6 +102,15 @@ class CraftModule(nn.Module):
     def extra_repr(self) -> str:
         return f"craft={type(self.craft).__name__}, scope={self.craft.scope!r}"
 
+    def gear(self, gear: Any) -> CraftModule:
+        """Nebulae's ``gear``: an Engine or device moves the module there, in place.
+
+        True / False set training / evaluation mode instead. Returns the module.
+        """
+        if isinstance(gear, (bool, np.bool_)):
+            return self.train(bool(gear))
+        return self.to(parse_device(gear))
+
 
 def _module_for(part: Any, modules: _LayerTable) -> nn.Module:
     known = modules.get(part)
@@ -134,7 +144,8 @@ def realize(craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = Non
         craft: the model description.
         seed: initialization seed, an int in [0, 2**64); the same seed gives the same
             weights under JAX.
-        device: where the module lives (``"cpu"``, ``"cuda:0"``); default CPU.
+        device: where the module lives (``"cpu"``, ``"cuda:0"``, a `dualtrain.Engine`);
+            default the Engine the Craft was geared to (``craft.gear(engine)``), else CPU.
         dtype: floating dtype of parameters and state (float16, bfloat16, float32, float64);
             None means float32.
 
@@ -162,7 +173,9 @@ def realize(craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = Non
         dtype=getattr(torch, check_float_dtype("dtype", dtype).name)
     )
     load_canonical(module, values)
-    return module.to(device) if device is not None else module
+    if device is None:
+        device = craft.geared
+    return module.to(parse_device(device)) if device is not None else module
 
 
 def load_canonical(module: CraftModule, tensors: dict[str, Any]) -> None:
@@ -264,7 +277,7 @@ def coat(datum: Any, as_const: bool = True, device: Any = None, dtype: Any = Non
             f"{name_of(t.dtype)} (pass dtype='float32' or a float datum)"
         )
     if device is not None:
-        t = t.to(device)
+        t = t.to(parse_device(device))
     if not as_const:
         t = t.detach().clone().requires_grad_(True)
     return t

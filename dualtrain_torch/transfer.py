@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dualtrain.cockpit.engine import Engine
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.interop import convert
 from dualtrain.tree import Path, map_with_path
@@ -37,12 +38,15 @@ def parse_device(device: Any) -> torch.device:
 
     Args:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device`` (also ``"mps"``,
-            ``"meta"``... where torch can allocate there).
+            ``"meta"``... where torch can allocate there), or a `dualtrain.Engine` (its
+            device for this process).
 
     Raises:
         ArgumentError: naming `device`, the value and the devices there are (the same
             wording as `dualtrain_jax.transfer.parse_device`).
     """
+    if isinstance(device, Engine):
+        device = device.torch_device
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if isinstance(device, bool):  # torch would read True as cuda:1
         raise _refused(device, gpus)

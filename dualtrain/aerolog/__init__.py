@@ -1,4 +1,4 @@
-"""Aerolog: the cockpit's logs and dashboard (as in Nebulae).
+"""Aerolog: the cockpit's logs and dashboard (as in Nebulae): `DashBoard`.
 
 Checkpoints moved to `dualtrain.checkpoint`; their names are still found here, with a
 DeprecationWarning, until the next minor release.
@@ -10,7 +10,9 @@ import importlib
 import warnings
 from typing import Any
 
-__all__: list[str] = []
+from dualtrain.aerolog.dashboard import DashBoard
+
+__all__ = ["DashBoard"]
 
 _MOVED = {
     "CheckpointError": "dualtrain.errors",

@@ -70,6 +70,25 @@ class Craft:
         """The model's label."""
         return self.__dict__.get("_scope", "")
 
+    def gear(self, engine: Any) -> Craft:
+        """Nebulae's ``net.gear(engine)``: `realize` places the model on `engine`'s device.
+
+        Args:
+            engine: a `dualtrain.Engine` or a device (``"cuda:0"``, a torch or JAX device);
+                None forgets it. Realized modules have a `gear` of their own, which moves
+                them.
+
+        Returns:
+            The Craft.
+        """
+        object.__setattr__(self, "_geared", engine)
+        return self
+
+    @property
+    def geared(self) -> Any:
+        """The Engine or device given to `gear` (None if none)."""
+        return self.__dict__.get("_geared")
+
     def run(self, *inputs: Any) -> Any:
         """The forward computation; subclasses write it with dock layers and ops."""
         raise NotImplementedError(f"{type(self).__name__} must define run(self, *inputs)")

@@ -1,0 +1,114 @@
+"""The dashboard's files: a CSV of every point, one of epoch means, PNG curves, a record.
+
+Each file is written whole to a temporary name and renamed (`dualtrain.atomic`), so an
+interrupted `log` leaves the previous files as they were. A record file grows by appending
+the points logged since the last call, also by writing the whole new file and renaming.
+Curves are drawn by matplotlib's Agg canvas on a `Figure` of its own (no pyplot state).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+
+from dualtrain.aerolog.book import MetricBook, Point
+from dualtrain.atomic import atomic_target
+
+__all__ = ["POINT_HEADER", "append_record", "write_curves", "write_epochs", "write_points"]
+
+POINT_HEADER = ("stage", "epoch", "mile", "mpe", "key", "value")
+_EPOCH_HEADER = ("stage", "epoch", "key", "mean", "points")
+
+
+def _rows_text(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _point_row(p: Point) -> tuple[object, ...]:
+    return (p.stage, p.epoch, p.mile, p.mpe, p.key, repr(p.value))  # repr: exact floats
+
+
+def _write(path: Path, text: str) -> None:
+    with atomic_target(path) as tmp:
+        Path(tmp).write_text(text)
+
+
+def write_points(book: MetricBook, path: Path) -> None:
+    """Every point, one row each (`POINT_HEADER`)."""
+    _write(path, _rows_text(POINT_HEADER, [_point_row(p) for p in book.all_points()]))
+
+
+def write_epochs(book: MetricBook, path: Path) -> None:
+    """Each metric's mean per stage and epoch, over the points reported in it."""
+    rows: list[tuple[object, ...]] = []
+    for stage, key in book.slots():
+        counts: dict[int, int] = {}
+        for p in book.points(stage, key):
+            counts[p.epoch] = counts.get(p.epoch, 0) + 1
+        for epoch, mean in book.epoch_means(stage, key).items():
+            rows.append((stage, epoch, key, repr(mean), counts[epoch]))
+    _write(path, _rows_text(_EPOCH_HEADER, rows))
+
+
+def append_record(book: MetricBook, path: Path) -> int:
+    """Appends the points not yet recorded to `path` (its header once); returns how many."""
+    fresh = book.all_points()[book.logged :]
+    if path.exists():
+        old = path.read_text()
+        if old and not old.startswith(",".join(POINT_HEADER)):
+            raise ValueError(f"{path} is not a dashboard record (its header differs)")
+        old = old if old.endswith("\n") or not old else old + "\n"
+    else:
+        old = ""
+    text = _rows_text(POINT_HEADER, [_point_row(p) for p in fresh])
+    _write(path, old + (text.split("\n", 1)[1] if old else text))
+    book.logged += len(fresh)
+    return len(fresh)
+
+
+def write_curves(book: MetricBook, folder: Path) -> list[Path]:
+    """One PNG per metric: each stage's moving mean against epochs, and its epoch means."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    keys: dict[str, list[str]] = {}
+    for stage, key in book.slots():
+        keys.setdefault(key, []).append(stage)
+    written = []
+    for key, stages in keys.items():
+        fig = Figure(figsize=(6.4, 4.0), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        for stage in stages:
+            points = book.points(stage, key)
+            (line,) = ax.plot(
+                [p.position for p in points], book.moving_series(stage, key), label=stage,
+                linewidth=1.2,
+            )  # fmt: skip
+            means = book.epoch_means(stage, key)
+            ax.plot(
+                [e + 1 for e in means], list(means.values()), "o", color=line.get_color(),
+                markersize=4, label=f"{stage} (epoch mean)",
+            )  # fmt: skip
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(key)
+        ax.set_title(f"{key} (moving mean over {book.window})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = folder / f"{_file_name(key)}.png"
+        with atomic_target(path) as tmp:
+            fig.savefig(tmp, format="png")
+        written.append(path)
+    return written
+
+
+def _file_name(key: str) -> str:
+    """A metric name as a file name (path separators and odd characters replaced)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("._") or "metric"

@@ -1,0 +1,177 @@
+"""`GPUtil`: which GPUs have room, and what they did while a job ran (Nebulae's GPUtil).
+
+Built on NVML (`dualtrain.cockpit.nvml`): no ``nvidia-smi`` subprocess, no ``pkill``, devices
+named by PCI bus id and mapped to CUDA ordinals. Without a GPU, a driver or nvidia-ml-py,
+every call answers empty and `reason` says why in one line; nothing raises for that.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, fields
+from types import ModuleType
+from typing import Any
+
+from dualtrain.cockpit.nvml import GPUInfo, Reading, close_nvml, devices, open_nvml, read
+from dualtrain.errors import ArgumentError, bad_argument
+
+__all__ = ["GPUInfo", "GPUtil", "Stat"]
+
+_METRICS = tuple(f.name for f in fields(Reading))
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A metric over a monitored span: its mean over the samples and its peak."""
+
+    mean: float
+    peak: float
+
+
+class GPUtil:
+    """GPU availability and monitoring through NVML.
+
+    Args:
+        nvml: an NVML binding with pynvml's names (default: nvidia-ml-py's ``pynvml``).
+
+    Attributes:
+        reason: why there is nothing to report ("" when NVML lists devices).
+    """
+
+    def __init__(self, *, nvml: ModuleType | None = None) -> None:
+        self._nvml, self.reason = open_nvml(nvml)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._samples: dict[int, list[Reading]] = {}
+        self._names: dict[int, str] = {}
+        self._failure = ""
+        if self._nvml is not None:
+            # NVML counts its inits: the last GPUtil collected shuts it down.
+            self._finalizer = weakref.finalize(self, close_nvml, self._nvml)
+
+    def __repr__(self) -> str:
+        if self._nvml is None:
+            return f"GPUtil({self.reason!r})"
+        return f"GPUtil({len(self.gpus())} GPUs, monitoring={self.monitoring})"
+
+    def gpus(self) -> list[GPUInfo]:
+        """Every GPU, in NVML (PCI bus) order, with its free memory now; [] without one."""
+        if self._nvml is None:
+            return []
+        return devices(self._nvml, dict(os.environ))
+
+    def available(self, ngpus: Any = 1, least_mem: Any = 2048) -> list[GPUInfo]:
+        """GPUs with at least `least_mem` MiB free: the `ngpus` with most free memory.
+
+        Args:
+            ngpus: how many to pick (>= 1).
+            least_mem: MiB that must be free (>= 0).
+
+        Returns:
+            Up to `ngpus` devices in NVML order; fewer (possibly none) when fewer qualify.
+        """
+        if isinstance(ngpus, bool) or not isinstance(ngpus, numbers.Integral) or ngpus < 1:
+            raise bad_argument("ngpus", ngpus, "an int >= 1")
+        if not _real(least_mem) or least_mem < 0:
+            raise bad_argument("least_mem", least_mem, "a number of MiB >= 0")
+        room = [g for g in self.gpus() if g.free_mib >= least_mem]
+        picked = sorted(room, key=lambda g: (-g.free_mib, g.index))[: int(ngpus)]
+        return sorted(picked, key=lambda g: g.index)
+
+    # ---- monitoring ----------------------------------------------------------------------
+
+    @property
+    def monitoring(self) -> bool:
+        """Whether a `monitor` sampler is running."""
+        return self._thread is not None
+
+    def monitor(self, sec: Any = 5) -> None:
+        """Starts sampling every GPU every `sec` seconds in a background thread.
+
+        Utilisation, memory used, power, temperature and PCIe throughput; `status()` stops
+        it and summarises. Without a GPU nothing starts (see `reason`).
+
+        Raises:
+            ArgumentError: `sec` not a positive number; a monitor already running.
+        """
+        if not _real(sec) or sec <= 0:
+            raise bad_argument("sec", sec, "a positive number of seconds")
+        if self._thread is not None:
+            raise ArgumentError("monitor() is already running; call status() to stop it first")
+        if self._nvml is None:
+            return
+        try:
+            self._start()
+            self._sample()  # the start of the span, so a short span still has a reading
+        except Exception as err:  # a device gone since the last call: nothing to monitor
+            self.reason = f"no monitoring: {err}"
+            return
+        self._thread = threading.Thread(
+            target=self._run, args=(float(sec),), name="dualtrain-gputil", daemon=True
+        )
+        self._thread.start()
+
+    def status(self) -> dict[int, dict[str, Any]]:
+        """Stops the monitor and summarises it per GPU (one reading now if none ran).
+
+        Returns:
+            ``{nvml_index: {"name": str, "samples": int, "<metric>": Stat | None}}`` with the
+            metrics of `dualtrain.cockpit.nvml.Reading` (None: never reported); {} without
+            a GPU.
+        """
+        if self._nvml is None:
+            return {}
+        try:
+            if self._thread is None:
+                self._start()
+            else:
+                self._stop.set()
+                self._thread.join()
+                self._thread = None
+            if not self._failure:
+                self._sample()  # the end of the span (or the one reading)
+        except Exception as err:  # a device gone: keep what was sampled
+            self._failure = self._failure or f"monitoring stopped early: {err}"
+        summary: dict[int, dict[str, Any]] = {}
+        for index, readings in self._samples.items():
+            entry: dict[str, Any] = {"name": self._names[index], "samples": len(readings)}
+            for metric in _METRICS:
+                values = [v for r in readings if (v := getattr(r, metric)) is not None]
+                entry[metric] = Stat(sum(values) / len(values), max(values)) if values else None
+            summary[index] = entry
+        if self._failure:
+            self.reason = self._failure
+        return summary
+
+    def _start(self) -> None:
+        self._samples, self.reason = {}, ""
+        self._names = {g.index: g.name for g in self.gpus()}
+        self._samples = {index: [] for index in self._names}
+        self._failure = ""
+        self._stop.clear()
+
+    def _run(self, sec: float) -> None:
+        next_at = time.monotonic() + sec
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            try:
+                self._sample()
+            except Exception as err:  # a device gone mid-run: keep what was sampled
+                self._failure = f"monitoring stopped early: {err}"
+                return
+            next_at = max(next_at + sec, time.monotonic())  # behind: no burst to catch up
+
+    def _sample(self) -> None:
+        assert self._nvml is not None
+        for index, readings in self._samples.items():
+            readings.append(read(self._nvml, index))
+
+
+def _real(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, numbers.Real) and math.isfinite(value)

@@ -1,0 +1,31 @@
+"""What the cockpit asks of an adapter's ``cockpit`` module: its devices for CUDA numbers.
+
+`dualtrain.backends.load_part` returns the adapter's module typed as `CockpitPart`, and
+``tests/core/test_seams.py`` checks both adapters against these signatures.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+__all__ = ["CockpitPart"]
+
+
+class CockpitPart(Protocol):
+    """``dualtrain_<name>.cockpit``, used by `dualtrain.cockpit.Engine`."""
+
+    def devices(self, ordinals: tuple[int, ...], /) -> list[Any]:
+        """This framework's devices for CUDA numbers `ordinals`, in that order.
+
+        ``()`` gives ``[the CPU device]``. An ordinal this process has no device for is an
+        ArgumentError naming it.
+        """
+        ...
+
+    def place(self, target: Any, device: Any, /) -> Any:
+        """`target` (a framework array or pytree, or a realized model) on `device`.
+
+        `device` is a framework device or a `dualtrain.cockpit.Engine` (its device for this
+        process). torch moves modules in place and returns them; JAX returns new arrays.
+        """
+        ...

@@ -1,0 +1,40 @@
+"""The cockpit under JAX: CUDA numbers as JAX devices, an Engine as a device.
+
+The torch adapter's ``cockpit`` module has the same names (`dualtrain.cockpit.seams`).
+JAX numbers a process's GPUs as CUDA does (``local_hardware_id``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from dualtrain.cockpit.engine import Engine
+from dualtrain.errors import bad_argument
+
+__all__ = ["as_device", "devices", "place"]
+
+
+def devices(ordinals: tuple[int, ...], /) -> list[Any]:
+    """JAX's device for each CUDA number; ``()`` gives ``[jax.devices("cpu")[0]]``."""
+    if not ordinals:
+        return [jax.devices("cpu")[0]]
+    try:
+        gpus = {d.local_hardware_id: d for d in jax.local_devices(backend="gpu")}
+    except RuntimeError:  # no GPU backend in this jaxlib (CPU-only install)
+        gpus = {}
+    bad = [n for n in ordinals if n not in gpus]
+    if bad:
+        raise bad_argument("ordinals", tuple(ordinals), f"CUDA numbers among {sorted(gpus)} (JAX)")
+    return [gpus[n] for n in ordinals]
+
+
+def as_device(device: Any) -> Any:
+    """`device` itself, or for an `Engine` its JAX device for this process."""
+    return device.jax_device if isinstance(device, Engine) else device
+
+
+def place(target: Any, device: Any, /) -> Any:
+    """`target`'s arrays (a pytree or a realized module) as new arrays on `device`."""
+    return jax.device_put(target, as_device(device))

@@ -1,0 +1,297 @@
+"""DashBoard: every gauged value reaches the CSV, PNGs show the curves, an interrupted log
+leaves the previous files whole, device scalars are read every `interval` steps only, and
+off a terminal it prints plain lines."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from PIL import Image
+from rich.console import Console
+
+from dualtrain.aerolog import DashBoard
+from dualtrain.errors import ArgumentError
+
+
+def plain_console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=120), out  # a StringIO is no terminal
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+runs = st.lists(
+    st.tuples(
+        st.sampled_from(["train", "test"]),
+        st.integers(1, 6),  # mpe
+        st.integers(1, 3),  # interval
+        st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=3),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(epochs=runs)
+def test_every_gauged_value_reaches_the_csv_exactly(epochs, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("log")
+    console, _ = plain_console()
+    dash = DashBoard(folder, window=2, console=console)
+    gauged = []
+    for epoch, (stage, mpe, interval, values) in enumerate(epochs):
+        for mile in range(1, mpe + 1):
+            entry = {f"m{i}": v * mile for i, v in enumerate(values)}
+            dash.gauge(entry, mile, epoch, mpe, stage, interval=interval)
+            gauged += [(stage, epoch, mile, key, v) for key, v in entry.items()]
+    dash.log(gauge=False)
+    got = [(r["stage"], int(r["epoch"]), int(r["mile"]), r["key"], float(r["value"]))
+           for r in rows(folder / "metrics.csv")]  # fmt: skip
+    assert sorted(got) == sorted(gauged)
+    for r in rows(folder / "epochs.csv"):
+        values = [
+            v for s, e, _, k, v in gauged if (s, e, k) == (r["stage"], int(r["epoch"]), r["key"])
+        ]
+        assert float(r["mean"]) == pytest.approx(np.mean(values), rel=1e-12, abs=1e-9)
+        assert int(r["points"]) == len(values)
+        assert dash.read(r["key"], r["stage"], int(r["epoch"])) == float(r["mean"])
+
+
+def test_pngs_decode_and_show_each_stage_curve(tmp_path):
+    console, _ = plain_console()
+    dash = DashBoard(tmp_path, window=3, console=console)
+    for epoch in range(3):
+        for mile in range(1, 21):
+            dash.gauge({"loss": math.exp(-(epoch * 20 + mile) / 15), "lr/group 0": 0.1}, mile,
+                       epoch, 20, "train")  # fmt: skip
+        dash.gauge({"loss": 0.5 / (epoch + 1)}, 1, epoch, 1, "test")
+    written = dash.log(tachograph=False)
+    assert {p.name for p in written} == {"loss.png", "lr_group_0.png"}
+    with Image.open(tmp_path / "loss.png") as im:
+        assert im.format == "PNG" and im.size == (640, 400)
+        pixels = np.asarray(im.convert("RGB")).reshape(-1, 3).astype(int)
+    # matplotlib's first two colours: the train curve (C0) and the test stage (C1).
+    for colour in ((0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)):
+        assert (np.abs(pixels - colour).sum(1) < 30).sum() > 40, colour
+
+
+def test_a_killed_log_leaves_the_previous_files_whole(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from rich.console import Console\n"
+        "from dualtrain.aerolog import DashBoard\n"
+        "d = DashBoard(sys.argv[1], console=Console(file=open('/dev/null', 'w')))\n"
+        "step = 0\n"
+        "while True:\n"
+        "    for m in range(1, 201):\n"
+        "        step += 1\n"
+        "        d.gauge({'loss': 1 / step, 'acc': step % 7}, m, step // 200, 200, 'train')\n"
+        "    d.log(record='history.csv')\n"
+        "    print('logged', flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for _ in range(3):
+            assert proc.stdout.readline() == "logged\n"
+        time.sleep(0.15)  # somewhere inside a later log
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    points = rows(tmp_path / "metrics.csv")
+    assert len(points) % 400 == 0 and len(points) >= 1200  # whole logs only
+    assert len(rows(tmp_path / "history.csv")) % 400 == 0
+    assert [r["value"] for r in points[:4]] == ["1.0", "1.0", "0.5", "2.0"]
+    for name in ("loss.png", "acc.png"):
+        with Image.open(tmp_path / name) as im:
+            im.load()
+    # The next write into the folder sweeps what the killed writer left.
+    console, _ = plain_console()
+    again = DashBoard(tmp_path, console=console)
+    again.gauge({"loss": 1.0}, 1, 0, 1, "train")
+    again.log()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".dt-tmp")]
+
+
+def test_record_appends_across_runs(tmp_path):
+    for run in range(2):
+        console, _ = plain_console()
+        dash = DashBoard(tmp_path, console=console)
+        for mile in range(1, 4):
+            dash.gauge({"loss": run + mile / 10}, mile, run, 3, "train")
+        dash.log(gauge=False, tachograph=False, record="history.csv")
+        dash.log(gauge=False, tachograph=False, record="history.csv")  # nothing new: no repeat
+    text = (tmp_path / "history.csv").read_text()
+    assert text.count("stage,epoch") == 1
+    assert [float(r["value"]) for r in rows(tmp_path / "history.csv")] == [
+        0.1, 0.2, 0.3, 1.1, 1.2, 1.3
+    ]  # fmt: skip
+    (tmp_path / "other.csv").write_text("not,a,record\n")
+    with pytest.raises(ValueError, match="not a dashboard record"):
+        dash.log(record="other.csv")
+
+
+# -- device scalars ------------------------------------------------------------------------
+
+
+def test_torch_scalars_are_read_every_interval_steps_only():
+    torch = pytest.importorskip("torch")
+
+    class Counted(torch.Tensor):
+        reads = 0
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.tolist):
+                cls.reads += 1
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    console, _ = plain_console()
+    dash = DashBoard(console=console)
+    seen = []
+    for mile in range(1, 13):
+        loss = (torch.tensor(1.0) / mile).as_subclass(Counted)
+        acc = torch.tensor([0.5]).as_subclass(Counted)
+        Counted.reads = 0
+        dash.gauge({"loss": loss, "acc": acc}, mile, 0, 12, "train", interval=4)
+        seen.append(Counted.reads)
+    assert seen == [0, 0, 0, 8] * 3  # the 4 steps' 2 values each, read together
+    assert dash.read("loss", "train") == pytest.approx(np.mean([1 / m for m in range(1, 13)]))
+
+
+def test_jax_scalars_stay_unread_on_the_device_until_the_interval():
+    jnp = pytest.importorskip("jax.numpy")
+    console, _ = plain_console()
+    dash = DashBoard(console=console)
+    values = [jnp.float32(m) * 2 for m in range(1, 7)]
+    for mile, value in enumerate(values[:2], 1):
+        dash.gauge({"loss": value}, mile, 0, 6, "train", interval=3)
+    assert [v for _, v in dash._pending] == values[:2]  # the arrays themselves, unread
+    dash.gauge({"loss": values[2]}, 3, 0, 6, "train", interval=3)
+    assert dash._pending == []
+    assert [p.value for p in dash.book.points("train", "loss")] == [2.0, 4.0, 6.0]
+
+
+# -- what is shown -------------------------------------------------------------------------
+
+
+def test_off_a_terminal_it_prints_plain_lines():
+    console, out = plain_console()
+    formats = {"acc": (".1f", "percent"), "lr": (lambda v: f"{v:.0e}", "tailor")}
+    dash = DashBoard(window=2, format=formats, console=console)
+    for mile in range(1, 5):
+        dash.gauge({"loss": mile / 10, "acc": 0.5, "lr": 1e-3}, mile, 2, 4, "train", interval=2,
+                   duration=0.01, samples=32)  # fmt: skip
+    lines = out.getvalue().splitlines()
+    assert "\x1b" not in out.getvalue()
+    assert lines[0] == ("train epoch 2 2/4 | loss 0.15 | acc 50.0% | lr 1e-03 | "
+                        "3200.0 samples/s | step 10.0 ms")  # fmt: skip
+    assert lines[1].startswith("train epoch 2 4/4 | loss 0.35 | acc 50.0%")
+    assert re.fullmatch(
+        r"train epoch 2 done \| loss 0.25 \| acc 50.0% \| lr 1e-03 \| [\d.]+ s", lines[2]
+    )
+    assert len(lines) == 3
+
+
+def test_a_terminal_gets_the_live_bar_and_curve():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    with DashBoard(span=20, divisor=5, console=console) as dash:
+        for mile in range(1, 31):
+            dash.gauge({"loss": 1 / mile}, mile, 1, 30, "train", duration=0.01)
+    text = out.getvalue()
+    assert "train · epoch 1" in text and "30/30" in text and "train epoch 1 done" in text
+    assert "└" in text and "train loss" in text and text.count("•") >= 20
+
+
+def test_inviz_values_go_to_their_callable_only():
+    calls = []
+    console, out = plain_console()
+    dash = DashBoard(format={"image": (lambda *a: calls.append(a), "inviz")}, console=console)
+    dash.gauge({"image": 7, "loss": 1.0}, 1, 0, 1, "test")
+    assert calls == [("test", 0, 1, 1, 7.0)] and "image" not in out.getvalue()
+
+
+def test_the_data_wait_is_split_from_compute():
+    def slow_batches():
+        for i in range(4):
+            time.sleep(0.02)
+            yield i
+
+    console, out = plain_console()
+    dash = DashBoard(console=console)
+    for mile, _ in enumerate(dash.feed(slow_batches()), 1):
+        dash.gauge({"loss": 1.0}, mile, 0, 4, "train", interval=4)
+    data = float(re.search(r"data ([\d.]+) ms", out.getvalue()).group(1))
+    assert data >= 19
+
+
+def test_ranks_other_than_zero_draw_and_write_nothing(tmp_path):
+    console, out = plain_console()
+    dash = DashBoard(tmp_path / "logs", rank=1, console=console)
+    dash.gauge({"loss": 1.0}, 1, 0, 1, "train")
+    assert dash.log(record="h.csv") == [] and out.getvalue() == ""
+    assert not (tmp_path / "logs").exists()
+    assert dash.read("loss", "train") == 1.0  # its own values stay readable
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"entry": [1.0]}, "entry"),
+        ({"entry": {"loss": "1"}}, r"entry\['loss'\]"),
+        ({"entry": {"loss": True}}, r"entry\['loss'\]"),
+        ({"entry": {"loss": np.ones(3)}}, r"entry\['loss'\]"),
+        ({"mile": 0}, "mile"),
+        ({"mile": 5}, "mile"),
+        ({"epoch": 1.5}, "epoch"),
+        ({"mpe": 0}, "mpe"),
+        ({"stage": ""}, "stage"),
+        ({"interval": 0}, "interval"),
+        ({"duration": -1.0}, "duration"),
+        ({"samples": -3}, "samples"),
+    ],
+)
+def test_bad_gauge_arguments_are_named(kwargs, name):
+    console, _ = plain_console()
+    dash = DashBoard(console=console)
+    args = {"entry": {"loss": 1.0}, "mile": 1, "epoch": 0, "mpe": 4, "stage": "train", **kwargs}
+    with pytest.raises(ArgumentError, match=name):
+        dash.gauge(**args)
+    assert dash._pending == [] and dash.book.slots() == []  # nothing half-noted
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"window": 0}, "window"),
+        ({"divisor": 1}, "divisor"),
+        ({"span": True}, "span"),
+        ({"format": {"loss": ".4f"}}, "format"),
+        ({"format": {"loss": (".4f", "bold")}}, "mode"),
+        ({"format": {"loss": ("%q", "raw")}}, "fmt"),
+        ({"format": {"loss": (".4f", "tailor")}}, "fmt"),
+        ({"log_path": 3}, "log_path"),
+        ({"rank": -1}, "rank"),
+    ],
+)
+def test_bad_dashboard_arguments_are_named(kwargs, name):
+    with pytest.raises(ArgumentError, match=name):
+        DashBoard(**kwargs)
