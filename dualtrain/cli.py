@@ -22,11 +22,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--nworld", type=_positive, default=2, help="Multiverse workers (1 leaves that part out)"
     )
+    demo.add_argument("--backend", choices=("torch", "jax", "both"), default="both",
+                      help="the framework(s) to run under")  # fmt: skip
+    demo.add_argument("--out", default="dualtrain-demo",
+                      help="folder for packs, DashBoard logs and checkpoints")  # fmt: skip
+    demo.add_argument("--epochs", type=_positive, default=None,
+                      help="epochs of the image pipeline (default 5; 4 with --quick)")  # fmt: skip
+    demo.add_argument("--quick", action="store_true", help="smaller data, fewer steps")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from dualtrain.demo import run  # imports rich tables only when asked
 
-        run(seed=args.seed, steps=args.steps, lr=args.lr, nworld=args.nworld)
+        run(seed=args.seed, steps=args.steps, lr=args.lr, nworld=args.nworld,
+            backend=args.backend, out=args.out, epochs=args.epochs, quick=args.quick)  # fmt: skip
     return 0
 
 

@@ -15,7 +15,9 @@ from dualtrain_jax.compilation import accelerate_model
 from dualtrain_jax.craft import realize
 from dualtrain_jax.embeddings import attach
 
-__all__ = ["train", "train_embeddings", "train_from_tank", "train_parallel", "train_sweep"]
+__all__ = [
+    "evaluate", "fit", "train", "train_embeddings", "train_parallel", "train_sweep",
+]  # fmt: skip
 
 
 def train(
@@ -79,37 +81,59 @@ def train_sweep(
     return losses
 
 
-def train_from_tank(
-    craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
-) -> tuple[list[float], str]:
-    """`steps` SGD steps on Tank batches (``to="jax"``): images scaled to [0, 1].
+def fit(
+    craft: Craft, train: Any, *, epochs: int, lr: float, seed: int, dash: Any, test: Any = None
+) -> tuple[Any, list[float], str]:
+    """Adam on `train`'s batches (NCHW float images, int labels) for `epochs` epochs.
 
-    The step goes through the compile ladder (JIT_DONATE, JIT, op-by-op EAGER).
+    The step goes through the compile ladder (JIT_DONATE, JIT, EAGER). Each step's loss is
+    gauged as a device array (read every 5 steps); after each epoch, the accuracy on every
+    row of `test`.
     """
     module = realize(craft, seed=seed)
-    optimizer = optax.sgd(lr)
+    optimizer = optax.adam(lr)
 
     @accelerate_model(warm_steps=2)
     def step(params: Any, state: Any, opt_state: Any, images: Any, labels: Any) -> Any:
         def loss_fn(params: Any) -> tuple[jax.Array, Any]:
-            x = images.reshape(images.shape[0], -1).astype("float32") / 255
-            logits, new_state = module.apply(params, state, x, train=True)
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-            return loss, new_state
+            logits, new_state = module.apply(params, state, images, train=True)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), new_state
 
         (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), state, opt_state, loss
 
     params, state, opt_state = module.params, module.state, optimizer.init(module.params)
-    losses = []
-    for _ in range(steps):
-        batch = tank.next()
-        params, state, opt_state, loss = step(
-            params, state, opt_state, batch["image"], batch["label"]
-        )
-        losses.append(float(loss))
-    return losses, step.explain().summary()
+    accuracies = []
+    for epoch in range(1, epochs + 1):
+        for mile, batch in enumerate(dash.feed(train), 1):
+            params, state, opt_state, loss = step(
+                params, state, opt_state, batch["image"], batch["label"]
+            )
+            dash.gauge({"loss": loss}, mile, epoch, train.MPE, "train", interval=5,
+                       samples=len(batch["label"]))  # fmt: skip
+        module.params, module.state = params, state
+        if test is not None:
+            logits, labels = evaluate(module, test)
+            accuracies.append(float((logits.argmax(1) == labels).mean()))
+            dash.gauge({"accuracy": accuracies[-1]}, 1, epoch, 1, "test")
+    return module, accuracies, step.explain().summary()
+
+
+def evaluate(module: Any, tank: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Logits and labels of every row of one epoch of `tank` (its padding left out), in order."""
+    logits, labels = [], []
+    for batch in tank:
+        keep = np.asarray(batch["mask"]) if "mask" in batch else slice(None)
+        logits.append(np.asarray(_predict(module, batch["image"]))[keep])
+        labels.append(np.asarray(batch["label"])[keep])
+    return np.concatenate(logits), np.concatenate(labels)
+
+
+@jax.jit
+def _predict(module: Any, x: Any) -> Any:
+    # The module is a pytree whose Craft is static: one compile per model, not per call.
+    return module.apply(module.params, module.state, x, train=False)[0]
 
 
 def train_parallel(

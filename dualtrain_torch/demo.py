@@ -11,10 +11,12 @@ from dualtrain import Craft, EmbeddingStore, convert
 from dualtrain_torch.batching import BatchModule, batch_loss
 from dualtrain_torch.batching_optim import member_optimizer
 from dualtrain_torch.compilation import accelerate, explain
-from dualtrain_torch.craft import Rudder, realize
+from dualtrain_torch.craft import Nozzle, Rudder, realize
 from dualtrain_torch.embeddings import attach
 
-__all__ = ["train", "train_embeddings", "train_from_tank", "train_parallel", "train_sweep"]
+__all__ = [
+    "evaluate", "fit", "train", "train_embeddings", "train_parallel", "train_sweep",
+]  # fmt: skip
 
 LADDER = ("CHANNELS_LAST", "ONNXRUNTIME", "PYTORCH")  # the demo's rungs (compile-free)
 
@@ -61,27 +63,43 @@ def train_sweep(
     return losses
 
 
-def train_from_tank(
-    craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
-) -> tuple[list[float], str]:
-    """`steps` SGD steps on Tank batches (``to="torch"``): images scaled to [0, 1].
+def fit(
+    craft: Craft, train: Any, *, epochs: int, lr: float, seed: int, dash: Any, test: Any = None
+) -> tuple[Any, list[float], str]:
+    """Adam on `train`'s batches (NCHW float images, int labels) for `epochs` epochs.
 
-    The module's forward goes through the compile ladder; torch.compile is left out, as
-    its 10-20 s of compiling on a CPU outlast these few steps.
+    The forward goes through the compile ladder. Each step's loss is gauged as a tensor
+    (read every 5 steps); after each epoch, the accuracy on every row of `test`.
     """
     module = accelerate(realize(craft, seed=seed), LADDER, warm_steps=2)
-    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
-    losses = []
-    with Rudder(module):
-        for _ in range(steps):
-            batch = tank.next()
-            images = batch["image"].reshape(len(batch["image"]), -1).float() / 255
-            loss = torch.nn.functional.cross_entropy(module(images), batch["label"].long())
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    return losses, explain(module).summary()
+    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    accuracies = []
+    for epoch in range(1, epochs + 1):
+        with Rudder(module):
+            for mile, batch in enumerate(dash.feed(train), 1):
+                loss = torch.nn.functional.cross_entropy(module(batch["image"]),
+                                                         batch["label"].long())  # fmt: skip
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                dash.gauge({"loss": loss.detach()}, mile, epoch, train.MPE, "train",
+                           interval=5, samples=len(batch["label"]))  # fmt: skip
+        if test is not None:
+            logits, labels = evaluate(module, test)
+            accuracies.append(float((logits.argmax(1) == labels).mean()))
+            dash.gauge({"accuracy": accuracies[-1]}, 1, epoch, 1, "test")
+    return module, accuracies, explain(module).summary()
+
+
+def evaluate(module: Any, tank: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Logits and labels of every row of one epoch of `tank` (its padding left out), in order."""
+    logits, labels = [], []
+    with Nozzle(module):
+        for batch in tank:
+            keep = batch["mask"] if "mask" in batch else slice(None)
+            logits.append(module(batch["image"])[keep].numpy())
+            labels.append(batch["label"][keep].numpy())
+    return np.concatenate(logits), np.concatenate(labels)
 
 
 def train_parallel(

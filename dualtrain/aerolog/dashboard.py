@@ -75,6 +75,7 @@ class DashBoard:
         self._curve = curve
         self._pending: list[tuple[Point, Any]] = []
         self._stages: dict[str, _StageClock] = {}
+        self._frames: dict[str, Frame] = {}
         self._view: LiveView | PlainView | None = None
         self._data_wait = 0.0
         self._last: float | None = None  # the previous gauge, of any stage
@@ -137,7 +138,7 @@ class DashBoard:
         read = last or mile % interval == 0
         if read:
             self._flush()
-        frame = self._frame(stage, epoch, mile, mpe, clock, read)
+        frame = self._frame(stage, epoch, mile, mpe, clock, read or stage not in self._frames)
         if self._view is None and self.rank == 0:
             terminal = self.console.is_terminal and not self.console.is_dumb_terminal
             self._view = LiveView(self.console, self.span, self.divisor) if terminal else (
@@ -256,6 +257,13 @@ class DashBoard:
     def _frame(
         self, stage: str, epoch: int, mile: int, mpe: int, clock: _StageClock, read: bool
     ) -> Frame:
+        """The stage's frame: metrics, speed and curve change on reads only; the bar always."""
+        if not read:
+            last = self._frames[stage]
+            frame = Frame(stage, epoch, mile, mpe, last.metrics, last.timing, last.curve,
+                          last.curve_key)  # fmt: skip
+            self._frames[stage] = frame
+            return frame
         keys = [k for s, k in self.book.slots() if s == stage and not self.formats.hidden(k)]
         metrics = []
         for key in keys:
@@ -263,10 +271,10 @@ class DashBoard:
             if value is not None:
                 metrics.append((key, self.formats.text(key, value)))
         curve_key = self._curve if self._curve is not None else (keys[0] if keys else "")
-        return Frame(
-            stage, epoch, mile, mpe, metrics, clock.text(),
-            self.book.moving_series(stage, curve_key) if curve_key else [], curve_key,
-        )  # fmt: skip
+        curve = self.book.moving_series(stage, curve_key, self.span) if curve_key else []
+        frame = Frame(stage, epoch, mile, mpe, metrics, clock.text(), curve, curve_key)
+        self._frames[stage] = frame
+        return frame
 
     def _summary(self, stage: str, epoch: int, clock: _StageClock) -> str:
         parts = [f"{stage} epoch {epoch} done"]
@@ -320,6 +328,8 @@ class _StageClock:
 
 
 def _check_value(name: str, value: Any) -> None:
+    if type(value) in (float, int):  # the common case, before the ABC checks
+        return
     if isinstance(value, bool):
         raise bad_argument(name, value, "a number or a one-element tensor or array, not a bool")
     if isinstance(value, numbers.Real):
@@ -340,6 +350,8 @@ def _to_float(value: Any) -> float:
 
 
 def _is_int(value: Any) -> bool:
+    if type(value) is int:  # the common case, before the ABC check
+        return True
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

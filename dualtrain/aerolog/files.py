@@ -48,9 +48,7 @@ def write_epochs(book: MetricBook, path: Path) -> None:
     """Each metric's mean per stage and epoch, over the points reported in it."""
     rows: list[tuple[object, ...]] = []
     for stage, key in book.slots():
-        counts: dict[int, int] = {}
-        for p in book.points(stage, key):
-            counts[p.epoch] = counts.get(p.epoch, 0) + 1
+        counts = book.epoch_counts(stage, key)
         for epoch, mean in book.epoch_means(stage, key).items():
             rows.append((stage, epoch, key, repr(mean), counts[epoch]))
     _write(path, _rows_text(_EPOCH_HEADER, rows))

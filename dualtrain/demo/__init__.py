@@ -1,8 +1,10 @@
 """`dualtrain demo`: the whole library end to end, on data made on the spot.
 
-`run` is the craft part and the entry (backends, exchange, training, checkpoint crossing),
-`fuel` packs images and trains from a Tank, `embeddings` trains from EmbeddingStores, and
-`table` draws the loss tables they share. Each framework's half is its adapter's ``demo``.
+`run` is the entry (backends, exchange, the one-Craft comparison), `pipeline` the images ->
+pack -> Tank -> Craft -> DashBoard -> evaluation -> checkpoint crossing, `sweep` model
+batching, `embeddings` the EmbeddingStores, `multiverse` data-parallel training, `fuel` the
+pictures the examples share, and `table` the loss tables. Each framework's half is its
+adapter's ``demo``.
 """
 
 from __future__ import annotations

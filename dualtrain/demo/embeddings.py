@@ -37,8 +37,10 @@ def make_ratings(
     return who.astype(np.int64), what.astype(np.int64), rating.astype(np.float32)
 
 
-def run_embeddings(console: Console, seed: int = 0, steps: int = 150) -> dict:
-    """Trains the factorization model under torch and JAX; prints both curves."""
+def run_embeddings(
+    console: Console, seed: int = 0, steps: int = 150, names: tuple[str, ...] = ("torch", "jax")
+) -> dict:
+    """Trains the factorization model under each framework of `names`; prints the curves."""
     users, items, ratings = make_ratings(seed)
     sizes, dim = (5_000, 2_000), 8
     losses = {
@@ -53,11 +55,11 @@ def run_embeddings(console: Console, seed: int = 0, steps: int = 150) -> dict:
             steps=steps,
             seed=seed,
         )
-        for name in ("torch", "jax")
+        for name in names
     }
     title = (
         f"user x item factorization from two EmbeddingStores ({sizes[0]:,} + {sizes[1]:,} "
         f"rows x {dim}, Adam, {steps} batches of 512)"
     )
     console.print(loss_table(title, "batch", losses, rows=5))
-    return {"embed_torch_losses": losses["torch"], "embed_jax_losses": losses["jax"]}
+    return {f"embed_{name}_losses": losses[name] for name in names}

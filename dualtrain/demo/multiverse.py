@@ -49,8 +49,11 @@ def universe(mv: Multiverse, paths: list[str], steps: int, lr: float, seed: int)
     return {"losses": losses, "nworld": mv.nworld, "rows_per_worker": tank.rows_per_epoch}
 
 
-def run_multiverse(console: Console, seed: int = 0, nworld: int = 2, steps: int = 60) -> dict:
-    """Packs 256 images, trains FlatNet on `nworld` workers under torch and JAX."""
+def run_multiverse(
+    console: Console, seed: int = 0, nworld: int = 2, steps: int = 60,
+    names: tuple[str, ...] = ("torch", "jax"),
+) -> dict:  # fmt: skip
+    """Packs 256 images, trains FlatNet on `nworld` workers under each framework of `names`."""
     from dualtrain.demo.fuel import make_images
 
     with tempfile.TemporaryDirectory() as folder:
@@ -58,7 +61,7 @@ def run_multiverse(console: Console, seed: int = 0, nworld: int = 2, steps: int 
         gen = FuelGenerator(file_dir=folder, file_list=listing, dtype=["vuint8", "int64"])
         paths = [str(p) for p in gen.generate(f"{folder}/pack.h5", 16, 16, workers=0).paths]
         losses, seconds = {}, {}
-        for name in ("torch", "jax"):
+        for name in names:
             started = time.perf_counter()
             # JAX is already imported here with one device: its workers are processes too.
             mv = Multiverse(universe, nworld, backend=name,
@@ -67,10 +70,10 @@ def run_multiverse(console: Console, seed: int = 0, nworld: int = 2, steps: int 
             losses[name], seconds[name] = result["losses"], time.perf_counter() - started
     title = f"Multiverse: {nworld} workers x {BATCH} rows a step"
     console.print(loss_table(title, "step", losses, rows=5))
+    how = {"torch": "torch processes (gloo)", "jax": "JAX processes (jax.distributed)"}
+    times = ", ".join(f"{nworld} {how[n]} {seconds[n]:.1f} s" for n in names)
     console.print(
-        f"each step's loss is the mean over all {nworld * BATCH} rows; {nworld} torch "
-        f"processes (gloo) {seconds['torch']:.1f} s, {nworld} JAX processes "
-        f"(jax.distributed) {seconds['jax']:.1f} s, start-up and compiling included"
+        f"each step's loss is the mean over all {nworld * BATCH} rows; {times}, start-up and "
+        "compiling included"
     )
-    return {"multiverse_torch_losses": losses["torch"], "multiverse_jax_losses": losses["jax"],
-            "multiverse_nworld": nworld}  # fmt: skip
+    return {**{f"multiverse_{n}_losses": losses[n] for n in names}, "multiverse_nworld": nworld}

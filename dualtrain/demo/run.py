@@ -1,21 +1,23 @@
-"""`dualtrain demo`: what dualtrain does today, end to end, on data made on the spot.
+"""`dualtrain demo`: the whole library end to end, on data made on the spot.
 
-It lists the backends found, moves a pytree NumPy -> torch -> JAX -> NumPy counting the
-copies, trains one Craft (a small MLP with BatchNorm) in torch and in JAX from the same data
-and the same seed, printing the two loss curves side by side, then drops the torch model's
-checkpoint and loads it into a fresh JAX module, which then predicts what torch does.
-It sweeps eight learning rates as one batched model under both. Then it packs synthetic
-images into a Fuel pack and trains from a preloading Tank under both, trains a user x item
-factorization from two host-memory EmbeddingStores under both, and last trains one Craft
-data-parallel on two workers (Multiverse) under both. Adapters are
-reached only through `dualtrain.backends`; nothing is downloaded.
+It lists the backends found and moves a pytree NumPy -> torch -> JAX -> NumPy counting the
+copies. Then the pipeline (`dualtrain.demo.pipeline`): pictures drawn by Pillow are packed
+by FuelGenerator and served by Tanks (augmented, preloaded) to one Craft trained a few epochs
+under each framework through its compile ladder, with a live DashBoard writing CSV and PNG
+curves; every held-out row is evaluated once; the torch model's checkpoint, loaded into a
+fresh JAX module, predicts the same. One Craft trained full-batch under both shows the two
+loss curves agree to rounding. Last: eight learning rates as one batched model, a user x
+item factorization from two host-memory EmbeddingStores, and one Craft data-parallel on
+`nworld` workers (Multiverse). Adapters are reached only through `dualtrain.backends`;
+nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import tempfile
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,9 +25,9 @@ from rich.console import Console
 from rich.table import Table
 
 from dualtrain import backends
-from dualtrain.checkpoint import TimeMachine
 from dualtrain.craft import Craft, dock
 from dualtrain.demo.table import loss_table
+from dualtrain.errors import bad_argument
 from dualtrain.interop import convert, count_copies
 from dualtrain.memory import aligned_empty
 
@@ -81,45 +83,65 @@ def run(
     lr: float = 0.3,
     console: Console | None = None,
     nworld: int = 2,
+    *,
+    backend: str = "both",
+    out: str | os.PathLike[str] = "dualtrain-demo",
+    epochs: int | None = None,
+    quick: bool = False,
 ) -> dict:
-    """Runs the demo and returns what it showed (for tests): copies, losses, timings.
+    """Runs the demo and returns what it showed (for tests): losses, accuracies, files.
 
-    `nworld` workers train in the Multiverse part (1 leaves it out).
+    Args:
+        seed: the seed of the data made and of the weights.
+        steps: full-batch SGD steps of the one-Craft comparison (both frameworks only).
+        lr: its learning rate.
+        console: where to draw (default: stdout's).
+        nworld: Multiverse workers (1 leaves that part out).
+        backend: "torch", "jax" or "both".
+        out: the folder for the packs (data/), the DashBoard's logs (aerolog/) and the
+            checkpoints (ckpt/).
+        epochs: epochs of the image pipeline (default 5; 4 with `quick`).
+        quick: smaller data and fewer steps everywhere (the test suite's run).
     """
+    if backend not in ("torch", "jax", "both"):
+        raise bad_argument("backend", backend, "'torch', 'jax' or 'both'")
+    names = ("torch", "jax") if backend == "both" else (backend,)
+    epochs = epochs if epochs is not None else (4 if quick else 5)
     console = console or Console()
+    folder = Path(out)
     started = time.perf_counter()
     console.rule("[bold]dualtrain demo")
     _show_backends(console)
-    x, y, params = make_data(seed)
-    copies = _show_exchange(console, x, y, params)
-    craft = DemoNet(x.shape[1], classes=int(y.max()) + 1)
-    losses, modules, seconds = _show_training(console, craft, x, y, lr, steps, seed)
-    crossing = _show_checkpoint(console, modules, x)
-    from dualtrain.demo.embeddings import run_embeddings  # rich and Pillow only when run
-    from dualtrain.demo.fuel import run_fuel
+    from dualtrain.demo.pipeline import describe, run_pipeline  # the parts load when run
+
+    shown: dict[str, Any] = {"names": names}
+    if len(names) == 2:
+        x, y, params = make_data(seed)
+        shown["copies"] = _show_exchange(console, x, y, params)
+    console.rule("images -> FuelGenerator -> Tank -> one Craft, trained and evaluated")
+    shown["pipeline"] = run_pipeline(console, folder, names, epochs=epochs, seed=seed,
+                                     quick=quick)  # fmt: skip
+    from dualtrain.demo.embeddings import run_embeddings
     from dualtrain.demo.sweep import run_sweep
 
-    sweep = run_sweep(console, craft, x, y, seed, steps=min(steps, 30))
-    fuel = run_fuel(console, seed)
-    embeddings = run_embeddings(console, seed)
-    parallel: dict[str, Any] = {}
+    x, y, _ = make_data(seed)
+    craft = DemoNet(x.shape[1], classes=int(y.max()) + 1)
+    if len(names) == 2:
+        losses, _, seconds = _show_training(console, craft, x, y, lr, steps, seed)
+        shown.update(torch_losses=losses["torch"], jax_losses=losses["jax"],
+                     train_seconds=seconds)  # fmt: skip
+    console.rule("model batching, embedding store, data-parallel")
+    shown.update(run_sweep(console, craft, x, y, seed, steps=12 if quick else 30, names=names))
+    shown.update(run_embeddings(console, seed, steps=50 if quick else 150, names=names))
     if nworld > 1:
         from dualtrain.demo.multiverse import run_multiverse
 
-        parallel = run_multiverse(console, seed, nworld)
-    total = time.perf_counter() - started
-    console.print(f"demo finished in {total:.1f} s")
-    return {
-        "copies": copies,
-        "torch_losses": losses["torch"],
-        "jax_losses": losses["jax"],
-        "train_seconds": seconds,
-        "checkpoint_max_difference": crossing,
-        **sweep,
-        **fuel,
-        **embeddings,
-        **parallel,
-    }
+        shown.update(run_multiverse(console, seed, nworld, steps=30 if quick else 60,
+                                    names=names))  # fmt: skip
+    console.rule("outputs")
+    describe(console, folder, shown["pipeline"])
+    console.print(f"demo finished in {time.perf_counter() - started:.1f} s")
+    return shown
 
 
 def _show_backends(console: Console) -> None:
@@ -179,22 +201,3 @@ def _show_training(
         f"torch {seconds['torch']:.2f} s, JAX {seconds['jax']:.2f} s (JAX includes its jit)"
     )
     return losses, modules, seconds
-
-
-def _show_checkpoint(console: Console, modules: dict[str, Any], x: np.ndarray) -> float:
-    """Drops the torch model, loads it into a fresh JAX module, compares their predictions."""
-    with tempfile.TemporaryDirectory() as folder:
-        tm = TimeMachine(ckpt_path=folder, save_path=folder)
-        anchor = tm.drop(modules["torch"], step=len(x))
-        fresh = backends.load_part("jax", "craft").realize(modules["jax"].craft, seed=12345)
-        skipped = tm.to(fresh, frozen=True)
-        torch_module = modules["torch"]
-        torch_module.eval()
-        expected = convert(torch_module(convert(x, to="torch")), to="numpy")
-        got = convert(fresh(convert(x, to="jax")), to="numpy")
-    difference = float(np.abs(expected - got).max())
-    console.print(
-        f"checkpoint {anchor.name}: written by torch, loaded into a fresh JAX module "
-        f"({len(skipped)} skipped); eval predictions differ by at most {difference:.1e}"
-    )
-    return difference

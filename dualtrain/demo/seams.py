@@ -1,4 +1,4 @@
-"""What the demo asks of an adapter's ``demo`` module: three training loops, same maths.
+"""What the demo asks of an adapter's ``demo`` module: its training loops, the same maths.
 
 `dualtrain.backends.load_part` returns the adapter's module typed as `DemoPart`, and
 ``tests/core/test_seams.py`` checks both adapters against these signatures.
@@ -31,12 +31,22 @@ class DemoPart(Protocol):
         """A learning-rate sweep trained as one BatchModule: each step's member losses."""
         ...
 
-    def train_from_tank(
-        self, craft: Craft, tank: Any, *, lr: float, steps: int, seed: int
-    ) -> tuple[list[float], str]:
-        """`steps` SGD steps on `tank`'s batches: each loss, and the compile ladder's verdict.
+    def fit(
+        self, craft: Craft, train: Any, *, epochs: int, lr: float, seed: int, dash: Any,
+        test: Any = None,
+    ) -> tuple[Any, list[float], str]:  # fmt: skip
+        """`epochs` epochs of Adam on `train` (NCHW float images, int labels), accelerated.
 
-        The training goes through the adapter's compile ladder (`accelerate`).
+        Each step's loss is gauged on `dash` (a `dualtrain.DashBoard`) as a device scalar;
+        after each epoch the accuracy on every row of `test`. Returns the trained module,
+        each epoch's test accuracy, and the compile ladder's verdict (one line).
+        """
+        ...
+
+    def evaluate(self, module: Any, tank: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Logits ``(n, classes)`` and labels ``(n,)`` of every row of one epoch of `tank`.
+
+        Rows a pad-and-mask Tank marks False are left out, so each pack row counts once.
         """
         ...
 

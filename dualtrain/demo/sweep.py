@@ -28,32 +28,40 @@ Returns, for each step, the members' losses before it (``steps`` lists of ``len(
 
 
 def run_sweep(
-    console: Console, craft: Craft, x: np.ndarray, y: np.ndarray, seed: int, steps: int = 30
-) -> dict[str, Any]:
-    """Trains the sweep under both frameworks and prints the final losses per member."""
+    console: Console, craft: Craft, x: np.ndarray, y: np.ndarray, seed: int, steps: int = 30,
+    names: tuple[str, ...] = ("torch", "jax"),
+) -> dict[str, Any]:  # fmt: skip
+    """Trains the sweep under each framework of `names`; prints the final losses per member."""
     lrs = np.logspace(-2, 1, 8)
     losses, seconds = {}, {}
-    for name in ("torch", "jax"):
+    for name in names:
         started = time.perf_counter()
         part = backends.load_part(name, "demo")
         losses[name] = np.asarray(part.train_sweep(craft, x, y, lrs=lrs, steps=steps, seed=seed))
         seconds[name] = time.perf_counter() - started
     table = Table(title=f"a learning-rate sweep: {len(lrs)} members in one BatchModule")
-    for column in ("lr", "torch final loss", "JAX final loss", "|difference|"):
+    both = len(names) == 2
+    columns = ["lr", *(f"{_LABEL[n]} final loss" for n in names)]
+    for column in [*columns, "|difference|"] if both else columns:
         table.add_column(column, justify="right")
     final = {name: curve[-1] for name, curve in losses.items()}
     for i, lr in enumerate(lrs):
-        a, b = final["torch"][i], final["jax"][i]
-        table.add_row(f"{lr:.4g}", f"{a:.6f}", f"{b:.6f}", f"{abs(a - b):.1e}")
+        cells = [f"{final[n][i]:.6f}" for n in names]
+        if both:
+            cells.append(f"{abs(final['torch'][i] - final['jax'][i]):.1e}")
+        table.add_row(f"{lr:.4g}", *cells)
     console.print(table)
-    best = int(np.argmin(final["torch"]))
+    best = int(np.argmin(final[names[0]]))
+    times = ", ".join(f"{_LABEL[n]} {seconds[n]:.2f} s" for n in names)
     console.print(
-        f"best lr {lrs[best]:.4g} after {steps} steps; torch {seconds['torch']:.2f} s, "
-        f"JAX {seconds['jax']:.2f} s for all {len(lrs)} members (JAX includes its jit)"
+        f"best lr {lrs[best]:.4g} after {steps} steps; {times} for all {len(lrs)} members "
+        "(JAX includes its jit)"
     )
     return {
         "sweep_lrs": lrs.tolist(),
-        "sweep_torch_losses": losses["torch"].tolist(),
-        "sweep_jax_losses": losses["jax"].tolist(),
+        **{f"sweep_{n}_losses": losses[n].tolist() for n in names},
         "sweep_seconds": seconds,
     }
+
+
+_LABEL = {"torch": "torch", "jax": "JAX"}

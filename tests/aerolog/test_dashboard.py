@@ -295,3 +295,26 @@ def test_bad_gauge_arguments_are_named(kwargs, name):
 def test_bad_dashboard_arguments_are_named(kwargs, name):
     with pytest.raises(ArgumentError, match=name):
         DashBoard(**kwargs)
+
+
+@given(
+    epochs=st.lists(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=9),
+                    min_size=1, max_size=4),
+    window=st.integers(1, 5),
+    last=st.integers(0, 12),
+)  # fmt: skip
+def test_moving_means_start_again_each_epoch(epochs, window, last):
+    from dualtrain.aerolog.book import MetricBook, Point
+
+    book = MetricBook(window)
+    expected = []
+    for epoch, values in enumerate(epochs):
+        for mile, v in enumerate(values, 1):
+            book.add(Point("train", "loss", epoch, mile, len(values), v))
+            recent = values[max(0, mile - window) : mile]
+            expected.append(sum(recent) / len(recent))
+            assert book.moving("train", "loss") == pytest.approx(expected[-1])
+    assert book.moving_series("train", "loss") == pytest.approx(expected)
+    assert book.moving_series("train", "loss", last) == pytest.approx(
+        expected[-last:] if last else []
+    )
