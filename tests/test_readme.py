@@ -32,6 +32,7 @@ def test_readme_quickstarts_run(index):
         "preload.md",
         "acceleration.md",
         "multiverse.md",
+        "cockpit.md",
     ],
 )
 def test_guides_run_as_written(guide):
