@@ -96,11 +96,14 @@ def _key(key: Any) -> SampleKey:
     if (
         isinstance(key, tuple)
         and len(key) == 3
-        and all(isinstance(k, int) and not isinstance(k, bool) for k in key)
+        and all(
+            isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)) for k in key
+        )
     ):
         if key[1] < 0 or key[2] < 0 or not 0 <= key[0] < SEED_LIMIT:
             raise bad_argument("key", key, "(seed in [0, 2**64), epoch >= 0, index >= 0)")
-        return SampleKey(*key)
+        # NumPy ints (an index from np.arange) key the same stream as the Python ints.
+        return SampleKey(*(int(k) for k in key))
     raise bad_argument("key", key, "a SampleKey or a (seed, epoch, index) tuple of ints")
 
 

@@ -8,24 +8,27 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from dualtrain import atomic
 from dualtrain.errors import ArgumentError, PackError, bad_argument
 from dualtrain.fuel import images
-from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.filelist import FileList, Row, SkippedRow, read_file_list
-from dualtrain.fuel.generate_args import check_depth, check_generate, pixel_limit
+from dualtrain.fuel.generate_args import (
+    SETTINGS,
+    check_depth,
+    check_generate,
+    check_setting,
+    pixel_limit,
+    resolve_settings,
+)
+from dualtrain.fuel.generator_props import PROPERTIES, bind_properties, check_properties
 from dualtrain.fuel.writer import PackWriter
 
 __all__ = ["FuelGenerator", "PackReport", "shard_paths"]
 
-_PROPERTIES = (
-    "file_dir", "file_list", "dtype", "is_seq", "delimiter", "quotechar", "allow_outside",
-)  # fmt: skip
-_DEFAULTS = {"is_seq": False, "delimiter": ",", "quotechar": '"', "allow_outside": False}
 _CHUNK = 16  # rows per task handed to a worker thread
 
 
@@ -54,103 +57,125 @@ class PackReport:
 class FuelGenerator:
     """Packs the images listed in a CSV file, with their labels, into a Fuel pack.
 
+    Three ways to give the properties, one at a time (a mix is an ArgumentError naming
+    both): by position in Nebulae's order, ``FuelGenerator(file_dir, file_list, dtype,
+    is_seq)``; by keyword; or as one dict, ``FuelGenerator(config)`` or
+    ``FuelGenerator(config=...)``. A config may also hold `generate`'s image settings
+    (see `modify`).
+
     Args:
-        config: a dict of the keyword arguments below (mutually exclusive with them).
         file_dir: the folder the CSV's file names are relative to.
         file_list: the CSV file: a header row of keys, the image files in the first
-            column, values in the others.
+            column, values in the others (a path, or a name inside `file_dir`).
         dtype: the column types, one per column (the image column's ``"vuint8"`` may be
             left out) or a dict key -> type; see `dualtrain.fuel.columns`.
         is_seq: the first column holds a quoted, comma-separated list of frame files.
         delimiter, quotechar: the CSV dialect.
         allow_outside: accept data files that resolve outside `file_dir` (absolute paths,
             ``..``, symbolic links leading out); by default such a row is a PackError.
+        config: a dict of the properties above (mutually exclusive with them).
     """
 
+    @overload
+    def __init__(self, config: Mapping[str, Any], /) -> None: ...
+
+    @overload
+    def __init__(self, *, config: Mapping[str, Any]) -> None: ...
+
+    @overload
     def __init__(
         self,
-        config: Mapping[str, Any] | None = None,
-        file_dir: str | None = None,
-        file_list: str | None = None,
-        dtype: Sequence[str] | Mapping[str, str] | None = None,
+        file_dir: str | os.PathLike[str],
+        file_list: str | os.PathLike[str],
+        dtype: Sequence[str] | Mapping[str, str],
         is_seq: bool = False,
         delimiter: str = ",",
         quotechar: str = '"',
         allow_outside: bool = False,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        *args: Any,
+        config: Mapping[str, Any] | None = None,
+        file_dir: str | os.PathLike[str] | None = None,
+        file_list: str | os.PathLike[str] | None = None,
+        dtype: Sequence[str] | Mapping[str, str] | None = None,
+        is_seq: bool | None = None,
+        delimiter: str | None = None,
+        quotechar: str | None = None,
+        allow_outside: bool | None = None,
     ) -> None:
-        given = {
+        keywords = {
             "file_dir": file_dir, "file_list": file_list, "dtype": dtype, "is_seq": is_seq,
             "delimiter": delimiter, "quotechar": quotechar, "allow_outside": allow_outside,
         }  # fmt: skip
-        if config is not None:
-            changed = [k for k, v in given.items() if v is not None and v != _DEFAULTS.get(k)]
-            if changed:
-                raise ArgumentError(
-                    f"config and keyword arguments are mutually exclusive; got config and {changed}"
-                )
-            given = {**given, **dict(config)}
+        given = bind_properties(args, config, keywords)
         self._props: dict[str, Any] = {}
-        self.modify(given)
+        self._settings: dict[str, Any] = {}
+        self.modify(config=given)
 
     def modify(self, config: Mapping[str, Any] | None = None, **changes: Any) -> None:
-        """Changes properties from a dict or keywords.
+        """Changes properties and `generate`'s settings, from a dict or from keywords.
 
-        The properties: ``file_dir``, ``file_list``, ``dtype``, ``is_seq``, ``delimiter``,
-        ``quotechar``, ``allow_outside``; anything else is an error.
+        ``fg.modify(height=200, width=200)`` and ``fg.modify(config={"height": 200,
+        "width": 200})`` are the same; a later ``fg.generate(dst_path)`` uses them (an
+        argument given to `generate` wins over them). Every key and value is checked
+        before anything changes: a bad one is an ArgumentError and leaves the generator
+        as it was.
+
+        Keys: the properties ``file_dir``, ``file_list``, ``dtype``, ``is_seq``,
+        ``delimiter``, ``quotechar``, ``allow_outside``; the settings ``height``,
+        ``width``, ``channel``, ``encode``, ``shards``, ``keep_exif``, ``quality``,
+        ``depth`` (see `generate`).
         """
+        if config is not None and not isinstance(config, Mapping):
+            raise bad_argument("config", config, "a dict of properties and settings, or None")
+        if config and changes:
+            raise ArgumentError(
+                f"config and the keyword arguments {sorted(changes)} are mutually exclusive: "
+                f"pass a dict or keywords; got config with keys {sorted(config)} too"
+            )
         updates = {**dict(config or {}), **changes}
-        unknown = [k for k in updates if k not in _PROPERTIES]
+        unknown = [k for k in updates if k not in PROPERTIES and k not in SETTINGS]
         if unknown:
-            raise bad_argument("config", unknown, f"keys among {list(_PROPERTIES)}")
-        props = {**self._props, **updates}
-        for key, default in _DEFAULTS.items():
-            props.setdefault(key, default)
-        for key in ("is_seq", "allow_outside"):
-            if not isinstance(props[key], bool):
-                raise bad_argument(key, props[key], "True or False")
-        for key in ("delimiter", "quotechar"):
-            if not isinstance(props[key], str) or len(props[key]) != 1:
-                raise bad_argument(key, props[key], "a one-character str")
-        for key in ("file_dir", "file_list", "dtype"):
-            if props.get(key) is None:
-                raise bad_argument(key, props.get(key), "given (in config or as a keyword)")
-        dtype = props["dtype"]
-        named = dtype.items() if isinstance(dtype, Mapping) else enumerate(dtype)
-        for column, name in named:
-            ColumnType.parse(name, f"dtype[{column!r}]")  # the header is checked in generate
-        if not os.path.isdir(props["file_dir"]):
-            raise bad_argument("file_dir", props["file_dir"], "an existing folder")
-        if not str(props["file_list"]).lower().endswith(".csv"):
-            raise bad_argument("file_list", props["file_list"], "a path to a .csv file")
-        if not os.path.isfile(props["file_list"]):
-            joined = os.path.join(props["file_dir"], props["file_list"])
-            if not os.path.isfile(joined):
-                raise bad_argument("file_list", props["file_list"], "an existing CSV file")
-            props["file_list"] = joined
+            raise bad_argument("config", unknown, f"keys among {[*PROPERTIES, *SETTINGS]}")
+        settings = {k: v for k, v in updates.items() if k in SETTINGS}
+        for key, value in settings.items():
+            check_setting(key, value)
+        changed = {k: v for k, v in updates.items() if k in PROPERTIES}
+        # The files are looked at again only when a property changes (or on the first call).
+        props = (
+            check_properties(self._props, changed) if changed or not self._props else self._props
+        )
         self._props = props
+        self._settings = {**self._settings, **settings}
 
     @property
     def config(self) -> dict[str, Any]:
-        """The current properties."""
-        return dict(self._props)
+        """The current properties, and the settings `modify` has set."""
+        return {**self._props, **self._settings}
 
     def generate(
         self,
         dst_path: str,
-        height: int,
-        width: int,
-        channel: int = 3,
-        encode: str = "JPEG",
-        shards: int = 1,
-        keep_exif: bool = True,
+        height: int | None = None,
+        width: int | None = None,
+        channel: int | None = None,
+        encode: str | None = None,
+        shards: int | None = None,
+        keep_exif: bool | None = None,
         *,
-        quality: int = 90,
+        quality: int | None = None,
         workers: int | None = None,
         on_error: str = "raise",
-        depth: str = "uint8",
+        depth: str | None = None,
         max_image_pixels: int | None = None,
     ) -> PackReport:
         """Decodes, orients, converts, resizes and re-encodes every image into a pack.
+
+        A setting left out (None) is the one `modify` set, else its default (below);
+        `height` and `width` have none and must come from one of the two.
 
         Args:
             dst_path: the pack file (.h5, .hdf5 or .npz). With ``shards=k > 1`` the files are
@@ -159,12 +184,15 @@ class FuelGenerator:
                 the ``shards`` count, so that shards of different runs are never read as one.
             height: the stored image height in pixels.
             width: the stored image width in pixels.
-            channel: 1 (grey), 3 (RGB) or 4 (RGBA); 1 for a depth other than uint8.
-            encode: "JPEG" (at `quality`, uint8 only), "PNG" (lossless; uint8 or uint16) or
-                "RAW" (the pixel array as ``.npy`` bytes, uncompressed; any depth).
-            shards: the number of files, of near-equal row counts (at most the row count).
-            keep_exif: store each file's EXIF block in ``<key>.exif``.
-            quality: JPEG quality, 1..95.
+            channel: 1 (grey), 3 (RGB, the default) or 4 (RGBA); 1 for a depth other than
+                uint8.
+            encode: "JPEG" (the default; at `quality`, uint8 only), "PNG" (lossless; uint8
+                or uint16) or "RAW" (the pixel array as ``.npy`` bytes, uncompressed; any
+                depth); any case.
+            shards: the number of files, of near-equal row counts (at most the row count;
+                default 1).
+            keep_exif: store each file's EXIF block in ``<key>.exif`` (default True).
+            quality: JPEG quality, 1..95 (default 90).
             workers: worker threads; None uses every core for more than 64 rows.
             on_error: "raise" stops at the first bad row; "skip" leaves bad rows out and
                 lists them in the report.
@@ -187,6 +215,15 @@ class FuelGenerator:
             OSError: the disk's own error (a full disk); no temporary file is left.
         """
         started = time.perf_counter()
+        given = {
+            "height": height, "width": width, "channel": channel, "encode": encode,
+            "shards": shards, "keep_exif": keep_exif, "quality": quality, "depth": depth,
+        }  # fmt: skip
+        got = resolve_settings(given, self._settings)
+        height, width, channel, shards, quality = (
+            got[k] for k in ("height", "width", "channel", "shards", "quality")
+        )
+        encode, keep_exif, depth = got["encode"], got["keep_exif"], got["depth"]
         check_generate(dst_path, height, width, channel, encode, shards, quality, on_error)
         check_depth(depth, channel, encode.upper(), keep_exif)
         limit = pixel_limit(max_image_pixels)

@@ -238,27 +238,31 @@ def decode(data: Any, channel: int | None = None) -> np.ndarray:
     The array has the pack's depth: uint8, or uint16 / int32 / float32 for deep images.
 
     Args:
-        data: JPEG, PNG or RAW (``.npy``) bytes.
+        data: JPEG, PNG or RAW (``.npy``) bytes; an array decoded already (2-D or 3-D)
+            is returned as it is (converted to `channel` when given).
         channel: convert to 1, 3 or 4 channels; None keeps the stored mode. Only uint8
             images convert.
     """
     from PIL import Image
 
-    raw = _as_bytes(data)
-    if bytes(raw[: len(_NPY_MAGIC)]) == _NPY_MAGIC:
+    if isinstance(data, np.ndarray) and data.ndim in (2, 3):
+        out = data  # decoded already: a Tank's custom fetch_fn reads images decoded
+    else:
+        raw = _as_bytes(data)
+        if bytes(raw[: len(_NPY_MAGIC)]) != _NPY_MAGIC:
+            with Image.open(io.BytesIO(raw)) as opened:
+                if channel is not None and opened.mode in _DEEP_MODES:
+                    raise bad_argument("channel", channel, "None for a deep image")
+                return decode_pil(opened, channel)
         out = np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
-        if out.ndim == 2:
-            out = out[:, :, None]
-        if channel is not None and out.shape[-1] != channel:
-            if out.dtype != np.uint8:
-                raise bad_argument("channel", channel, f"None or {out.shape[-1]} for a deep image")
-            squeezed = out[:, :, 0] if out.shape[-1] == 1 else out
-            return decode_pil(Image.fromarray(squeezed), channel)
-        return out
-    with Image.open(io.BytesIO(raw)) as opened:
-        if channel is not None and opened.mode in _DEEP_MODES:
-            raise bad_argument("channel", channel, "None for a deep image")
-        return decode_pil(opened, channel)
+    if out.ndim == 2:
+        out = out[:, :, None]
+    if channel is not None and out.shape[-1] != channel:
+        if out.dtype != np.uint8:
+            raise bad_argument("channel", channel, f"None or {out.shape[-1]} for a deep image")
+        squeezed = out[:, :, 0] if out.shape[-1] == 1 else out
+        return decode_pil(Image.fromarray(squeezed), channel)
+    return out
 
 
 def decode_pil(img: Any, channel: int | None) -> np.ndarray:

@@ -11,6 +11,7 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.errors import ArgumentError, PackError, bad_argument
 from dualtrain.fuel.casts import _check_jax_floats, _check_spec
+from dualtrain.fuel.decoded import PackFetch
 from dualtrain.fuel.fetch import DefaultFetch
 from dualtrain.fuel.finish import Finish
 from dualtrain.fuel.order import EpochOrder
@@ -56,8 +57,11 @@ class Tank:
         shuffle: a new permutation per (seed, epoch); else pack order.
         in_same_size: every batch full (the last is filled with rows drawn by the seed);
             else the last batch is short. `drop_last` and `pad` replace it.
-        fetch_fn: ``fetch_fn(pack, index) -> sample``; the default reads the specified
-            columns of the row, decodes images and casts values to their dtypes.
+        fetch_fn: ``fetch_fn(data, index) -> sample``, where ``data[key][i]`` is a cell of
+            the pack with images decoded (a `dualtrain.fuel.decoded.DecodedPack`; its
+            ``raw`` is the Pack, whose image cells are the encoded bytes). The default
+            reads the specified columns of the row, decodes images and casts values to
+            their dtypes.
         prep_fn: ``prep_fn(sample) -> sample``, e.g. a Comburant; runs in the workers.
         collate_fn: ``collate_fn(list of samples) -> batch``; the default stacks each key
             into one array (keys of varying shape become lists), inside the workers.
@@ -163,7 +167,10 @@ class Tank:
             len(self.pack), batch_size, shuffle=bool(shuffle), full=bool(in_same_size),
             seed=seed, rank=rank, world=world, last=last,
         )  # fmt: skip
-        fetch = fetch_fn if fetch_fn is not None else DefaultFetch(self.pack, self.spec)
+        # A custom fetch_fn reads a DecodedPack: ``data["image"][i]`` is the decoded image.
+        fetch: Callable[[Any, int], Any] = (
+            PackFetch(fetch_fn) if fetch_fn is not None else DefaultFetch(self.pack, self.spec)
+        )
         self.preloader: PreloadCache | None = None
         if preload_kw is not None:
             processes = workers > 0 and worker_mode == "process"

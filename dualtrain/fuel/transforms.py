@@ -241,9 +241,11 @@ class Sampling(Transform):
     sequence_only = True
 
     def __init__(self, theta: int) -> None:
-        if not isinstance(theta, int) or isinstance(theta, bool) or theta < 1:
+        if not isinstance(theta, (int, np.integer)) or isinstance(theta, (bool, np.bool_)):
             raise bad_argument("theta", theta, "a positive int")
-        self.theta = theta
+        if theta < 1:
+            raise bad_argument("theta", theta, "a positive int")
+        self.theta = int(theta)  # a NumPy int is taken (theta read from a config array)
 
     def draw(self, rng: np.random.Generator, shape: tuple[int, ...]) -> int:
         return int(rng.integers(0, self.theta))

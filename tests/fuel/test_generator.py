@@ -201,7 +201,7 @@ def test_bad_arguments(folder, tmp_path):
     with pytest.raises(ArgumentError, match="mutually exclusive"):
         FuelGenerator({"file_dir": folder}, file_dir=folder)
     with pytest.raises(ArgumentError, match="config"):
-        gen.modify(height=200)
+        gen.modify(hieght=200)  # a misspelt key (height itself is a setting since issue 18)
     assert not os.listdir(tmp_path)
 
 
