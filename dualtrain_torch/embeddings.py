@@ -18,25 +18,21 @@ import torch
 from dualtrain import convert
 from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain_torch.embeddings_optimizers import (
+    FROM_FIRST_GRAD,
+    SUPPORTED,
+    as_grad,
+    check_row_wise,
+    initial_globals,
+    plain_hyper,
+    probe_state,
+)
 from dualtrain_torch.transfer import Transfer, parse_device
 
 __all__ = ["SUPPORTED", "TorchRows", "attach", "pinned_empty", "probe_state"]
 
-SUPPORTED = (
-    torch.optim.SGD,
-    torch.optim.Adam,
-    torch.optim.AdamW,
-    torch.optim.Adamax,
-    torch.optim.NAdam,
-    torch.optim.RAdam,
-    torch.optim.Adagrad,
-    torch.optim.RMSprop,
-    torch.optim.Adadelta,
-)
-# State torch creates from the first gradient itself (SGD clones it into the buffer);
-# on the table's first step it is left out so torch does exactly that.
-_FROM_FIRST_GRAD = {"momentum_buffer": torch.optim.SGD}
-_INITIAL_GLOBALS = {"mu_product": 1.0}  # NAdam's product of momentum factors, before step 1
+# Kept under their old names: they moved to `dualtrain_torch.embeddings_optimizers`.
+_FROM_FIRST_GRAD = FROM_FIRST_GRAD
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -71,40 +67,6 @@ def attach(
     return TorchRows(store, optimizer, mode, device, hyper)
 
 
-def _plain(hyper: dict[str, Any]) -> dict[str, Any]:
-    """`hyper` for a small CPU twin of the optimizer (no fused or foreach kernels)."""
-    return {k: v for k, v in hyper.items() if k not in ("fused", "foreach")}
-
-
-def probe_state(
-    optimizer: type[torch.optim.Optimizer], hyper: dict[str, Any], dim: int, dtype: torch.dtype
-) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """What `optimizer` keeps per parameter, found by stepping a small twin once.
-
-    Returns:
-        The row slots with each one's initial row ([dim], `dtype`; zeros unless the
-        constructor sets it, as Adagrad's ``initial_accumulator_value``), and the names of
-        the global (scalar) entries such as ``step``.
-    """
-    param = torch.nn.Parameter(torch.zeros(2, dim, dtype=torch.float64))
-    opt = optimizer([param], **_plain(hyper))
-    initial = {k: v.clone() for k, v in opt.state[param].items() if torch.is_tensor(v)}
-    param.grad = torch.ones_like(param)
-    opt.step()
-    slots, globals_ = {}, set()
-    for name, value in opt.state[param].items():
-        if torch.is_tensor(value) and value.shape == param.shape:
-            row = initial[name][0] if name in initial else torch.zeros(dim)
-            slots[name] = row.to(dtype)
-        else:
-            globals_.add(name)
-    return slots, globals_
-
-
-def _supported(optimizer: Any) -> bool:
-    return isinstance(optimizer, type) and any(c in SUPPORTED for c in optimizer.__mro__)
-
-
 class TorchRows(Attachment):
     """A store attached to a torch optimizer (see `attach`).
 
@@ -125,12 +87,13 @@ class TorchRows(Attachment):
         device: Any,
         hyper: dict[str, Any],
     ) -> None:
-        if not _supported(optimizer):
-            names = ", ".join(c.__name__ for c in SUPPORTED)
+        optimizer = check_row_wise(optimizer)
+        if mode == "exact" and issubclass(optimizer, torch.optim.SparseAdam):
             raise bad_argument(
-                "optimizer",
-                getattr(optimizer, "__name__", optimizer),
-                f"a torch.optim class with a row-wise form: {names}",
+                "mode",
+                mode,
+                '"lazy" for SparseAdam: it updates only the rows in the gradient by '
+                "definition (use Adam for exact, dense-equivalent training)",
             )
         if not isinstance(store, EmbeddingStore):
             raise bad_argument("store", type(store).__name__, "a dualtrain.EmbeddingStore")
@@ -155,9 +118,8 @@ class TorchRows(Attachment):
         self.optimizer = optimizer([self.param], **hyper)
         self._cls, self._hyper = optimizer, hyper
         init, self._globals = probe_state(optimizer, hyper, store.dim, self.dtype)
-        self._history: dict[str, list[float]] = {
-            k: [v] for k, v in _INITIAL_GLOBALS.items() if k in self._globals
-        }
+        first = initial_globals(self._globals, self.optimizer.param_groups[0])
+        self._history: dict[str, list[float]] = {k: [v] for k, v in first.items()}
         self._clock: tuple[torch.nn.Parameter, torch.optim.Optimizer] | None = None
         self.slots = list(init)
         self._idle_identity = self._is_identity(store.dim, init, fresh=False)
@@ -192,11 +154,13 @@ class TorchRows(Attachment):
         )
         return all(torch.equal(before[k], after[k].cpu()) for k in before)
 
-    def _global_state(self, steps: int) -> dict[str, torch.Tensor]:
+    def _global_state(self, steps: int) -> dict[str, Any]:
         """Global state as it stands after `steps` steps of the whole table."""
         on_device = self._hyper.get("fused") or self._hyper.get("capturable")
         where = self.device if on_device else torch.device("cpu")
-        state = {"step": torch.tensor(float(steps), dtype=torch.float32, device=where)}
+        state: dict[str, Any] = {"step": steps}  # SparseAdam counts in a Python int
+        if torch.is_tensor(self._globals.get("step")):
+            state["step"] = torch.tensor(float(steps), dtype=torch.float32, device=where)
         for name, values in self._history.items():
             while len(values) <= steps:
                 values.append(self._tick(name))
@@ -207,7 +171,7 @@ class TorchRows(Attachment):
         """One zero-gradient step of a one-value twin: the next value of global `name`."""
         if self._clock is None:
             param = torch.nn.Parameter(torch.zeros(1, 1))
-            self._clock = (param, self._cls([param], **_plain(self._hyper)))
+            self._clock = (param, self._cls([param], **plain_hyper(self._hyper)))
         param, opt = self._clock
         param.grad = torch.zeros_like(param)
         opt.step()
@@ -218,7 +182,7 @@ class TorchRows(Attachment):
     ) -> dict[str, torch.Tensor]:
         """Global step `tau` (1-based) of the real optimizer on `rows` and their state."""
         param = self._bind(rows)
-        param.grad = grad
+        param.grad = as_grad(self.optimizer, grad)
         state = self.optimizer.state[param]
         state.update(self._global_state(tau - 1))
         for name, value in slots.items():

@@ -1,18 +1,24 @@
 """SpeedTorch's API on the EmbeddingStore, for code migrating from SpeedTorch.
 
-The names and call order are SpeedTorch's: a small ``nn.Embedding`` in the model, a
-``ModelFactory`` and an ``OptimizerFactory`` that swap the batch's rows (and their optimizer
-state) in before the forward pass and back after ``optimizer.step()``. Unlike SpeedTorch,
-repeated ids are right: each unique row is swapped in once, and the local ids that
-``variableTransformer`` handed out are rewritten in place to point at it, so the gradients
-of its occurrences add up and no update is lost. The CuPy-named classes (``ModelFactory``,
+``from dualtrain_torch.compat import speedtorch as SpeedTorch`` and SpeedTorch's code runs:
+a small ``nn.Embedding`` in the model, a ``ModelFactory`` and an ``OptimizerFactory`` that
+swap the batch's rows (and their optimizer state) in before the forward pass and back after
+``optimizer.step()``. The layout is SpeedTorch's (one row per id occurrence; the local ids
+of ``variableTransformer`` are NumPy ``arange`` arrays), and unlike SpeedTorch repeated ids
+are right: see `dualtrain_torch.compat.speedtorch_rows`. The result equals
+``dualtrain_torch.attach(..., mode="lazy")``. The CuPy-named classes (``ModelFactory``,
 ``OptimizerFactory``) and the torch-named ones (``PytorchModelFactory``, ...) are the same
-classes here; pinned memory is used when CUDA is present.
+classes here; the tables are pinned when CUDA is present.
+
+Optimizers: those with a row-wise form (`dualtrain_torch.embeddings_optimizers.SUPPORTED`:
+SGD, Adam, AdamW, Adamax, NAdam, RAdam, Adagrad, RMSprop, Adadelta, Rprop, ASGD,
+SparseAdam); others are refused with the reason.
 
 Files are SpeedTorch's: ``saveCupy``/``loadCupy`` write and read NumPy's ``.npy`` format (what
 ``cupy.save`` writes; CuPy itself is not needed), ``saveTorch``/``loadTorch`` a ``torch.save``
-file at exactly the name given, read back with ``weights_only=True``. Every save writes a
-temporary file and renames it; every load checks shape and dtype before changing the table.
+file at exactly the name given, read back with ``weights_only=True`` (no code in the file
+runs). Every save writes a temporary file and renames it; every load checks shape and dtype
+before changing the table.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from dualtrain.embeddings import EmbeddingStore, Lookup, as_ids, lookup
-from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.embeddings import EmbeddingStore
+from dualtrain.errors import bad_argument
 from dualtrain.interop import convert
 from dualtrain_torch.compat.speedtorch_files import (
     checked,
@@ -33,23 +39,33 @@ from dualtrain_torch.compat.speedtorch_files import (
     save_npy,
     save_tensors,
 )
-from dualtrain_torch.embeddings import _FROM_FIRST_GRAD, _INITIAL_GLOBALS, probe_state
-from dualtrain_torch.transfer import Transfer
+from dualtrain_torch.compat.speedtorch_gadget import DataGadget
+from dualtrain_torch.compat.speedtorch_rows import (
+    Swapped,
+    fill_like_torch,
+    fill_seeded,
+    occurrence_rows,
+    sum_repeats,
+    transfer_to,
+)
+from dualtrain_torch.embeddings_optimizers import (
+    FROM_FIRST_GRAD,
+    check_row_wise,
+    initial_globals,
+    probe_state,
+)
 
 __all__ = [
+    "CPUPytorchModelFactory",
+    "CPUPytorchOptimizerFactory",
     "DataGadget",
+    "GPUPytorchModelFactory",
+    "GPUPytorchOptimizerFactory",
     "ModelFactory",
     "OptimizerFactory",
     "PytorchModelFactory",
     "PytorchOptimizerFactory",
 ]
-
-
-def _transfer(device_type: Any = None) -> Transfer:
-    """The road for rows to `device_type` (default "cuda" when present, else "cpu")."""
-    if device_type is None:
-        device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    return Transfer(device_type)
 
 
 def _dtype_name(datatype: Any) -> str:
@@ -60,25 +76,6 @@ def _dtype_name(datatype: Any) -> str:
 
 def _ids(pos: Any, neg: Any) -> tuple[Any, ...]:
     return (pos,) if neg is None else (pos, neg)
-
-
-class _Swapped:
-    """The batch in hand between beforeForwardPass and afterOptimizerStep."""
-
-    def __init__(self) -> None:
-        self.found: Lookup | None = None
-
-    def begin(self, ids: tuple[Any, ...], num_rows: int) -> Lookup:
-        self.found = lookup(ids, num_rows)
-        return self.found
-
-    def same(self, ids: tuple[Any, ...], num_rows: int) -> Lookup:
-        found = lookup(ids, num_rows)
-        if self.found is None or not found.same_ids(self.found):
-            raise ArgumentError(
-                "afterOptimizerStep got other ids than beforeForwardPass; pass the same ones"
-            )
-        return self.found
 
 
 class ModelFactory:
@@ -92,6 +89,10 @@ class ModelFactory:
         CPUPinn: accepted for SpeedTorch compatibility; the table is pinned when CUDA is
             present either way.
         deviceType: where the swapped rows live (default "cuda" if present, else "cpu").
+        pinType: accepted for SpeedTorch compatibility, like `CPUPinn`.
+
+    Attributes:
+        store: the `dualtrain.EmbeddingStore` holding the table.
     """
 
     def __init__(
@@ -104,7 +105,8 @@ class ModelFactory:
         deviceType: str | None = None,
         pinType: bool = False,
     ) -> None:
-        if not isinstance(getattr(model_variable, "weight", None), torch.nn.Parameter):
+        weight = getattr(model_variable, "weight", None)
+        if not isinstance(weight, torch.nn.Parameter):
             raise bad_argument(
                 "model_variable",
                 type(model_variable).__name__,
@@ -112,34 +114,53 @@ class ModelFactory:
             )
         self.model_variable = model_variable
         self.store = EmbeddingStore(total_classes, embed_dimension, _dtype_name(datatype), "zeros")
-        self.transfer = _transfer(deviceType)
+        self.transfer = transfer_to(deviceType)
         self.device = self.transfer.device
-        self._batch = _Swapped()
-        self._locals: list[torch.Tensor] = []
+        self._batch = Swapped()
+        self._inverse: torch.Tensor | None = None
+        weight.register_hook(self._sum_repeats)
 
     # ---- initialization --------------------------------------------------------------
 
     def zerosInit(self) -> None:
+        """Fills the table with zeros."""
         self.store.initialize("zeros")
 
-    def uniformDistributionInit(self, low: float, high: float) -> None:
-        dim = self.store.dim
-        self.store.initialize(lambda rows, rng: rng.uniform(low, high, (len(rows), dim)))
+    def uniformDistributionInit(self, low: float, high: float, seed: int | None = None) -> None:
+        """Fills the table from U(low, high).
 
-    def normalDistributionInit(self, mean: float, stdev: float) -> None:
+        Args:
+            low: the lower bound.
+            high: the upper bound.
+            seed: None draws as SpeedTorch's torch factories did (``torch.nn.init.uniform_``
+                on the table: ``torch.manual_seed`` reproduces it, and a CPU run gives
+                SpeedTorch's numbers); an int fills row by row from (seed, row), exactly as
+                ``EmbeddingStore(..., seed=seed)`` does.
+        """
+        if seed is None:
+            fill_like_torch(self.store, torch.nn.init.uniform_, a=low, b=high)
+            return
         dim = self.store.dim
-        self.store.initialize(lambda rows, rng: rng.normal(mean, stdev, (len(rows), dim)))
+        fill_seeded(self.store, lambda rows, rng: rng.uniform(low, high, (len(rows), dim)), seed)
+
+    def normalDistributionInit(self, mean: float, stdDev: float, seed: int | None = None) -> None:
+        """Fills the table from N(mean, stdDev^2); `seed` as for `uniformDistributionInit`.
+
+        With ``mean=0`` and a seed, the table equals ``EmbeddingStore(..., init="normal",
+        std=stdDev, seed=seed)``.
+        """
+        if seed is None:
+            fill_like_torch(self.store, torch.nn.init.normal_, mean=mean, std=stdDev)
+            return
+        dim = self.store.dim
+        fill_seeded(self.store, lambda rows, rng: rng.normal(mean, stdDev, (len(rows), dim)), seed)
 
     def customInit(self, initFunction: Any, *args: Any) -> None:
-        """`initFunction(tensor, *args)` fills a tensor in place, as torch.nn.init does."""
-        dim = self.store.dim
+        """``initFunction(table, *args)`` fills the whole table in place, as torch.nn.init does.
 
-        def init(rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-            block = torch.empty(len(rows), dim, dtype=torch.float64)
-            initFunction(block, *args)
-            return block.numpy()
-
-        self.store.initialize(init)
+        The table keeps its own shape, so fan-in and fan-out are its own.
+        """
+        fill_like_torch(self.store, initFunction, *args)
 
     # ---- the swap --------------------------------------------------------------------
 
@@ -149,45 +170,45 @@ class ModelFactory:
         posPerBatch: int,
         negPerBatch: int | None = None,
     ) -> Any:
-        """Local ids for the model's forward pass; `beforeForwardPass` rewrites them."""
-        pos = torch.arange(batchSize * posPerBatch, device=self.device).view(batchSize, posPerBatch)
-        self._locals = [pos]
+        """The local ids the model's forward pass takes: NumPy ``arange`` arrays, as SpeedTorch.
+
+        [batchSize, posPerBatch], and [batchSize, negPerBatch] after them when asked.
+        """
+        pos = np.arange(batchSize * posPerBatch).reshape(batchSize, posPerBatch)
         if negPerBatch is None:
             return pos
         start = batchSize * posPerBatch
-        neg = torch.arange(start, start + batchSize * negPerBatch, device=self.device)
-        self._locals.append(neg.view(batchSize, negPerBatch))
-        return pos, self._locals[1]
-
-    def beforeForwardPass(self, retrievedPosIndexes: Any, retrievedNegIndexes: Any = None) -> Any:
-        """Swaps the batch's unique rows in; the local ids now point at them."""
-        found = self._batch.begin(
-            _ids(retrievedPosIndexes, retrievedNegIndexes), self.store.num_rows
+        return pos, np.arange(start, start + batchSize * negPerBatch).reshape(
+            batchSize, negPerBatch
         )
-        capacity = found.inverse.size  # fixed per batch shape, so the parameter keeps its size
-        rows = np.zeros((capacity, self.store.dim), self.store.table.dtype)
-        np.take(self.store.table, found.unique, axis=0, out=rows[: found.unique.size], mode="clip")
-        self.model_variable.weight.data = self.transfer(rows)
-        parts = found.parts
-        if len(self._locals) != len(parts):
-            self._locals = [
-                torch.empty(p.shape, dtype=torch.int64, device=self.device) for p in parts
-            ]
-        for local, part in zip(self._locals, parts, strict=False):
-            local.copy_(self.transfer(part).view(local.shape))
-        return self._locals[0] if len(self._locals) == 1 else tuple(self._locals)
+
+    def beforeForwardPass(self, retrievedPosIndexes: Any, retrievedNegIndexes: Any = None) -> None:
+        """Swaps in the row of every id (positives, then negatives): local row k is id k's."""
+        ids = _ids(retrievedPosIndexes, retrievedNegIndexes)
+        found = self._batch.begin(ids, self.store.num_rows)
+        rows = occurrence_rows(self.store.table, found)
+        weight = cast(torch.nn.Parameter, self.model_variable.weight)
+        weight.data = self.transfer(rows)
+        self._inverse = self.transfer(found.inverse)
+
+    def _sum_repeats(self, grad: torch.Tensor) -> torch.Tensor:
+        found, inverse = self._batch.found, self._inverse
+        if found is None or inverse is None or grad.shape[0] != found.inverse.size:
+            return grad  # not a swapped batch: the embedding is used as it is
+        return sum_repeats(grad, inverse.to(grad.device), found.unique.size)
 
     def afterOptimizerStep(self, retrievedPosIndexes: Any, retrievedNegIndexes: Any = None) -> None:
-        """Writes the batch's updated rows back to the table."""
-        found = self._batch.same(
-            _ids(retrievedPosIndexes, retrievedNegIndexes), self.store.num_rows
-        )
-        rows = cast(torch.Tensor, self.model_variable.weight).data[: found.unique.size]
-        self.store.table[found.unique] = rows.detach().cpu().numpy()
+        """Writes the batch's updated rows back to the table (one copy per id)."""
+        ids = _ids(retrievedPosIndexes, retrievedNegIndexes)
+        found = self._batch.same(ids, self.store.num_rows)
+        weight = cast(torch.Tensor, self.model_variable.weight).data
+        first = torch.from_numpy(self._batch.first).to(weight.device)
+        self.store.table[found.unique] = weight.index_select(0, first).cpu().numpy()
 
     # ---- the table -------------------------------------------------------------------
 
     def getNumpyVersion(self) -> np.ndarray:
+        """The table as a NumPy array (the live table, as SpeedTorch's CPU torch factory)."""
         return self.store.table
 
     def saveCupy(self, saveFileName: str) -> None:
@@ -209,7 +230,8 @@ class ModelFactory:
     def loadTorch(self, loadFileName: str) -> None:
         """Loads a tensor saved by saveTorch or by SpeedTorch (``torch.save``), on any device.
 
-        The file is read with ``torch.load(weights_only=True)``: no code in it runs.
+        The file is read with ``torch.load(weights_only=True)``: no code in it runs (SpeedTorch
+        called plain ``torch.load``, which unpickles anything).
         """
         loaded = load_tensors(loadFileName, "loadFileName")
         self.store.table[...] = checked(self.store.table, loaded, loadFileName, "loadFileName")
@@ -219,12 +241,18 @@ class OptimizerFactory:
     """The optimizer state of the big embedding, swapped in per batch like its rows.
 
     Args:
-        given_optimizer: the torch optimizer over the model (SGD, Adam, AdamW, Adamax,
-            NAdam, RAdam, Adagrad, RMSprop, Adadelta).
+        given_optimizer: the torch optimizer over the model; its class must have a row-wise
+            form (SGD, Adam, AdamW, Adamax, NAdam, RAdam, Adagrad, RMSprop, Adadelta, Rprop,
+            ASGD, SparseAdam, or a subclass); others are refused with the reason.
         total_classes, embed_dimension: the big table's shape.
         model: the model holding the small embedding.
         variable_name: the embedding's name in ``model.named_parameters()`` (with or
             without ``.weight``).
+        dtype, CPUPinn, deviceType, pinType: as SpeedTorch's; the state lives where the
+            parameter does.
+
+    Attributes:
+        tables: one full state table per slot (``exp_avg``, ``sum``, ...), by name.
     """
 
     def __init__(
@@ -239,6 +267,7 @@ class OptimizerFactory:
         deviceType: str | None = None,
         pinType: bool = False,
     ) -> None:
+        cls = check_row_wise(type(given_optimizer), "given_optimizer")
         params = dict(model.named_parameters())
         name = variable_name if variable_name in params else f"{variable_name}.weight"
         if name not in params:
@@ -249,18 +278,15 @@ class OptimizerFactory:
             None,
         )
         if group is None:
-            raise bad_argument(
-                "given_optimizer", type(given_optimizer).__name__, f"an optimizer over {name}"
-            )
+            raise bad_argument("given_optimizer", cls.__name__, f"an optimizer over {name}")
+        self._group = group
         hyper = {k: v for k, v in group.items() if k not in ("params", "fused", "foreach")}
-        hyper = {k: v for k, v in hyper.items() if k in _init_args(type(given_optimizer))}
+        hyper = {k: v for k, v in hyper.items() if k in _init_args(cls)}
         dtype_t = getattr(torch, _dtype_name(dtype))
-        self._init, self._globals = probe_state(
-            type(given_optimizer), hyper, embed_dimension, dtype_t
-        )
+        self._init, self._globals = probe_state(cls, hyper, embed_dimension, dtype_t)
         self.store = EmbeddingStore(total_classes, embed_dimension, _dtype_name(dtype), "zeros")
-        self.transfer = _transfer(self.param.device)  # state follows the parameter
-        self._batch = _Swapped()
+        self.transfer = transfer_to(self.param.device)  # state follows the parameter
+        self._batch = Swapped()
         self.tables: dict[str, np.ndarray] = {}
         self._stepped = False  # torch builds SGD's buffer from the first gradient itself
         self.optInit()
@@ -270,39 +296,48 @@ class OptimizerFactory:
         self.tables, self._stepped = {}, False
         for slot, row in self._init.items():
             table = self.store.empty()
-            table[...] = row.numpy()
+            table[...] = convert(row, to="numpy")
             self.tables[slot] = table
 
+    def _initial_globals(self) -> dict[str, Any]:
+        """The scalars torch keeps for the parameter (``step``, ...) as before step 1."""
+        on_device = self._group.get("fused") or self._group.get("capturable")
+        where = self.param.device if on_device else torch.device("cpu")
+        values: dict[str, Any] = {"step": 0}  # SparseAdam counts in a Python int
+        if torch.is_tensor(self._globals.get("step")):
+            values["step"] = torch.tensor(0.0, device=where)
+        for name, value in initial_globals(self._globals, self._group).items():
+            values[name] = torch.tensor(value, device=where)
+        return {k: v for k, v in values.items() if k in self._globals}
+
     def beforeForwardPass(self, retrievedPosIndexes: Any, retrievedNegIndexes: Any = None) -> None:
-        found = self._batch.begin(
-            _ids(retrievedPosIndexes, retrievedNegIndexes), self.store.num_rows
-        )
+        """Swaps in the state rows of every id, as the ModelFactory swaps the weights."""
+        ids = _ids(retrievedPosIndexes, retrievedNegIndexes)
+        found = self._batch.begin(ids, self.store.num_rows)
         state = self.optimizer.state[self.param]
-        first = not self._stepped
-        for name in self._globals:
-            state.setdefault(name, torch.tensor(_INITIAL_GLOBALS.get(name, 0.0)))
-        capacity = found.inverse.size
+        for name, value in self._initial_globals().items():
+            state.setdefault(name, value)
         gathered = {}
         for slot, table in self.tables.items():
-            if first and isinstance(self.optimizer, _FROM_FIRST_GRAD.get(slot, ())):
+            if not self._stepped and isinstance(self.optimizer, FROM_FIRST_GRAD.get(slot, ())):
                 state.pop(slot, None)  # torch creates it from the first gradient
                 continue
-            rows = np.zeros((capacity, self.store.dim), table.dtype)
-            np.take(table, found.unique, axis=0, out=rows[: found.unique.size], mode="clip")
-            gathered[slot] = rows
+            gathered[slot] = occurrence_rows(table, found)
         if self.transfer.device != self.param.device:  # the model moved since
-            self.transfer = _transfer(self.param.device)
+            self.transfer = transfer_to(self.param.device)
         state.update(self.transfer(gathered))
 
     def afterOptimizerStep(self, retrievedPosIndexes: Any, retrievedNegIndexes: Any = None) -> None:
-        found = self._batch.same(
-            _ids(retrievedPosIndexes, retrievedNegIndexes), self.store.num_rows
-        )
+        """Writes the batch's updated state rows back (one copy per id)."""
+        ids = _ids(retrievedPosIndexes, retrievedNegIndexes)
+        found = self._batch.same(ids, self.store.num_rows)
         state = self.optimizer.state[self.param]
         self._stepped = True
+        first = torch.from_numpy(self._batch.first)
         for slot, table in self.tables.items():
             if slot in state:
-                table[found.unique] = state[slot][: found.unique.size].detach().cpu().numpy()
+                rows = state[slot].detach().index_select(0, first.to(state[slot].device))
+                table[found.unique] = rows.cpu().numpy()
 
     def getNumpyVersion(self, slot: str | None = None) -> np.ndarray:
         """A state table (the first slot's by default)."""
@@ -314,7 +349,10 @@ class OptimizerFactory:
         save_tensors(saveFileName, tables)
 
     def loadTorch(self, loadFileName: str) -> None:
-        """Loads the list saveTorch wrote; every table is checked before any is changed."""
+        """Loads the list saveTorch wrote; every table is checked before any is changed.
+
+        Read with ``torch.load(weights_only=True)``: no code in the file runs.
+        """
         loaded = load_tensors(loadFileName, "loadFileName")
         if not isinstance(loaded, (list, tuple)) or len(loaded) != len(self.tables):
             raise bad_argument(
@@ -335,57 +373,7 @@ def _init_args(cls: Any) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters)
 
 
-class DataGadget:
-    """Rows of a ``.npy`` file served to torch by id, and written back.
-
-    Args:
-        fileName: the ``.npy`` file (a 2-D array).
-        CPUPinn: accepted for compatibility; pinned when CUDA is present.
-    """
-
-    def __init__(self, fileName: str, CPUPinn: bool = False) -> None:
-        self.fileName = fileName
-        self.data: np.ndarray | None = None
-        self.transfer = _transfer()
-        self.device = self.transfer.device
-
-    def gadgetInit(self) -> None:
-        loaded = np.load(self.fileName, mmap_mode="r")
-        if loaded.ndim != 2:
-            raise bad_argument("fileName", self.fileName, "a .npy file of a 2-D array")
-        self.data = np.array(loaded)
-
-    def _table(self) -> np.ndarray:
-        if self.data is None:
-            raise ArgumentError("call gadgetInit() before getData/insertData")
-        return self.data
-
-    def getData(self, indexes: Any) -> torch.Tensor:
-        table = self._table()
-        ids = as_ids(indexes, len(table), "indexes")
-        return self.transfer(np.take(table, ids, axis=0))
-
-    def insertData(self, dataObject: torch.Tensor, indexes: Any) -> None:
-        """Writes rows; of repeated ids the last occurrence wins (always, unlike SpeedTorch)."""
-        table = self._table()
-        ids = as_ids(indexes, len(table), "indexes").ravel()
-        values = dataObject.detach().cpu().numpy().reshape(ids.size, -1)
-        table[ids] = values  # NumPy assigns in order, so the last occurrence is what stays
-
-    def getNumpyVersion(self) -> np.ndarray:
-        return self._table()
-
-    def saveCupy(self, saveFileName: str) -> None:
-        """Saves the data as ``cupy.save`` does: a .npy file (``.npy`` appended if missing)."""
-        save_npy(saveFileName, self._table())
-
-    def loadCupy(self, loadFileName: str) -> None:
-        """Replaces the data with a 2-D array from a .npy file, as SpeedTorch's loadCupy."""
-        loaded = load_npy(loadFileName, "loadFileName")
-        if loaded.ndim != 2:
-            raise bad_argument("loadFileName", loadFileName, "a .npy file of a 2-D array")
-        self.data = np.array(loaded)
-
-
 PytorchModelFactory = ModelFactory
 PytorchOptimizerFactory = OptimizerFactory
+GPUPytorchModelFactory = CPUPytorchModelFactory = ModelFactory
+GPUPytorchOptimizerFactory = CPUPytorchOptimizerFactory = OptimizerFactory

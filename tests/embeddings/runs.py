@@ -84,9 +84,13 @@ def dense_torch(cls, kw, steps, touched_only):
             keep[torch.from_numpy(ids)] = False
             with torch.no_grad():
                 w[keep] = before[keep]
+            # A row never touched holds the state torch starts a row with: zeros, but
+            # Rprop's step sizes start at lr and Adagrad's sums at initial_accumulator_value.
+            fresh = {"step_size": kw.get("lr", 0.01),
+                     "sum": kw.get("initial_accumulator_value", 0.0)}  # fmt: skip
             for n, v in opt.state[w].items():
                 if torch.is_tensor(v) and v.shape == w.shape:
-                    v[keep] = state[n][keep] if n in state else 0
+                    v[keep] = state[n][keep] if n in state else fresh.get(n, 0.0)
     return w.detach().numpy()
 
 

@@ -49,7 +49,8 @@ def test_speedtorch_flow_equals_the_store_in_lazy_mode(steps, cls_kw):
     factory = ModelFactory(model.emb, ROWS, DIM)
     factory.store.table[...] = store().table
     opt_factory = OptimizerFactory(opt, ROWS, DIM, model, "emb")
-    pos_local, neg_local = factory.variableTransformer(2, 1, 2)
+    pos_np, neg_np = factory.variableTransformer(2, 1, 2)  # NumPy, as SpeedTorch's
+    pos_local, neg_local = torch.from_numpy(pos_np), torch.from_numpy(neg_np)
     for k, (pos, neg) in enumerate(steps):
         pos, neg = pos.reshape(2, 1), neg.reshape(2, 2)
         factory.beforeForwardPass(pos, neg)
