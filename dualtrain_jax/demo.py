@@ -82,15 +82,16 @@ def train_sweep(
 
 
 def fit(
-    craft: Craft, train: Any, *, epochs: int, lr: float, seed: int, dash: Any, test: Any = None
-) -> tuple[Any, list[float], str]:
+    craft: Craft, train: Any, *, epochs: int, lr: float, seed: int, dash: Any, test: Any = None,
+    device: Any = None,
+) -> tuple[Any, list[float], str]:  # fmt: skip
     """Adam on `train`'s batches (NCHW float images, int labels) for `epochs` epochs.
 
     The step goes through the compile ladder (JIT_DONATE, JIT, EAGER). Each step's loss is
     gauged as a device array (read every 5 steps); after each epoch, the accuracy on every
     row of `test`.
     """
-    module = realize(craft, seed=seed)
+    module = realize(craft, seed=seed, device=device)
     optimizer = optax.adam(lr)
 
     @accelerate_model(warm_steps=2)

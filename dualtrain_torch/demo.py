@@ -64,14 +64,15 @@ def train_sweep(
 
 
 def fit(
-    craft: Craft, train: Any, *, epochs: int, lr: float, seed: int, dash: Any, test: Any = None
-) -> tuple[Any, list[float], str]:
+    craft: Craft, train: Any, *, epochs: int, lr: float, seed: int, dash: Any, test: Any = None,
+    device: Any = None,
+) -> tuple[Any, list[float], str]:  # fmt: skip
     """Adam on `train`'s batches (NCHW float images, int labels) for `epochs` epochs.
 
     The forward goes through the compile ladder. Each step's loss is gauged as a tensor
     (read every 5 steps); after each epoch, the accuracy on every row of `test`.
     """
-    module = accelerate(realize(craft, seed=seed), LADDER, warm_steps=2)
+    module = accelerate(realize(craft, seed=seed, device=device), LADDER, warm_steps=2)
     optimizer = torch.optim.Adam(module.parameters(), lr=lr)
     accuracies = []
     for epoch in range(1, epochs + 1):
@@ -97,8 +98,8 @@ def evaluate(module: Any, tank: Any) -> tuple[np.ndarray, np.ndarray]:
     with Nozzle(module):
         for batch in tank:
             keep = batch["mask"] if "mask" in batch else slice(None)
-            logits.append(module(batch["image"])[keep].numpy())
-            labels.append(batch["label"][keep].numpy())
+            logits.append(module(batch["image"])[keep].cpu().numpy())
+            labels.append(batch["label"][keep].cpu().numpy())
     return np.concatenate(logits), np.concatenate(labels)
 
 

@@ -28,6 +28,27 @@ def test_bad_step_count_is_refused(capsys):
     assert "must be a positive int; got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--lr", "-1"], "must be a positive number; got -1"),
+        (["--lr", "nan"], "must be a positive number; got nan"),
+        (["--seed", "-1"], "must be an int >= 0; got -1"),
+    ],
+)
+def test_bad_demo_values_are_refused_before_anything_runs(capsys, args, says):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", *args])
+    assert exit_info.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_an_out_that_is_a_file_is_refused(capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SystemExit):
+        main(["demo", "--out", str(tmp_path / "f")])
+    assert "must be a folder" in capsys.readouterr().err
+
+
 def test_bad_backend_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--backend", "tensorflow"])

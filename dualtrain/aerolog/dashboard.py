@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 from dualtrain.aerolog.book import MetricBook, Point
 from dualtrain.aerolog.files import append_record, write_curves, write_epochs, write_points
 from dualtrain.aerolog.formats import Formats
+from dualtrain.aerolog.values import kept, value_of
 from dualtrain.aerolog.views import Frame, LiveView, PlainView
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.multiverse.world import from_environment
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -38,8 +40,9 @@ class DashBoard:
         format: ``{key: (fmt, mode)}``, mode 'raw' | 'percent' | 'tailor' | 'inviz' (see
             `dualtrain.aerolog.formats`); other keys raw ``'.4g'``.
         curve: the metric drawn as a curve (default: the first one gauged).
-        rank: this process's rank; only rank 0 draws and writes (default: ``RANK`` from the
-            environment, as torchrun and Multiverse set it, else 0).
+        rank: this process's rank; only rank 0 draws and writes (default: the launcher's,
+            read as Multiverse reads it: torchrun's, SLURM's or Multiverse's variables;
+            0 outside a launcher).
         console: a rich Console to draw on (default: stdout's). Off a terminal the dashboard
             prints plain lines.
     """
@@ -122,18 +125,21 @@ class DashBoard:
             samples: rows in this step, for samples/s (default: steps/s only).
         """
         self._check(entry, mile, epoch, mpe, stage, interval, duration, samples)
+        values = [(str(key), kept(f"entry[{key!r}]", v)) for key, v in entry.items()]
         now = time.perf_counter()
         clock = self._stages.get(stage)
         if clock is None:
             clock = self._stages[stage] = _StageClock(now)
+        if clock.epoch != epoch:  # the epoch's time runs from the gauge before its first step
+            clock.epoch, clock.epoch_started = epoch, now if self._last is None else self._last
         # A step's time: since the previous gauge of any stage (the first step has none).
         step = (
             duration if duration is not None else None if self._last is None else now - self._last
         )
         self._last = now
         clock.tick(step, samples, self._take_data_wait())
-        for key, value in entry.items():
-            self._pending.append((Point(stage, str(key), epoch, mile, mpe, 0.0), value))
+        for key, value in values:
+            self._pending.append((Point(stage, key, epoch, mile, mpe, 0.0), value))
         last = mile == mpe
         read = last or mile % interval == 0
         if read:
@@ -149,8 +155,6 @@ class DashBoard:
             self._view.show(frame, read)
             if last:
                 self._view.epoch_end(self._summary(stage, epoch, clock))
-        if last:
-            clock.epoch_done(now)
 
     def feed(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """Yields from `iterable`, timing each wait for the next item as data wait.
@@ -210,12 +214,12 @@ class DashBoard:
             write_points(self.book, self.log_path / "metrics.csv")
             write_epochs(self.book, self.log_path / "epochs.csv")
             written += [self.log_path / "metrics.csv", self.log_path / "epochs.csv"]
-        if gauge:
-            written += write_curves(self.book, self.log_path)
         if record:
             path = self.log_path / record
             append_record(self.book, path)
             written.append(path)
+        if gauge:
+            written += write_curves(self.book, self.log_path)
         return written
 
     # ---- inside --------------------------------------------------------------------------
@@ -226,8 +230,6 @@ class DashBoard:
     ) -> None:  # fmt: skip
         if not isinstance(entry, Mapping):
             raise bad_argument("entry", entry, "a dict {metric name: value}")
-        for key, value in entry.items():
-            _check_value(f"entry[{key!r}]", value)
         mpe = _count("mpe", mpe, 1)
         if not _is_int(mile) or not 1 <= mile <= mpe:
             raise bad_argument("mile", mile, f"an int in 1..mpe ({mpe})")
@@ -249,10 +251,10 @@ class DashBoard:
         """Reads every pending value (the only host reads of device scalars)."""
         pending, self._pending = self._pending, []
         for point, value in pending:
-            number = _to_float(value)
-            read = Point(point.stage, point.key, point.epoch, point.mile, point.mpe, number)
-            self.book.add(read)
-            self.formats.notify(read.key, read.stage, read.epoch, read.mile, read.mpe, number)
+            number = value_of(value)
+            done = Point(point.stage, point.key, point.epoch, point.mile, point.mpe, number)
+            self.book.add(done)
+            self.formats.notify(done.key, done.stage, done.epoch, done.mile, done.mpe, number)
 
     def _frame(
         self, stage: str, epoch: int, mile: int, mpe: int, clock: _StageClock, read: bool
@@ -283,7 +285,7 @@ class DashBoard:
                 means = self.book.epoch_means(stage, key)
                 if epoch in means:
                     parts.append(f"{key} {self.formats.text(key, means[epoch])}")
-        parts.append(f"{time.perf_counter() - clock.epoch_started:.1f} s")
+        parts.append(f"{self._last - clock.epoch_started:.1f} s" if self._last else "")
         return " | ".join(parts)
 
 
@@ -292,6 +294,7 @@ class _StageClock:
 
     def __init__(self, now: float) -> None:
         self.epoch_started = now
+        self.epoch: int | None = None
         self.steps = 0
         self.seconds = self.wait = 0.0
         self.samples: int | None = None
@@ -305,9 +308,6 @@ class _StageClock:
         self.wait += wait
         if samples is not None:
             self.samples = (self.samples or 0) + int(samples)
-
-    def epoch_done(self, now: float) -> None:
-        self.epoch_started = now
 
     def text(self) -> str:
         """Speed over the steps since the last call (kept until new steps come)."""
@@ -327,28 +327,6 @@ class _StageClock:
         return self.shown
 
 
-def _check_value(name: str, value: Any) -> None:
-    if type(value) in (float, int):  # the common case, before the ABC checks
-        return
-    if isinstance(value, bool):
-        raise bad_argument(name, value, "a number or a one-element tensor or array, not a bool")
-    if isinstance(value, numbers.Real):
-        return
-    shape = getattr(value, "shape", None)
-    if shape is not None and hasattr(value, "__float__"):
-        size = 1
-        for n in tuple(shape):
-            size *= int(n)
-        if size == 1:
-            return
-    raise bad_argument(name, value, "a number or a one-element torch tensor, JAX or NumPy array")
-
-
-def _to_float(value: Any) -> float:
-    """A checked value as a Python float (for a device scalar: the host read)."""
-    return float(value) if isinstance(value, numbers.Real) else float(value.item())
-
-
 def _is_int(value: Any) -> bool:
     if type(value) is int:  # the common case, before the ABC check
         return True
@@ -366,7 +344,7 @@ def _count(name: str, value: Any, low: int) -> int:
 
 
 def _rank(rank: Any) -> int:
-    if rank is None:
-        text = os.environ.get("RANK", "0")
-        return int(text) if text.isdigit() else 0
+    if rank is None:  # torchrun's, SLURM's or Multiverse's variables; 0 outside a launcher
+        world = from_environment()
+        return 0 if world is None else world.rank
     return _count("rank", rank, 0)

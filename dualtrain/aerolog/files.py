@@ -11,7 +11,12 @@ from __future__ import annotations
 import csv
 import io
 import re
+import warnings
+import zlib
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from dualtrain.aerolog.book import MetricBook, Point
 from dualtrain.atomic import atomic_target
@@ -71,42 +76,64 @@ def append_record(book: MetricBook, path: Path) -> int:
 
 
 def write_curves(book: MetricBook, folder: Path) -> list[Path]:
-    """One PNG per metric: each stage's moving mean against epochs, and its epoch means."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """One PNG per metric: each stage's moving mean against epochs, and its epoch means.
 
+    A metric matplotlib cannot draw (values too large to scale) is left out with a warning.
+    """
     keys: dict[str, list[str]] = {}
     for stage, key in book.slots():
         keys.setdefault(key, []).append(stage)
+    names = _file_names(list(keys))
+    # X: epochs since the first gauged one began (1-based and 0-based epochs draw alike).
+    first = min((p.epoch for p in book.all_points()), default=0)
     written = []
     for key, stages in keys.items():
-        fig = Figure(figsize=(6.4, 4.0), dpi=100)
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
-        for stage in stages:
-            points = book.points(stage, key)
-            (line,) = ax.plot(
-                [p.position for p in points], book.moving_series(stage, key), label=stage,
-                linewidth=1.2,
-            )  # fmt: skip
-            means = book.epoch_means(stage, key)
-            ax.plot(
-                [e + 1 for e in means], list(means.values()), "o", color=line.get_color(),
-                markersize=4, label=f"{stage} (epoch mean)",
-            )  # fmt: skip
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(key)
-        ax.set_title(f"{key} (moving mean over {book.window})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = folder / f"{_file_name(key)}.png"
-        with atomic_target(path) as tmp:
-            fig.savefig(tmp, format="png")
+        path = folder / f"{names[key]}.png"
+        try:  # matplotlib scaling values near 1e308 overflows: no curve then, and a warning
+            with np.errstate(all="ignore"):
+                fig = _figure(book, key, stages, first)
+                with atomic_target(path) as tmp:
+                    fig.savefig(tmp, format="png")
+        except (ValueError, OverflowError) as err:
+            warnings.warn(f"{key}: no curve drawn ({err})", RuntimeWarning, stacklevel=3)
+            continue
         written.append(path)
     return written
 
 
-def _file_name(key: str) -> str:
-    """A metric name as a file name (path separators and odd characters replaced)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("._") or "metric"
+def _figure(book: MetricBook, key: str, stages: list[str], first: int) -> Any:
+    """One metric's figure: each stage's moving mean, and its epoch means as dots."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for stage in stages:
+        points = book.points(stage, key)
+        (line,) = ax.plot(
+            [p.position - first for p in points], book.moving_series(stage, key),
+            label=stage, linewidth=1.2,
+        )  # fmt: skip
+        means = book.epoch_means(stage, key)
+        ax.plot(
+            [e - first + 1 for e in means], list(means.values()), "o",
+            color=line.get_color(), markersize=4, label=f"{stage} (epoch mean)",
+        )  # fmt: skip
+    ax.set_xlabel("epochs")
+    ax.set_ylabel(key)
+    ax.set_title(f"{key} (moving mean over {book.window})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _file_names(keys: list[str]) -> dict[str, str]:
+    """Each metric's file name: odd characters replaced; a short hash where two would meet."""
+    plain = {k: re.sub(r"[^A-Za-z0-9._-]+", "_", k).strip("._") or "metric" for k in keys}
+    taken = list(plain.values())
+    return {
+        k: name if taken.count(name) == 1 else f"{name}-{zlib.crc32(k.encode()):08x}"
+        for k, name in plain.items()
+    }

@@ -11,7 +11,8 @@ does nothing, and before, it would renumber the devices under the caller's feet.
 
 from __future__ import annotations
 
-import os
+import math
+import numbers
 import warnings
 from typing import Any
 
@@ -19,6 +20,7 @@ from dualtrain import backends
 from dualtrain.cockpit.gputil import GPUtil
 from dualtrain.cockpit.nvml import GPUInfo
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.multiverse.world import from_environment
 
 __all__ = ["CPU", "GPU", "Engine"]
 
@@ -37,7 +39,8 @@ class Engine:
         available_gpus: NVML indices (``nvidia-smi``'s numbering) to use instead of picking;
             their free memory is not checked.
         gputil: the `GPUtil` to ask (default: a new one).
-        local_rank: this process's rank on the node (default: ``LOCAL_RANK``, else 0).
+        local_rank: this process's rank on the node (default: the launcher's, read as
+            Multiverse reads it: torchrun's, SLURM's or Multiverse's variables; else 0).
 
     Attributes:
         device: ``"GPU"`` or ``"CPU"``: what it runs on after any fallback.
@@ -65,15 +68,16 @@ class Engine:
                     f"ngpus={ngpus!r} and ngpu={ngpu!r} name the same setting; give one"
                 )
             ngpus = ngpu
-        if isinstance(ngpus, bool) or not isinstance(ngpus, int) or ngpus < 1:
-            raise bad_argument("ngpus", ngpus, "an int >= 1")
+        ngpus = _count("ngpus", ngpus)
+        if not _mib(least_mem):
+            raise bad_argument("least_mem", least_mem, "a number of MiB >= 0")
         if not isinstance(available_gpus, (tuple, list)) or not all(
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in available_gpus
         ):
             raise bad_argument("available_gpus", available_gpus, "a tuple of GPU indices >= 0")
         if len(set(available_gpus)) != len(available_gpus):
             raise bad_argument("available_gpus", available_gpus, "indices without repeats")
-        self.local_rank = _local_rank(local_rank)
+        self.local_rank: int = _local_rank(local_rank)
         self.device = device.upper()
         self.gpus: list[GPUInfo] = []
         self.gpu: GPUInfo | None = None
@@ -161,10 +165,22 @@ class Engine:
         return part.devices(() if ordinal is None else (ordinal,))[0]
 
 
+def _mib(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    return math.isfinite(float(value)) and float(value) >= 0
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise bad_argument(name, value, "an int >= 1")
+    return int(value)
+
+
 def _local_rank(rank: Any) -> int:
-    if rank is None:
-        text = os.environ.get("LOCAL_RANK", "0")
-        return int(text) if text.isdigit() else 0
+    if rank is None:  # torchrun's, SLURM's or Multiverse's variables; 0 outside a launcher
+        world = from_environment()
+        return 0 if world is None else world.local_rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise bad_argument("local_rank", rank, "an int >= 0")
     return rank

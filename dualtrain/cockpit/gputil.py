@@ -10,14 +10,13 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import threading
-import time
 import weakref
 from dataclasses import dataclass, fields
 from types import ModuleType
 from typing import Any
 
-from dualtrain.cockpit.nvml import GPUInfo, Reading, close_nvml, devices, open_nvml, read
+from dualtrain.cockpit.nvml import GPUInfo, Reading, devices, open_nvml
+from dualtrain.cockpit.sampler import Sampler, shut
 from dualtrain.errors import ArgumentError, bad_argument
 
 __all__ = ["GPUInfo", "GPUtil", "Stat"]
@@ -45,14 +44,12 @@ class GPUtil:
 
     def __init__(self, *, nvml: ModuleType | None = None) -> None:
         self._nvml, self.reason = open_nvml(nvml)
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._samples: dict[int, list[Reading]] = {}
+        # The sampler lives in a box the finalizer also holds, never holding the GPUtil.
+        self._box: list[Sampler | None] = [None]
         self._names: dict[int, str] = {}
-        self._failure = ""
         if self._nvml is not None:
-            # NVML counts its inits: the last GPUtil collected shuts it down.
-            self._finalizer = weakref.finalize(self, close_nvml, self._nvml)
+            # Collected, a GPUtil stops its sampler; NVML counts inits: the last one closes it.
+            self._finalizer = weakref.finalize(self, shut, self._box, self._nvml)
 
     def __repr__(self) -> str:
         if self._nvml is None:
@@ -88,7 +85,8 @@ class GPUtil:
     @property
     def monitoring(self) -> bool:
         """Whether a `monitor` sampler is running."""
-        return self._thread is not None
+        sampler = self._box[0]
+        return sampler is not None and sampler.running
 
     def monitor(self, sec: Any = 5) -> None:
         """Starts sampling every GPU every `sec` seconds in a background thread.
@@ -101,20 +99,18 @@ class GPUtil:
         """
         if not _real(sec) or sec <= 0:
             raise bad_argument("sec", sec, "a positive number of seconds")
-        if self._thread is not None:
+        if self.monitoring:
             raise ArgumentError("monitor() is already running; call status() to stop it first")
         if self._nvml is None:
             return
         try:
-            self._start()
-            self._sample()  # the start of the span, so a short span still has a reading
+            sampler = self._start()
+            sampler.sample()  # the start of the span, so a short span still has a reading
         except Exception as err:  # a device gone since the last call: nothing to monitor
             self.reason = f"no monitoring: {err}"
+            self._box[0] = None
             return
-        self._thread = threading.Thread(
-            target=self._run, args=(float(sec),), name="dualtrain-gputil", daemon=True
-        )
-        self._thread.start()
+        sampler.start(float(sec))
 
     def status(self) -> dict[int, dict[str, Any]]:
         """Stops the monitor and summarises it per GPU (one reading now if none ran).
@@ -126,49 +122,37 @@ class GPUtil:
         """
         if self._nvml is None:
             return {}
+        sampler = self._box[0]
         try:
-            if self._thread is None:
-                self._start()
+            if sampler is None or not sampler.running:
+                sampler = self._start()
             else:
-                self._stop.set()
-                self._thread.join()
-                self._thread = None
-            if not self._failure:
-                self._sample()  # the end of the span (or the one reading)
+                sampler.stop()
+            if not sampler.failure:
+                sampler.sample()  # the end of the span (or the one reading)
         except Exception as err:  # a device gone: keep what was sampled
-            self._failure = self._failure or f"monitoring stopped early: {err}"
+            if sampler is None:
+                self.reason = f"no monitoring: {err}"
+                return {}
+            sampler.failure = sampler.failure or f"monitoring stopped early: {err}"
         summary: dict[int, dict[str, Any]] = {}
-        for index, readings in self._samples.items():
+        for index, readings in sampler.samples.items():
             entry: dict[str, Any] = {"name": self._names[index], "samples": len(readings)}
             for metric in _METRICS:
                 values = [v for r in readings if (v := getattr(r, metric)) is not None]
                 entry[metric] = Stat(sum(values) / len(values), max(values)) if values else None
             summary[index] = entry
-        if self._failure:
-            self.reason = self._failure
+        if sampler.failure:
+            self.reason = sampler.failure
         return summary
 
-    def _start(self) -> None:
-        self._samples, self.reason = {}, ""
-        self._names = {g.index: g.name for g in self.gpus()}
-        self._samples = {index: [] for index in self._names}
-        self._failure = ""
-        self._stop.clear()
-
-    def _run(self, sec: float) -> None:
-        next_at = time.monotonic() + sec
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-            try:
-                self._sample()
-            except Exception as err:  # a device gone mid-run: keep what was sampled
-                self._failure = f"monitoring stopped early: {err}"
-                return
-            next_at = max(next_at + sec, time.monotonic())  # behind: no burst to catch up
-
-    def _sample(self) -> None:
+    def _start(self) -> Sampler:
         assert self._nvml is not None
-        for index, readings in self._samples.items():
-            readings.append(read(self._nvml, index))
+        self.reason = ""
+        self._box[0] = None
+        self._names = {g.index: g.name for g in self.gpus()}
+        sampler = self._box[0] = Sampler(self._nvml, list(self._names))
+        return sampler
 
 
 def _real(value: Any) -> bool:

@@ -86,9 +86,13 @@ def open_nvml(nvml: ModuleType | None = None) -> tuple[ModuleType | None, str]:
         with _lock:
             nvml.nvmlInit()
             _opened[id(nvml)] = _opened.get(id(nvml), 0) + 1
-        count = int(nvml.nvmlDeviceGetCount())
     except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no GPU here
         return None, f"no GPU: NVML is not available ({_text(err)})"
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+    except Exception as err:  # started, but cannot list: release the init it took
+        close_nvml(nvml)
+        return None, f"no GPU: NVML lists no device ({_text(err)})"
     if count == 0:
         close_nvml(nvml)
         return None, "no GPU: NVML lists no device"

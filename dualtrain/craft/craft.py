@@ -81,6 +81,12 @@ class Craft:
         Returns:
             The Craft.
         """
+        if isinstance(engine, bool):
+            raise bad_argument(
+                "engine",
+                engine,
+                "an Engine or a device; gear(True/False) sets the mode of a realized module",
+            )
         object.__setattr__(self, "_geared", engine)
         return self
 

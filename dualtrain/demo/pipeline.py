@@ -23,6 +23,7 @@ from PIL import Image, ImageDraw
 from dualtrain import backends
 from dualtrain.aerolog import DashBoard
 from dualtrain.checkpoint import TimeMachine
+from dualtrain.cockpit import CPU, GPU, Engine, GPUtil
 from dualtrain.craft import Craft, dock
 from dualtrain.fuel import Brighten, Comburant, Flip, FuelGenerator, Tank
 
@@ -116,6 +117,9 @@ def run_pipeline(
             f"FuelGenerator: {report.rows} {split} pictures of {len(SHAPES)} shapes packed "
             f"({report.images_per_s:.0f} images/s)"
         )
+    # A GPU when one has room, else the CPU (an Engine that warned would only say so).
+    engine = Engine(GPU, least_mem=1024) if GPUtil().available(1, 1024) else Engine(CPU)
+    console.print(f"Engine: {engine}")
     dash = DashBoard(out / "aerolog", window=5, format={"accuracy": (".1f", "percent")},
                      console=console)  # fmt: skip
     results: dict[str, Any] = {"accuracy": {}, "logits": {}}
@@ -123,7 +127,7 @@ def run_pipeline(
     for name in names:
         spec = {"image": "uint8", "label": "int64" if name == "torch" else "int32"}
         common: dict[str, Any] = {"to": name, "layout": "NCHW", "scale": 1 / 255,
-                                  "cast": "same_kind"}  # fmt: skip
+                                  "cast": "same_kind", "device": engine}  # fmt: skip
         train = Tank(packs["train"], spec, 32, prep_fn=_augment, seed=seed, workers=2,
                      preload=PRELOAD_BUDGET, **common)  # fmt: skip
         test = Tank(packs["test"], spec, 64, shuffle=False, pad=True, **common)
@@ -131,7 +135,7 @@ def run_pipeline(
             part = backends.load_part(name, "demo")
             module, accuracy, ladder = part.fit(ShapeNet(), train, epochs=epochs, lr=0.01,
                                                 seed=seed, dash=_Staged(dash, name),
-                                                test=test)  # fmt: skip
+                                                test=test, device=engine)  # fmt: skip
             logits, labels = part.evaluate(module, test)
             assert train.preloader is not None
             results[f"{name}_preload"] = train.preloader.stats()

@@ -33,11 +33,13 @@ class DemoPart(Protocol):
 
     def fit(
         self, craft: Craft, train: Any, *, epochs: int, lr: float, seed: int, dash: Any,
-        test: Any = None,
+        test: Any = None, device: Any = None,
     ) -> tuple[Any, list[float], str]:  # fmt: skip
         """`epochs` epochs of Adam on `train` (NCHW float images, int labels), accelerated.
 
-        Each step's loss is gauged on `dash` (a `dualtrain.DashBoard`) as a device scalar;
+        The model is realized on `device` (a `dualtrain.Engine` too), where the Tanks
+        deliver. Each step's loss is gauged on `dash` (a `dualtrain.DashBoard`) as a device
+        scalar;
         after each epoch the accuracy on every row of `test`. Returns the trained module,
         each epoch's test accuracy, and the compile ladder's verdict (one line).
         """

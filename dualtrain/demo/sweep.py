@@ -53,9 +53,9 @@ def run_sweep(
     console.print(table)
     best = int(np.argmin(final[names[0]]))
     times = ", ".join(f"{_LABEL[n]} {seconds[n]:.2f} s" for n in names)
+    jit = " (JAX includes its jit)" if "jax" in names else ""
     console.print(
-        f"best lr {lrs[best]:.4g} after {steps} steps; {times} for all {len(lrs)} members "
-        "(JAX includes its jit)"
+        f"best lr {lrs[best]:.4g} after {steps} steps; {times} for all {len(lrs)} members{jit}"
     )
     return {
         "sweep_lrs": lrs.tolist(),

@@ -318,3 +318,86 @@ def test_moving_means_start_again_each_epoch(epochs, window, last):
     assert book.moving_series("train", "loss", last) == pytest.approx(
         expected[-last:] if last else []
     )
+
+
+# -- from the review: values the caller reuses, graphs, tracers, ranks, names ---------------
+
+
+def test_buffers_updated_in_place_are_gauged_as_they_were():
+    torch = pytest.importorskip("torch")
+    console, _ = plain_console()
+    dash = DashBoard(console=console)
+    total, host = torch.zeros(()), np.zeros(1)
+    for mile in range(1, 5):
+        total += mile
+        host[0] = mile
+        dash.gauge({"total": total, "host": host}, mile, 0, 4, "train", interval=4)
+    assert [p.value for p in dash.book.points("train", "total")] == [1, 3, 6, 10]
+    assert [p.value for p in dash.book.points("train", "host")] == [1, 2, 3, 4]
+
+
+def test_a_loss_with_its_graph_is_kept_without_it():
+    torch = pytest.importorskip("torch")
+    from dualtrain.aerolog.values import kept
+
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * 2).sum()
+    held = kept("entry['loss']", loss)
+    assert held.grad_fn is None and not held.requires_grad and float(held) == 6.0
+
+
+@pytest.mark.parametrize("bad", ["abc", "complex", "bool", "many"])
+def test_values_that_cannot_be_read_are_refused_at_gauge(bad):
+    value = {"abc": np.array("abc"), "complex": np.array(1 + 2j), "bool": np.array(True),
+             "many": np.ones(2)}[bad]  # fmt: skip
+    console, _ = plain_console()
+    dash = DashBoard(console=console)
+    dash.gauge({"loss": 1.0}, 1, 0, 4, "train", interval=4)
+    with pytest.raises(ArgumentError, match=r"entry\['x'\]"):
+        dash.gauge({"loss": 2.0, "x": value}, 2, 0, 4, "train", interval=4)
+    dash.gauge({"loss": 3.0}, 4, 0, 4, "train")
+    assert [p.value for p in dash.book.points("train", "loss")] == [1.0, 3.0]  # none lost
+
+
+def test_a_jax_tracer_is_refused_naming_why():
+    jax = pytest.importorskip("jax")
+    console, _ = plain_console()
+    dash = DashBoard(console=console)
+
+    @jax.jit
+    def step(x):
+        dash.gauge({"loss": x * 2}, 1, 0, 1, "train")
+        return x
+
+    with pytest.raises(ArgumentError, match=r"outside jax\.jit"):
+        step(1.0)
+
+
+def test_the_rank_is_the_launchers(monkeypatch, tmp_path):
+    slurm = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2",
+             "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2"}  # fmt: skip
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    assert DashBoard(tmp_path).rank == 1
+    monkeypatch.setenv("SLURM_PROCID", "abc")
+    with pytest.raises(ArgumentError, match="SLURM_PROCID"):
+        DashBoard(tmp_path)
+
+
+def test_metrics_whose_file_names_meet_get_their_own_png(tmp_path):
+    console, _ = plain_console()
+    dash = DashBoard(tmp_path, console=console)
+    dash.gauge({"a/b": 1.0, "a_b": 2.0}, 1, 0, 1, "train")
+    names = [p.name for p in dash.log(tachograph=False)]
+    assert len(set(names)) == 2 and all(n.startswith("a_b") and n.endswith(".png") for n in names)
+
+
+def test_values_too_large_to_draw_still_reach_the_csv_and_record(tmp_path):
+    console, _ = plain_console()
+    dash = DashBoard(tmp_path, console=console)
+    for mile in range(1, 4):
+        dash.gauge({"huge": 1e308, "loss": 1.0}, mile, 0, 3, "train")
+    with pytest.warns(RuntimeWarning, match="huge: no curve drawn"):
+        written = {p.name for p in dash.log(record="history.csv")}
+    assert {"metrics.csv", "epochs.csv", "history.csv", "loss.png"} <= written
+    assert "huge.png" not in written

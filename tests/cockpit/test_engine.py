@@ -55,8 +55,19 @@ def test_gpus_are_picked_by_room_and_each_local_rank_takes_its_own():
 
 
 def test_the_local_rank_comes_from_the_launcher(monkeypatch):
-    monkeypatch.setenv("LOCAL_RANK", "1")
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}.items():  # torchrun
+        monkeypatch.setenv(name, value)
     assert Engine(GPU, ngpus=2, gputil=fake_util(5000, 5000)).gpu.index == 1
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name)
+    slurm = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2",
+             "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2"}  # fmt: skip
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    assert Engine(GPU, ngpus=2, gputil=fake_util(5000, 5000)).local_rank == 1
+    monkeypatch.setenv("SLURM_LOCALID", "x")
+    with pytest.raises(ArgumentError, match="SLURM_LOCALID"):
+        Engine(GPU, ngpus=2, gputil=fake_util(5000, 5000))
 
 
 def test_too_little_room_falls_back_with_the_reason():
@@ -70,6 +81,15 @@ def test_named_gpus_are_taken_as_named():
     assert [g.index for g in engine.gpus] == [0, 2] and engine.gpu.index == 0
     with pytest.raises(ArgumentError, match=r"available_gpus.*among \[0, 1, 2\]"):
         Engine(GPU, available_gpus=(5,), gputil=fake_util(10, 10, 10))
+
+
+def test_numpy_counts_are_counts():
+    assert len(Engine(GPU, ngpus=np.int64(2), least_mem=0, gputil=fake_util(9, 9)).gpus) == 2
+
+
+def test_a_craft_is_geared_to_an_engine_not_a_mode():
+    with pytest.raises(ArgumentError, match="realized module"):
+        Tiny().gear(True)
 
 
 def test_nebulae_spelling_ngpu():
@@ -96,6 +116,8 @@ def test_an_unknown_cuda_number_is_explained(monkeypatch):
         ({"available_gpus": (-1,)}, "available_gpus"),
         ({"available_gpus": "0"}, "available_gpus"),
         ({"local_rank": -1}, "local_rank"),
+        ({"least_mem": "x"}, "least_mem"),
+        ({"device": "CPU", "least_mem": -1}, "least_mem"),
     ],
 )
 def test_bad_engine_arguments_are_named(kwargs, name):

@@ -181,3 +181,27 @@ def test_nvml_is_shut_down_once_per_init():
     assert fake.shutdowns == 1
     del second
     assert fake.shutdowns == 2
+
+
+def test_a_gputil_dropped_while_monitoring_stops_its_thread_and_closes_nvml():
+    import gc
+    import threading
+
+    fake = FakeNVML(cards(1000))
+    util = GPUtil(nvml=fake)
+    util.monitor(0.005)
+    del util
+    gc.collect()
+    assert "dualtrain-gputil" not in [t.name for t in threading.enumerate()]
+    assert fake.shutdowns == fake.inits == 1
+
+
+def test_nvml_that_cannot_list_releases_its_init():
+    class Broken(FakeNVML):
+        def nvmlDeviceGetCount(self):  # noqa: N802
+            raise NVMLError("Unknown Error")
+
+    fake = Broken(cards(1000))
+    util = GPUtil(nvml=fake)
+    assert util.reason == "no GPU: NVML lists no device (Unknown Error)"
+    assert fake.inits == fake.shutdowns == 1
