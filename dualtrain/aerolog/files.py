@@ -61,7 +61,7 @@ def write_epochs(book: MetricBook, path: Path) -> None:
 
 def append_record(book: MetricBook, path: Path) -> int:
     """Appends the points not yet recorded to `path` (its header once); returns how many."""
-    fresh = book.all_points()[book.logged :]
+    fresh = book.all_points(book.logged)
     if path.exists():
         old = path.read_text()
         if old and not old.startswith(",".join(POINT_HEADER)):
@@ -85,7 +85,7 @@ def write_curves(book: MetricBook, folder: Path) -> list[Path]:
         keys.setdefault(key, []).append(stage)
     names = _file_names(list(keys))
     # X: epochs since the first gauged one began (1-based and 0-based epochs draw alike).
-    first = min((p.epoch for p in book.all_points()), default=0)
+    first = book.first_epoch()
     written = []
     for key, stages in keys.items():
         path = folder / f"{names[key]}.png"
