@@ -9,6 +9,7 @@ array is immutable and kept as it is. Device values are read together at the nex
 
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 from typing import Any
@@ -29,41 +30,62 @@ def kept(name: str, value: Any) -> Any:
         ArgumentError: naming `name`: a bool, a non-numeric or complex dtype, more than one
             element, or a JAX tracer (gauge outside ``jax.jit``: a traced value has none).
     """
-    if type(value) is float or type(value) is int:  # the common case, before the ABC checks
+    kind = type(value)
+    if kind is float or kind is int:  # the common cases first: gauge runs every step
         return float(value)
-    if isinstance(value, (bool, np.bool_)):
-        raise bad_argument(name, value, _EXPECTED + ", not a bool")
-    if isinstance(value, numbers.Real):
+    way = _WAYS.get(kind)
+    if way is None:
+        way = _WAYS[kind] = _way_of(value)
+    if way == "host":
+        if isinstance(value, (bool, np.bool_)):
+            raise bad_argument(name, value, _EXPECTED + ", not a bool")
         return float(value)
-    if isinstance(value, np.ndarray):
+    if way == "numpy":
         if value.size != 1 or value.dtype.kind not in "iuf":
             raise bad_argument(name, value, _EXPECTED)
         return float(value.reshape(()))
-    shape, dtype = getattr(value, "shape", None), str(getattr(value, "dtype", ""))
-    if shape is None or not hasattr(value, "item") or _size(shape) != 1:
+    if way == "bad" or math.prod(value.shape) != 1 or not _numeric(value.dtype):
         raise bad_argument(name, value, _EXPECTED)
-    if "float" not in dtype and "int" not in dtype:  # bool, complex, strings
-        raise bad_argument(name, value, _EXPECTED)
-    if _is_tracer(value):
+    if way == "tracer":
         raise bad_argument(
             name, value, _EXPECTED + ": gauge outside jax.jit, with the value the step returns"
         )
-    detach = getattr(value, "detach", None)
-    if callable(detach) and callable(getattr(value, "clone", None)):  # torch
-        return detach().clone()
-    return value
+    if way == "torch":
+        return value.detach().clone()  # queued on the tensor's device: no sync
+    return value  # a JAX array: immutable
+
+
+def _way_of(value: Any) -> str:
+    """How values of `value`'s type are kept (the answer is cached per type)."""
+    if isinstance(value, (numbers.Real, bool, np.bool_)):
+        return "host"
+    if isinstance(value, np.ndarray):
+        return "numpy"
+    if getattr(value, "shape", None) is None or not hasattr(value, "item"):
+        return "bad"
+    if _is_tracer(value):
+        return "tracer"
+    if callable(getattr(value, "detach", None)) and callable(getattr(value, "clone", None)):
+        return "torch"
+    return "device"
+
+
+_WAYS: dict[type, str] = {}
+_NUMERIC: dict[Any, bool] = {}
+
+
+def _numeric(dtype: Any) -> bool:
+    """Whether a framework dtype is an int or float one (bool, complex, strings: no)."""
+    known = _NUMERIC.get(dtype)
+    if known is None:
+        text = str(dtype)
+        known = _NUMERIC[dtype] = ("float" in text or "int" in text) and "complex" not in text
+    return known
 
 
 def value_of(value: Any) -> float:
     """A kept value as a float (for a device value: the host read)."""
     return value if type(value) is float else float(value.item())
-
-
-def _size(shape: Any) -> int:
-    size = 1
-    for n in tuple(shape):
-        size *= int(n)
-    return size
 
 
 def _is_tracer(value: Any) -> bool:
