@@ -94,8 +94,8 @@ class LiveView:
             self._started = False
 
     def _render(self) -> Any:
-        # One Text, the bar drawn by hand: a Table or ProgressBar renders ten times slower,
-        # and every print above the display renders the frame again.
+        # One Text, the bar drawn by hand: a Table holding a ProgressBar renders slower, and
+        # every print above the display (an epoch's line) renders the frame again.
         from rich.text import Text
 
         frame = self.frame
