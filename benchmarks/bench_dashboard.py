@@ -13,7 +13,8 @@ same under JAX (one jitted step). One timed call is an epoch of 50 steps.
 
 The dashboard draws its live display (rich, on a terminal console writing to os.devnull),
 so its redraw thread's cost is included. Overhead per step = (time - bare time) / 50, as a
-share of the bare step; the rows "alone" time gauge on an empty loop, as a share of 10 ms. Target: <= 1% of the step.
+share of the bare step; the rows "alone" time gauge on an empty loop, as a share of 10 ms.
+Target: <= 1% of the step.
 """
 
 from __future__ import annotations
