@@ -161,21 +161,25 @@ class TorchRows(Attachment):
         state: dict[str, Any] = {"step": steps}  # SparseAdam counts in a Python int
         if torch.is_tensor(self._globals.get("step")):
             state["step"] = torch.tensor(float(steps), dtype=torch.float32, device=where)
-        for name, values in self._history.items():
-            while len(values) <= steps:
-                values.append(self._tick(name))
+        history = self._history
+        # One twin step records every global at once (stepping it per name would advance
+        # the twin once for each: ASGD's mu then ran ahead of its eta and of the rows).
+        while history and len(next(iter(history.values()))) <= steps:
+            for name, value in self._tick().items():
+                history[name].append(value)
+        for name, values in history.items():
             state[name] = torch.tensor(values[steps], dtype=torch.float32, device=where)
         return state
 
-    def _tick(self, name: str) -> float:
-        """One zero-gradient step of a one-value twin: the next value of global `name`."""
+    def _tick(self) -> dict[str, float]:
+        """One zero-gradient step of a one-value twin: the next value of every global."""
         if self._clock is None:
             param = torch.nn.Parameter(torch.zeros(1, 1))
             self._clock = (param, self._cls([param], **plain_hyper(self._hyper)))
         param, opt = self._clock
         param.grad = torch.zeros_like(param)
         opt.step()
-        return float(opt.state[param][name])
+        return {name: float(opt.state[param][name]) for name in self._history}
 
     def _apply(
         self, rows: torch.Tensor, grad: torch.Tensor, slots: dict[str, torch.Tensor], tau: int

@@ -207,3 +207,19 @@ def test_repeated_ids_lose_no_update_whatever_the_local_ids_are():
     switcher.afterOptimizerStep(ids)
     np.testing.assert_array_equal(switcher.getNumpyVersion()[5], [-2.0] * DIM)
     np.testing.assert_array_equal(switcher.getNumpyVersion()[2], [-1.0] * DIM)
+
+
+def test_asgd_averages_as_torch_does_when_one_row_steps_again():
+    # attach stepped its twin of ASGD's globals once per global: mu ran ahead and `ax`
+    # (the average of the iterates) went wrong from the third step on.
+    kw = {"lr": 0.05, "t0": 1.0, "weight_decay": 0.01}
+    flat = [np.zeros(4, dtype=np.int64)] * 4
+    attached, _ = run_torch(torch.optim.ASGD, {**kw, "foreach": False}, "lazy", flat)
+    w = torch.nn.Parameter(torch.from_numpy(store().table.copy()))
+    opt = torch.optim.ASGD([w], **kw, foreach=False)
+    for k, ids in enumerate(flat):
+        opt.zero_grad()
+        e = w[torch.from_numpy(ids)]
+        ((e * torch.from_numpy(coef(k, 4))).sum() + 0.5 * (e**2).sum()).backward()
+        opt.step()
+    np.testing.assert_allclose(attached.state["ax"][0], opt.state[w]["ax"][0].numpy(), **TOL)

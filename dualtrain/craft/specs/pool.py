@@ -36,7 +36,9 @@ class _Pool(Layer):
         """Takes ``(N, C, *spatial)`` with room for one window per axis."""
         name, shape = type(self).__name__, tuple(x.shape)
         check_rank(name, shape, 2 + self.ndim, f"(N, C, {self.ndim} spatial axes)")
-        check_not_empty(name, shape, range(1, 2), "channel axis")  # torch has no empty pool
+        # torch pools nothing empty but the batch: not channels, not a spatial axis (even
+        # one that padding would give room)
+        check_not_empty(name, shape, range(1, 2 + self.ndim), "channel and spatial axes")
         pads = tuple((p, p) for p in self.padding)
         check_windows(name, shape, pads, self.kernel, (1,) * self.ndim)
 
