@@ -111,9 +111,16 @@ def test_every_dock_layer_has_its_own_input_check():
         assert own == (spec.__name__ not in free), spec.__name__
 
 
-@pytest.mark.parametrize("pool", ["AvgPool", "MaxPool"])
-def test_a_pool_refuses_an_empty_spatial_axis_even_with_padding(pool):
+@pytest.mark.parametrize(
+    "layer",
+    [
+        dock.AvgPool(kernel=(1, 2), stride=(1, 1), padding=(0, 1)),
+        dock.MaxPool(kernel=(1, 2), stride=(1, 1), padding=(0, 1)),
+        dock.Conv(1, 1, (1, 2), padding=(0, 1), bias=False),
+    ],
+    ids=["AvgPool", "MaxPool", "Conv"],
+)
+def test_windows_refuse_an_empty_spatial_axis_even_with_padding(layer):
     # Found by the law above: padding made room for a window, torch still refuses.
-    layer = getattr(dock, pool)(kernel=(1, 2), stride=(1, 1), padding=(0, 1))
     with pytest.raises(DualtrainError, match="spatial"):
         layer.check_input(np.zeros((1, 1, 1, 0), np.float32))

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from dualtrain.craft.checks import check_channels, check_rank, check_windows
+from dualtrain.craft.checks import check_channels, check_not_empty, check_rank, check_windows
 from dualtrain.craft.padding import check_padding, resolve_padding, to_tuple
 from dualtrain.craft.params import ParamSpec
 from dualtrain.craft.specs.base import Layer, flags, is_int, items, positive, spatial_ndim
@@ -78,6 +78,9 @@ class Conv(Layer):
         name, shape = type(self).__name__, tuple(x.shape)
         check_rank(name, shape, 2 + self.ndim, f"(N, C, {self.ndim} spatial axes)")
         check_channels(name, shape, self.in_channels)
+        # torch convolves an empty batch or channel axis, never an empty spatial one (even
+        # where padding makes room for a window)
+        check_not_empty(name, shape, range(2, 2 + self.ndim), "spatial axes")
         pads = resolve_padding(self.padding, shape[2:], self.kernel, self.stride, self.dilation)
         check_windows(name, shape, pads, self.kernel, self.dilation)
 
