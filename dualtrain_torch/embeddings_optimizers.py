@@ -5,7 +5,8 @@ row alone: its per-parameter state is made of tensors shaped like the parameter 
 per slot) and of scalars that depend on the step count only (``step``, NAdam's
 ``mu_product``, ASGD's ``eta`` and ``mu``). `attach` (``dualtrain_torch.embeddings``) and the
 SpeedTorch shim (``dualtrain_torch.compat.speedtorch``) share this catalogue, so they accept
-and refuse the same optimizers for the same reasons.
+and refuse the same optimizers for the same reasons. The JAX adapter's
+``embeddings_optimizers`` is the same question for optax, answered on a probe.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # file -> why only torch has it
 TORCH_ONLY = {
     "compat": "migration shims for torch-only tools (SpeedTorch, torchmb): their APIs are torch's",
-    "embeddings_optimizers.py": "torch.optim's row-wise catalogue; optax is checked on a probe",
 }
 JAX_ONLY: dict[str, str] = {}
 
