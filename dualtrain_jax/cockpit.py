@@ -1,4 +1,4 @@
-"""The cockpit under JAX: CUDA numbers as JAX devices, an Engine as a device.
+"""The cockpit under JAX: CUDA numbers as JAX devices.
 
 The torch adapter's ``cockpit`` module has the same names (`dualtrain.cockpit.seams`).
 JAX numbers a process's GPUs as CUDA does (``local_hardware_id``).
@@ -10,10 +10,9 @@ from typing import Any
 
 import jax
 
-from dualtrain.cockpit.engine import Engine
 from dualtrain.errors import bad_argument
 
-__all__ = ["as_device", "devices", "place"]
+__all__ = ["devices"]
 
 
 def devices(ordinals: tuple[int, ...], /) -> list[Any]:
@@ -28,13 +27,3 @@ def devices(ordinals: tuple[int, ...], /) -> list[Any]:
     if bad:
         raise bad_argument("ordinals", tuple(ordinals), f"CUDA numbers among {sorted(gpus)} (JAX)")
     return [gpus[n] for n in ordinals]
-
-
-def as_device(device: Any) -> Any:
-    """`device` itself, or for an `Engine` its JAX device for this process."""
-    return device.jax_device if isinstance(device, Engine) else device
-
-
-def place(target: Any, device: Any, /) -> Any:
-    """`target`'s arrays (a pytree or a realized module) as new arrays on `device`."""
-    return jax.device_put(target, as_device(device))

@@ -21,11 +21,3 @@ class CockpitPart(Protocol):
         ArgumentError naming it.
         """
         ...
-
-    def place(self, target: Any, device: Any, /) -> Any:
-        """`target` (a framework array or pytree, or a realized model) on `device`.
-
-        `device` is a framework device or a `dualtrain.cockpit.Engine` (its device for this
-        process). torch moves modules in place and returns them; JAX returns new arrays.
-        """
-        ...
