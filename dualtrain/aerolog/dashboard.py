@@ -7,7 +7,6 @@ the device runs ahead between reads as it would without a dashboard.
 
 from __future__ import annotations
 
-import numbers
 import os
 import time
 import weakref
@@ -22,6 +21,7 @@ from dualtrain.aerolog.values import kept, value_of
 from dualtrain.aerolog.views import Frame, LiveView, PlainView
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import from_environment
+from dualtrain.validate import check_finite, check_int
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -59,9 +59,9 @@ class DashBoard:
         rank: int | None = None,
         console: Console | None = None,
     ) -> None:
-        self.window = _count("window", window, 1)
-        self.divisor = _count("divisor", divisor, 2)
-        self.span = _count("span", span, 2)
+        self.window = check_int("window", window, 1)
+        self.divisor = check_int("divisor", divisor, 2)
+        self.span = check_int("span", span, 2)
         if not isinstance(log_path, (str, os.PathLike)):
             raise bad_argument("log_path", log_path, "a folder path")
         self.formats = Formats(format)
@@ -230,18 +230,16 @@ class DashBoard:
     ) -> None:  # fmt: skip
         if not isinstance(entry, Mapping):
             raise bad_argument("entry", entry, "a dict {metric name: value}")
-        mpe = _count("mpe", mpe, 1)
-        if not _is_int(mile) or not 1 <= mile <= mpe:
-            raise bad_argument("mile", mile, f"an int in 1..mpe ({mpe})")
-        if not _is_int(epoch):
-            raise bad_argument("epoch", epoch, "an int")
+        mpe = check_int("mpe", mpe, 1)
+        check_int("mile", mile, 1, mpe)
+        check_int("epoch", epoch)
         if not isinstance(stage, str) or not stage:
             raise bad_argument("stage", stage, "a stage name such as 'train'")
-        _count("interval", interval, 1)
-        if duration is not None and (not _real(duration) or duration < 0):
-            raise bad_argument("duration", duration, "None or seconds >= 0")
+        check_int("interval", interval, 1)
+        if duration is not None:
+            check_finite("duration", duration, 0, expected="None or seconds >= 0")
         if samples is not None:
-            _count("samples", samples, 0)
+            check_int("samples", samples, 0)
 
     def _take_data_wait(self) -> float:
         wait, self._data_wait = self._data_wait, 0.0
@@ -327,24 +325,8 @@ class _StageClock:
         return self.shown
 
 
-def _is_int(value: Any) -> bool:
-    if type(value) is int:  # the common case, before the ABC check
-        return True
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _count(name: str, value: Any, low: int) -> int:
-    if not _is_int(value) or value < low:
-        raise bad_argument(name, value, f"an int >= {low}")
-    return int(value)
-
-
 def _rank(rank: Any) -> int:
     if rank is None:  # torchrun's, SLURM's or Multiverse's variables; 0 outside a launcher
         world = from_environment()
         return 0 if world is None else world.rank
-    return _count("rank", rank, 0)
+    return check_int("rank", rank, 0)

@@ -11,8 +11,6 @@ does nothing, and before, it would renumber the devices under the caller's feet.
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 from typing import Any
 
@@ -21,6 +19,7 @@ from dualtrain.cockpit.gputil import GPUtil
 from dualtrain.cockpit.nvml import GPUInfo
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import from_environment
+from dualtrain.validate import check_finite, check_int
 
 __all__ = ["CPU", "GPU", "Engine"]
 
@@ -68,9 +67,8 @@ class Engine:
                     f"ngpus={ngpus!r} and ngpu={ngpu!r} name the same setting; give one"
                 )
             ngpus = ngpu
-        ngpus = _count("ngpus", ngpus)
-        if not _mib(least_mem):
-            raise bad_argument("least_mem", least_mem, "a number of MiB >= 0")
+        ngpus = check_int("ngpus", ngpus, 1)
+        check_finite("least_mem", least_mem, 0, expected="a number of MiB >= 0")
         if not isinstance(available_gpus, (tuple, list)) or not all(
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in available_gpus
         ):
@@ -165,22 +163,8 @@ class Engine:
         return part.devices(() if ordinal is None else (ordinal,))[0]
 
 
-def _mib(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    return math.isfinite(float(value)) and float(value) >= 0
-
-
-def _count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise bad_argument(name, value, "an int >= 1")
-    return int(value)
-
-
 def _local_rank(rank: Any) -> int:
     if rank is None:  # torchrun's, SLURM's or Multiverse's variables; 0 outside a launcher
         world = from_environment()
         return 0 if world is None else world.local_rank
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise bad_argument("local_rank", rank, "an int >= 0")
-    return rank
+    return check_int("local_rank", rank, 0)

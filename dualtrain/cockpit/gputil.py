@@ -7,8 +7,6 @@ every call answers empty and `reason` says why in one line; nothing raises for t
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 import weakref
 from dataclasses import dataclass, fields
@@ -17,7 +15,8 @@ from typing import Any
 
 from dualtrain.cockpit.nvml import GPUInfo, Reading, devices, open_nvml
 from dualtrain.cockpit.sampler import Sampler, shut
-from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.errors import ArgumentError
+from dualtrain.validate import check_finite, check_int
 
 __all__ = ["GPUInfo", "GPUtil", "Stat"]
 
@@ -72,12 +71,10 @@ class GPUtil:
         Returns:
             Up to `ngpus` devices in NVML order; fewer (possibly none) when fewer qualify.
         """
-        if isinstance(ngpus, bool) or not isinstance(ngpus, numbers.Integral) or ngpus < 1:
-            raise bad_argument("ngpus", ngpus, "an int >= 1")
-        if not _real(least_mem) or least_mem < 0:
-            raise bad_argument("least_mem", least_mem, "a number of MiB >= 0")
+        ngpus = check_int("ngpus", ngpus, 1)
+        least_mem = check_finite("least_mem", least_mem, 0, expected="a number of MiB >= 0")
         room = [g for g in self.gpus() if g.free_mib >= least_mem]
-        picked = sorted(room, key=lambda g: (-g.free_mib, g.index))[: int(ngpus)]
+        picked = sorted(room, key=lambda g: (-g.free_mib, g.index))[:ngpus]
         return sorted(picked, key=lambda g: g.index)
 
     # ---- monitoring ----------------------------------------------------------------------
@@ -97,8 +94,7 @@ class GPUtil:
         Raises:
             ArgumentError: `sec` not a positive number; a monitor already running.
         """
-        if not _real(sec) or sec <= 0:
-            raise bad_argument("sec", sec, "a positive number of seconds")
+        sec = check_finite("sec", sec, 0, low_open=True, expected="a positive number of seconds")
         if self.monitoring:
             raise ArgumentError("monitor() is already running; call status() to stop it first")
         if self._nvml is None:
@@ -153,9 +149,3 @@ class GPUtil:
         self._names = {g.index: g.name for g in self.gpus()}
         sampler = self._box[0] = Sampler(self._nvml, list(self._names))
         return sampler
-
-
-def _real(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, numbers.Real) and math.isfinite(value)
