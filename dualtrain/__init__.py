@@ -23,6 +23,7 @@ from dualtrain.errors import (
     PackError,
     PrecisionWarning,
     ShapeError,
+    TankWorkerError,
     WorkerError,
 )
 from dualtrain.fuel import Comburant, FuelGenerator, Tank
@@ -56,6 +57,7 @@ __all__ = [
     "PrecisionWarning",
     "Preloader",
     "ShapeError",
+    "TankWorkerError",
     "Tank",
     "TimeMachine",
     "WorkerError",

@@ -21,6 +21,7 @@ __all__ = [
     "PackError",
     "PrecisionWarning",
     "ShapeError",
+    "TankWorkerError",
     "WorkerError",
     "bad_argument",
     "OutOfRangeError",
@@ -99,3 +100,19 @@ class WorkerError(DualtrainError, RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.rank, self.step))
+
+
+class TankWorkerError(DualtrainError, RuntimeError):
+    """A Tank's worker process died while preparing a batch; names the batch and its rows.
+
+    Attributes:
+        epoch, batch: the batch in flight (its number within the epoch).
+        rows: the pack rows that batch was preparing.
+    """
+
+    def __init__(self, message: str, epoch: int, batch: int, rows: list[int]) -> None:
+        super().__init__(message)
+        self.epoch, self.batch, self.rows = epoch, batch, rows
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.epoch, self.batch, self.rows))

@@ -44,7 +44,7 @@ def stream(seed: int, purpose: str | int, *words: int | str) -> np.random.Genera
         seed: for ``"init"`` an int in [0, 2**64); for the others any int (modulo 2**64).
         purpose: one of `PURPOSES` (or the matching code: ORDER, AUGMENT, FILL, EMBED).
         words: for ``"init"`` the parameter's name; for the others up to three
-            non-negative ints (see the module's table).
+            ints in [0, 2**63) (see the module's table).
 
     Raises:
         ArgumentError: an unknown purpose, or words of the wrong kind or number.
@@ -61,8 +61,10 @@ def stream(seed: int, purpose: str | int, *words: int | str) -> np.random.Genera
     code = _CODES.get(purpose) if isinstance(purpose, str) else purpose
     if code is None or code not in _CODES.values() or isinstance(code, bool):
         raise bad_argument("purpose", purpose, f"one of {PURPOSES}")
-    if len(words) > 3 or not all(_count(w) for w in words):
-        raise bad_argument("words", words, "up to three non-negative ints")
+    # Philox's counter words are uint64, but NumPy maps words in [2**63, 2**64) onto others
+    # (2**63 + 5 becomes 2**63) with only a warning: two epochs would share one stream.
+    if len(words) > 3 or not all(_count(w) and int(w) < 2**63 for w in words):  # type: ignore[call-overload]
+        raise bad_argument("words", words, "up to three ints in [0, 2**63)")
     counter = [0, *map(int, words), 0, 0, 0][:4]  # the first word is Philox's own draw counter
     return np.random.Generator(np.random.Philox(counter=counter, key=(seed & _MASK) | code << 64))
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from dualtrain.errors import TankWorkerError
 from dualtrain.fuel.comburant import Comburant
 from dualtrain.fuel.filelist import SkippedRow
 from dualtrain.fuel.generator import FuelGenerator, PackReport, shard_paths
@@ -43,6 +44,7 @@ __all__ = [
     "Saturate",
     "SkippedRow",
     "Tank",
+    "TankWorkerError",
     "Transform",
     "current_sample",
     "decode",

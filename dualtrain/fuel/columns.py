@@ -9,6 +9,8 @@ fixed column's cells must then all have the same length.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,12 @@ _NUMERIC = (
     "float32",
     "float64",
 )
+# The strict grammar of numeric cells: ASCII digits only (Python's int() and float() also
+# take "1_000", Arabic-Indic digits, "nan", "inf" and Unicode spaces, none of which a CSV
+# of numbers means), an optional sign, and for floats a decimal point and an exponent.
+INT_GRAMMAR = re.compile(r"[+-]?[0-9]+", re.ASCII)
+FLOAT_GRAMMAR = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_BLANKS = " \t"  # the spaces a cell's parts may have around them ("1, 2, 3")
 _TRUE = ("1", "true", "True", "TRUE")
 _FALSE = ("0", "false", "False", "FALSE")
 
@@ -81,7 +89,7 @@ def parse_cell(text: str, ctype: ColumnType) -> Any:
     """
     if ctype.base == "str":
         return text
-    parts = [p.strip() for p in text.split(",")] if text.strip() else []
+    parts = [p.strip(_BLANKS) for p in text.split(",")] if text.strip(_BLANKS) else []
     if not ctype.variable and len(parts) == 0:
         raise DtypeError(f"an empty cell is not a {ctype.base}")
     values = np.empty(len(parts), dtype=ctype.dtype)
@@ -100,19 +108,20 @@ def _parse_scalar(text: str, base: str) -> Any:
             return False
         raise DtypeError(f"{text!r} is not a bool (expected one of 0, 1, true, false)")
     if base.startswith(("int", "uint")):
-        try:
-            value = int(text)
-        except ValueError:
-            raise DtypeError(f"{text!r} is not an integer") from None
+        if not INT_GRAMMAR.fullmatch(text):
+            raise DtypeError(f"{text!r} is not an integer (ASCII digits with an optional sign)")
+        value = int(text)
         info = np.iinfo(base)
         if not info.min <= value <= info.max:
-            raise DtypeError(f"{value} does not fit {base} [{info.min}, {info.max}]")
+            raise DtypeError(f"{text!r} does not fit {base} [{info.min}, {info.max}]")
         return value
-    try:
-        value_f = float(text)
-    except ValueError:
-        raise DtypeError(f"{text!r} is not a number") from None
+    if not FLOAT_GRAMMAR.fullmatch(text):
+        raise DtypeError(
+            f"{text!r} is not a number (ASCII digits with an optional sign, decimal point "
+            "and exponent; no nan or inf)"
+        )
+    value_f = float(text)
     finfo = np.finfo(base)
-    if np.isfinite(value_f) and abs(value_f) > float(finfo.max):
-        raise DtypeError(f"{value_f} does not fit {base} (max {float(finfo.max):g})")
+    if not math.isfinite(value_f) or abs(value_f) > float(finfo.max):
+        raise DtypeError(f"{text!r} does not fit {base} (finite, at most {float(finfo.max):g})")
     return value_f

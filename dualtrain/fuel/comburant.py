@@ -92,7 +92,7 @@ def _key(key: Any) -> SampleKey:
             raise bad_argument("key", None, "(seed, epoch, index) outside a Tank's prep_fn")
         return sample
     if isinstance(key, SampleKey):
-        return key
+        key = (key.seed, key.epoch, key.index)
     if (
         isinstance(key, tuple)
         and len(key) == 3
@@ -100,13 +100,21 @@ def _key(key: Any) -> SampleKey:
             isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)) for k in key
         )
     ):
-        if key[1] < 0 or key[2] < 0 or not 0 <= key[0] < SEED_LIMIT:
-            raise bad_argument("key", key, "(seed in [0, 2**64), epoch >= 0, index >= 0)")
+        # The seed is a 64-bit word of the Philox key, the epoch and index words of its
+        # counter, which NumPy takes below 2**63: a larger one would overflow there (or,
+        # reduced, name another sample's stream).
+        seed, epoch, index = key
+        if not (0 <= seed < SEED_LIMIT and 0 <= epoch < WORD_LIMIT and 0 <= index < WORD_LIMIT):
+            raise bad_argument(
+                "key", key, "(seed, epoch, index): a seed in [0, 2**64), epoch and index in "
+                "[0, 2**63)"
+            )  # fmt: skip
         # NumPy ints (an index from np.arange) key the same stream as the Python ints.
         return SampleKey(*(int(k) for k in key))
     raise bad_argument("key", key, "a SampleKey or a (seed, epoch, index) tuple of ints")
 
 
+WORD_LIMIT = 2**63  # epochs and indexes a sample key may name (Philox counter words)
 _LAYOUTS = (None, "HWC", "CHW")
 _CHANNELS = (1, 3, 4)  # the channel counts of grey, RGB and RGBA images
 

@@ -245,6 +245,12 @@ def decode(data: Any, channel: int | None = None) -> np.ndarray:
     """
     from PIL import Image
 
+    if channel is not None and (
+        not isinstance(channel, (int, np.integer))
+        or isinstance(channel, (bool, np.bool_))
+        or int(channel) not in MODES
+    ):
+        raise bad_argument("channel", channel, f"None or one of {sorted(MODES)}")
     if isinstance(data, np.ndarray) and data.ndim in (2, 3):
         out = data  # decoded already: a Tank's custom fetch_fn reads images decoded
     else:

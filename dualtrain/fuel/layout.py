@@ -9,18 +9,26 @@ dataset names in both formats:
 - a sequence column (``is_seq``): ``key`` and ``key.offsets`` per frame, and ``key.frames``
   (int64, n + 1) where each row's frames start;
 - EXIF blocks of an image column: ``key.exif`` and ``key.exif.offsets``;
-- ``__fuel__``: the metadata, JSON (an HDF5 attribute, or a uint8 array in npz).
+- ``__fuel__``: the metadata, JSON (an HDF5 attribute, or a uint8 array in npz). Its
+  ``checksums`` maps each ``.offsets`` and ``.frames`` dataset to the CRC-32 of its
+  little-endian int64 bytes (`offsets_checksum`); packs written before it have none.
 """
 
 from __future__ import annotations
 
 import json
 import string
+import zlib
 from typing import Any
+
+import numpy as np
 
 from dualtrain.errors import ArgumentError, PackError, bad_argument
 
-__all__ = ["FORMAT", "META_KEY", "VERSION", "format_of", "meta_from_json", "meta_to_json"]
+__all__ = [
+    "FORMAT", "META_KEY", "VERSION", "format_of", "meta_from_json", "meta_to_json",
+    "offsets_checksum",
+]  # fmt: skip
 
 FORMAT = "dualtrain.fuel"
 VERSION = 1
@@ -34,6 +42,11 @@ def format_of(path: str, argument: str = "dst_path") -> str:
         if str(path).lower().endswith(suffix):
             return fmt
     raise bad_argument(argument, str(path), "a path ending in .h5, .hdf5 or .npz")
+
+
+def offsets_checksum(offsets: np.ndarray) -> int:
+    """The CRC-32 of an offsets array's values, as little-endian int64 bytes."""
+    return zlib.crc32(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
 
 
 def meta_to_json(meta: dict[str, Any]) -> str:
@@ -124,6 +137,14 @@ def _check_meta(meta: dict[str, Any], path: str) -> None:
     shard, shards = meta.get("shard", 0), meta.get("shards", 1)
     if not _count(shards) or shards < 1 or not _count(shard) or shard >= shards:
         raise _meta_error(path, "shard", (shard, shards), "0 <= shard < shards")
+    checksums = meta.get("checksums", {})  # packs written before checksums have none
+    if not isinstance(checksums, dict) or not all(
+        isinstance(k, str) and k.endswith((".offsets", ".frames")) and _count(v) and v < 2**32
+        for k, v in checksums.items()
+    ):
+        raise _meta_error(
+            path, "checksums", checksums, "a dict of offsets dataset -> CRC-32 (an int < 2**32)"
+        )
     run = meta.get("run")
     if run is not None and not (
         isinstance(run, str) and len(run) == 32 and all(c in string.hexdigits for c in run)

@@ -1,19 +1,21 @@
 """Pack checks: a pack file's datasets and offsets against its metadata, and shards as one pack.
 
 Every dataset the metadata names exists with the shape and dtype it implies, each offsets
-array is monotone and within its values, the shards of a pack are one `generate` run (every
-shard once), and a file reopened after `close` keeps the layout a reader relies on.
+array starts at 0, rises, ends at the end of its values and matches its checksum, the
+shards of a pack are one `generate` run (every shard once), and a file reopened after
+`close` keeps the layout a reader relies on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 from dualtrain.errors import PackError
 from dualtrain.fuel.columns import ColumnType
+from dualtrain.fuel.layout import offsets_checksum
 
 _Datasets = dict[str, tuple[tuple[int, ...], np.dtype]]
 
@@ -65,8 +67,16 @@ def _expect(
         )
 
 
-def _check_offsets(path: str, datasets: _Datasets, name: str, offsets: np.ndarray) -> None:
-    """Offsets start at 0, never decrease and end within the values they index."""
+def _check_offsets(
+    path: str, datasets: _Datasets, name: str, offsets: np.ndarray,
+    checksums: Mapping[str, int] | None = None,
+) -> None:  # fmt: skip
+    """Offsets start at 0, never decrease and end at the end of the values they index.
+
+    They must also match their checksum in `checksums` (the metadata's), where it has one:
+    packs written before checksums have none.
+    """
+    checksums = checksums or {}
     base, kind = name.rsplit(".", 1)
     if kind == "frames":
         limit = datasets[f"{base}.offsets"][0][0] - 1
@@ -74,10 +84,17 @@ def _check_offsets(path: str, datasets: _Datasets, name: str, offsets: np.ndarra
         limit = datasets[base][0][0]
     if offsets.size == 0 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
         raise PackError(f"{path}: dataset {name!r} does not start at 0 and rise")
-    if offsets[-1] > limit:
+    if offsets[-1] != limit:
         raise PackError(
-            f"{path}: dataset {name!r} ends at {int(offsets[-1])}, beyond the "
-            f"{limit} entries it indexes"
+            f"{path}: dataset {name!r} ends at {int(offsets[-1])}, but the dataset it indexes "
+            f"holds {limit} entries (the last row ends at the last entry)"
+        )
+    want = checksums.get(name)
+    if want is not None and offsets_checksum(offsets) != want:
+        raise PackError(
+            f"{path}: dataset {name!r} does not match its checksum (CRC-32 "
+            f"{offsets_checksum(offsets)}, stored {want}): the pack was changed after it was "
+            "written; generate it again"
         )
 
 

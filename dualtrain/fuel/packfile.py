@@ -118,7 +118,9 @@ class PackFile:
                 if arr is None:
                     arr = np.asarray(self._open()[name][()])
                     if name.endswith((".offsets", ".frames")):
-                        _check_offsets(self.path, self.datasets, name, arr)
+                        _check_offsets(
+                            self.path, self.datasets, name, arr, self.meta.get("checksums")
+                        )
                     self._cache[name] = arr
         return arr
 

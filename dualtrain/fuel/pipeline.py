@@ -14,11 +14,12 @@ import multiprocessing
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import numpy as np
 
-from dualtrain.errors import ArgumentError
+from dualtrain.errors import ArgumentError, ShapeError, TankWorkerError
 from dualtrain.fuel.streams import SampleKey, sample_scope
 from dualtrain.memory import aligned_empty
 
@@ -34,17 +35,23 @@ class Recipe:
         data: what fetch_fn reads (a Pack: its `check` guards every part of a batch).
         fetch_fn, prep_fn: ``fetch_fn(data, index)``, then ``prep_fn(sample)``.
         seed: the Tank's seed (the sample's key).
-        finish_fn: ``finish_fn(sample)`` after prep_fn (the Tank's layout and scale).
+        finish_fn: ``finish_fn(sample, source, index)`` after prep_fn (the Tank's layout and
+            scale; `source` names the callback whose output it reads, for its errors).
         dict_samples: the samples must be dicts (for the default collate): a prep_fn (or,
             without one, a fetch_fn) returning anything else is an ArgumentError naming it.
+        fixed: keys whose values the default collate must stack (a pack column of one
+            shape: a row that returns another shape or dtype is a ShapeError naming it).
     """
 
     def __init__(
         self, data: Any, fetch_fn: Fn, prep_fn: Fn | None, seed: int,
         finish_fn: Fn | None = None, dict_samples: bool = False,
+        fixed: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         self.data, self.fetch_fn, self.prep_fn, self.seed = data, fetch_fn, prep_fn, seed
-        self.finish_fn, self.dict_samples = finish_fn, dict_samples
+        self.finish_fn, self.dict_samples, self.fixed = finish_fn, dict_samples, fixed
+        # The callback whose output the later steps read: named in their errors.
+        self.source = "prep_fn" if prep_fn is not None else "fetch_fn"
 
     def check(self, rows: np.ndarray) -> None:
         """Raises if the files holding `rows` changed on disk (a Pack's `check`)."""
@@ -61,7 +68,9 @@ class Recipe:
                     datum = self._returned("fetch_fn", datum)
                 else:  # a prep_fn may turn any fetched value into the sample
                     datum = self._returned("prep_fn", self.prep_fn(datum))
-                return datum if self.finish_fn is None else self.finish_fn(datum)
+                if self.finish_fn is None:
+                    return datum
+                return self.finish_fn(datum, self.source, index)
             except Exception as e:
                 e.add_note(f"while preparing row {index} of epoch {epoch}")
                 raise
@@ -79,17 +88,25 @@ class _Stacked:
     """The arrays a default-collated batch is stacked into.
 
     Each key's array is allocated by the first sample that reaches it; keys whose samples
-    differ in shape or type become lists.
+    differ in shape or type become lists, except the `fixed` ones (pack columns of one
+    shape), where that is a ShapeError naming `source`, the row and both kinds (a fixed
+    key that every row returns as, say, a str still becomes a list).
     """
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(
+        self, size: int, fixed: frozenset[str] = frozenset(), source: str = "prep_fn"
+    ) -> None:
+        self.size, self.fixed, self.source = size, fixed, source
         self.arrays: dict[str, np.ndarray] = {}
         self.ragged: set[str] = set()
+        # Per fixed key, the first row's kind of value (shape and dtype, or a type) and row.
+        self._kinds: dict[str, tuple[str, int | None]] = {}
         self._lock = threading.Lock()
 
-    def put(self, slot: int, sample: dict[str, Any]) -> None:
+    def put(self, slot: int, sample: dict[str, Any], row: int | None = None) -> None:
         for key, value in sample.items():
+            if key in self.fixed:
+                self._same_kind(key, value, row)
             if key in self.ragged:
                 continue
             arr = self.arrays.get(key)
@@ -108,6 +125,22 @@ class _Stacked:
                 continue
             arr[slot] = value
 
+    def _same_kind(self, key: str, value: Any, row: int | None) -> None:
+        """Raises ShapeError unless `value` is of the kind the first row's was."""
+        if isinstance(value, (np.ndarray, np.generic, int, float, bool)):
+            arr = np.asarray(value)
+            kind = f"shape {arr.shape} {arr.dtype}"
+        else:
+            kind = f"a {type(value).__name__}"
+        first = self._kinds.setdefault(key, (kind, row))  # atomic: dict.setdefault holds the GIL
+        if first[0] != kind:
+            raise ShapeError(
+                f"{self.source} returned {kind} for {key!r} of row {row}; row {first[1]} "
+                f"returned {first[0]}: the default collate stacks {key!r} (a pack column of "
+                "one shape), so every row must return one shape and dtype; make them agree, "
+                "or pass collate_fn"
+            )
+
 
 def _run_chunk(
     recipe: Recipe, epoch: int, rows: np.ndarray, first: int, stacked: _Stacked | None
@@ -119,14 +152,18 @@ def _run_chunk(
     recipe.check(rows)
     if stacked is not None:
         for offset, sample in enumerate(samples):
-            stacked.put(first + offset, sample)
+            stacked.put(first + offset, sample, int(rows[offset]))
     return samples
 
 
-def default_collate(samples: list[Any], stacked: _Stacked | None = None) -> Any:
+def default_collate(
+    samples: list[Any], stacked: _Stacked | None = None, recipe: Recipe | None = None,
+    rows: Any = None,
+) -> Any:  # fmt: skip
     """Stacks a list of dict samples key by key.
 
-    Keys whose values differ in shape, or are not arrays or numbers (str, lists), stay lists.
+    Keys whose values differ in shape, or are not arrays or numbers (str, lists), stay lists
+    (but for `recipe.fixed` keys, an error naming the row of `rows`).
     """
     if not samples or not isinstance(samples[0], dict):
         raise TypeError(
@@ -134,9 +171,9 @@ def default_collate(samples: list[Any], stacked: _Stacked | None = None) -> Any:
             "pass collate_fn for other sample types"
         )
     if stacked is None:
-        stacked = _Stacked(len(samples))
+        stacked = _Stacked(len(samples), *((recipe.fixed, recipe.source) if recipe else ()))
         for slot, sample in enumerate(samples):
-            stacked.put(slot, sample)
+            stacked.put(slot, sample, None if rows is None else int(rows[slot]))
     out: dict[str, Any] = {}
     for key in samples[0]:
         if key in stacked.ragged or key not in stacked.arrays:
@@ -176,28 +213,41 @@ class Pipeline:
                 self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
         return self._pool
 
-    def _start(self, epoch: int, rows: np.ndarray) -> Any:
+    def _start(self, key: tuple[int, int], rows: np.ndarray) -> Any:
         """Starts one batch; returns what `_finish` needs."""
+        epoch = key[0]
         in_workers = self.collate_fn is None and self.mode == "thread"
-        stacked = _Stacked(len(rows)) if in_workers else None
+        stacked = _Stacked(len(rows), self.recipe.fixed, self.recipe.source) if in_workers else None
         if self.workers == 0:
-            return stacked, [_run_chunk(self.recipe, epoch, rows, 0, stacked)]
+            return key, rows, stacked, [_run_chunk(self.recipe, epoch, rows, 0, stacked)]
         bounds = np.linspace(0, len(rows), min(self.workers, len(rows)) + 1).astype(int)
         pool = self._executor()
         futures = [
             pool.submit(_run_chunk, self.recipe, epoch, rows[lo:hi], int(lo), stacked)
             for lo, hi in itertools.pairwise(bounds)
         ]
-        return stacked, futures
+        return key, rows, stacked, futures
 
     def _finish(self, started: Any) -> Any:
-        stacked, parts = started
-        samples = [
-            s for part in parts for s in (part.result() if isinstance(part, Future) else part)
-        ]
+        key, rows, stacked, parts = started
+        try:
+            samples = [
+                s for part in parts for s in (part.result() if isinstance(part, Future) else part)
+            ]
+        except BrokenProcessPool as e:
+            # The pool is dead: every batch started on it is lost; the next call starts anew.
+            self.close()
+            listed = [int(r) for r in rows]
+            raise TankWorkerError(
+                f"a Tank worker process died while preparing batch {key[1]} of epoch {key[0]} "
+                f"(rows {listed}): the likely cause is a fetch_fn or prep_fn that crashed "
+                "the process (a segfault or os._exit in native code) or the system killing it "
+                "for memory (see dmesg); the rows above are the ones in flight",
+                key[0], key[1], listed,
+            ) from e  # fmt: skip
         if self.collate_fn is not None:
             return self.collate_fn(samples)
-        return default_collate(samples, stacked)
+        return default_collate(samples, stacked, self.recipe, rows)
 
     def get(self, key: tuple[int, int], plan: Callable[[tuple[int, int]], Any]) -> Any:
         """The batch `key` = (epoch, number); `plan(key)` gives its rows and the next key.
@@ -215,12 +265,12 @@ class Pipeline:
 
     def _plan_and_start(self, key: tuple[int, int], plan: Callable[..., Any]) -> Any:
         rows, after = plan(key)
-        return key, after, self._start(key[0], rows)
+        return key, after, self._start(key, rows)
 
     def cancel(self) -> None:
         """Drops the batches prepared ahead (their work is waited for, then discarded)."""
         while self._ahead:
-            _, _, (_, parts) = self._ahead.popleft()
+            _, _, (_, _, _, parts) = self._ahead.popleft()
             for part in parts:
                 if isinstance(part, Future):
                     part.cancel()

@@ -11,6 +11,7 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.errors import ArgumentError, PackError, bad_argument
 from dualtrain.fuel.casts import _check_jax_floats, _check_spec
+from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.decoded import PackFetch
 from dualtrain.fuel.fetch import DefaultFetch
 from dualtrain.fuel.finish import Finish
@@ -24,6 +25,7 @@ from dualtrain.validate import check_seed
 __all__ = ["Tank"]
 
 _STATE_VERSION = 1
+EPOCH_LIMIT = 2**63  # epochs a state may name (the order's and augmentations' streams' word)
 _TARGETS = ("numpy", "torch", "jax")
 _LAYOUTS = ("NHWC", "NCHW")
 _UNCHANGED: Any = object()  # shard(device=...) not given
@@ -83,8 +85,10 @@ class Tank:
             "unsafe" (NumPy's astype, unchecked). A dict gives it per column.
         layout: "NHWC" (default) or "NCHW": images ``(C, H, W)`` (sequences
             ``(T, C, H, W)``) after prep_fn, so batches feed ``dock.Conv`` as they come.
+            prep_fn must leave them channel-last (else ShapeError naming it and the row).
         scale: None, a finite number, or a dict key -> number: images multiplied by it as
-            float32 after prep_fn (``scale=1 / 255`` gives [0, 1]).
+            float32 after prep_fn (``scale=1 / 255`` gives [0, 1]); refused unless every
+            pixel of the pack's depth times it is a finite, normal float32.
         preload: cache fetch_fn's output (decoded rows, before prep_fn) within a byte
             budget, loading the rows of coming batches ahead in this Tank's order
             (docs/preload.md): False (default), True (a quarter of the available memory),
@@ -180,6 +184,7 @@ class Tank:
         recipe = Recipe(
             self.pack, fetch, prep_fn, seed, finish_fn=finish if finish.keys else None,
             dict_samples=collate_fn is None or finish.keys != {},
+            fixed=_fixed(self.pack, self.spec),
         )  # fmt: skip
         self._pipeline = Pipeline(recipe, collate_fn, workers, worker_mode, prefetch)
         self._deliver = deliver
@@ -320,10 +325,12 @@ class Tank:
                     f"state[{key!r}] must match this Tank's {mine[key]!r}; got {state[key]!r}"
                 )
         epoch, position = state["epoch"], state["position"]
-        if not _is_int(epoch) or epoch < 0 or not _is_int(position):
-            raise bad_argument("state", dict(state), "int epoch >= 0 and position")
-        if not 0 <= position < self.MPE:
-            raise bad_argument("state", dict(state), f"epoch >= 0 and 0 <= position < {self.MPE}")
+        # The epoch is a 64-bit word of the order's and the augmentations' Philox counters;
+        # 2**63 leaves room to count epochs on from it.
+        if not _is_int(epoch) or not 0 <= epoch < EPOCH_LIMIT:
+            raise bad_argument("state['epoch']", epoch, "an int in [0, 2**63)")
+        if not _is_int(position) or not 0 <= position < self.MPE:
+            raise bad_argument("state['position']", position, f"an int in [0, {self.MPE})")
         self.epoch, self.position = int(epoch), int(position)
 
     def close(self) -> None:
@@ -354,6 +361,18 @@ def _as_lists(files: Any) -> Any:
     if isinstance(files, (list, tuple)):
         return [list(f) if isinstance(f, (list, tuple)) else f for f in files]
     return files
+
+
+def _fixed(pack: Pack, spec: Mapping[str, Any]) -> frozenset[str]:
+    """The served columns of one shape in every row: images (not sequences), fixed values."""
+    out = set()
+    for key in spec:
+        entry = pack.columns[key]
+        if entry["kind"] == "image" or (
+            entry["kind"] == "value" and not ColumnType.parse(entry["type"]).variable
+        ):
+            out.add(key)
+    return frozenset(out)
 
 
 def _is_int(value: object) -> bool:

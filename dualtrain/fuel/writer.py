@@ -23,7 +23,7 @@ import numpy as np
 
 from dualtrain import atomic
 from dualtrain.fuel.columns import ColumnType
-from dualtrain.fuel.layout import META_KEY, format_of, meta_to_json
+from dualtrain.fuel.layout import META_KEY, format_of, meta_to_json, offsets_checksum
 
 __all__ = ["PackWriter"]
 
@@ -160,6 +160,13 @@ class PackWriter:
         arrays = self._empty()
         for name, arr in self._take_pending().items():
             arrays[name] = np.concatenate([arrays[name], arr])
+        # Readers verify each offsets array against its checksum when they first read it:
+        # a changed offset would otherwise serve other bytes as the row, silently.
+        meta["checksums"] = {
+            name: offsets_checksum(arr)
+            for name, arr in arrays.items()
+            if name.endswith((".offsets", ".frames"))
+        }
         if self._h5 is not None:
             h5, self._h5 = self._h5, None
             try:

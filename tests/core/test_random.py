@@ -112,3 +112,17 @@ def test_an_init_seed_out_of_range_is_refused():
         random.stream(2**64, "init", "w")
     with pytest.raises(ArgumentError, match="seed"):
         random.stream(-1, "init", "w")
+
+
+@given(
+    purpose=st.sampled_from(["order", "augment", "fill", "rows"]),
+    word=st.integers(2**63, 2**80),
+    position=st.integers(0, 2),
+)
+def test_a_counter_word_numpy_would_fold_onto_another_is_refused(purpose, word, position):
+    """Philox folds words in [2**63, 2**64) onto others (two epochs, one stream) and raises a
+    raw OverflowError past 2**64: both are refused by name before a stream is made."""
+    words = [0, 0, 0]
+    words[position] = word
+    with pytest.raises(ArgumentError, match=r"words.*2\*\*63"):
+        random.stream(1, purpose, *words)
