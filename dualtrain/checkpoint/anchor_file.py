@@ -22,6 +22,7 @@ import json
 import math
 import mmap
 import os
+import reprlib
 import zlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -31,11 +32,22 @@ from typing import Any
 import numpy as np
 
 from dualtrain import atomic, dtypes
-from dualtrain.errors import CheckpointError
+from dualtrain.errors import ArgumentError, CheckpointError
 
-__all__ = ["Anchor", "CheckpointError", "stage_anchor", "write_anchor"]
+__all__ = [
+    "MAX_HEADER",
+    "Anchor",
+    "CheckpointError",
+    "check_extra",
+    "header_length",
+    "stage_anchor",
+    "write_anchor",
+]
 
-_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
+# safetensors' own limit on the JSON header (its Rust reader's MAX_HEADER_SIZE), enforced by
+# `Anchor` and, before anything is written, by the writers (`check_header`): a file one
+# writes is one the other reads.
+MAX_HEADER = 100_000_000
 # The header's own CRC-32 (8 hex digits), in its metadata beside the manifest: it covers the
 # whole header but itself (every tensor's dtype, shape and offsets, and the manifest), so a
 # flipped bit in the manifest (a learning rate, the step, a renamed key) is caught too.
@@ -149,6 +161,11 @@ def _write(
     # data is written while a pool computes the CRCs, and the header goes last into its room.
     widest = {**manifest, "crc32": dict.fromkeys(arrays, 2**32 - 1)}
     room = len(_header(arrays, {"dualtrain": json.dumps(widest, default=default)}))
+    if room - 8 > MAX_HEADER:  # callers check first (`check_header`), naming their argument
+        raise ArgumentError(
+            f"the anchor's header would be {room - 8:,} bytes, over the {MAX_HEADER:,}-byte "
+            f"limit of safetensors readers (TimeMachine.to included); nothing was written"
+        )
     # Written here rather than by safetensors.save_file, which writes to a temporary file of
     # its own (``.tmpXXXXXX``, mode 0600) that a killed process leaves behind unrecognised,
     # and reports a full disk as its own error type.
@@ -166,18 +183,111 @@ def _write(
         f.write(_header(arrays, {"dualtrain": json.dumps(done, default=default)}, room))
 
 
+def header_length(
+    tensors: dict[str, np.ndarray],
+    manifest: dict[str, Any],
+    default: Callable[[Any], Any] | None = None,
+) -> int:
+    """The header length `write_anchor` would write for `tensors` and `manifest` (its room).
+
+    What `Anchor` compares with `MAX_HEADER`; computed without writing or copying anything.
+    """
+    arrays = {k: _Shape(v) for k, v in tensors.items()}
+    widest = {**manifest, "crc32": dict.fromkeys(arrays, 2**32 - 1)}
+    return len(_header(arrays, {"dualtrain": json.dumps(widest, default=default)})) - 8
+
+
+class _Shape:
+    """An array's dtype (little-endian), shape and size: all `_header` reads of it."""
+
+    __slots__ = ("dtype", "nbytes", "shape")
+
+    def __init__(self, array: Any) -> None:
+        array = array if isinstance(array, np.ndarray) else np.asarray(array)
+        self.dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+        self.shape, self.nbytes = array.shape, array.nbytes
+
+
+def check_extra(extra: Any, default: Callable[[Any], Any] | None = None) -> None:
+    """Refuses an `extra` that would not load back as it was given (ArgumentError).
+
+    A dict with str keys (at every depth) of what JSON holds: dicts, lists, tuples (loaded
+    as lists), str, int, float (NaN and infinities included, as Python's json writes
+    them), bool, None, and what `default` turns into those (NumPy scalars). A non-str key
+    would silently load as a string (``1`` as ``"1"``), so it is refused, naming where.
+    """
+    if extra is None:
+        return
+    if not isinstance(extra, dict):
+        raise ArgumentError(
+            f"extra must be a dict of JSON-serializable data, or None; got "
+            f"{type(extra).__name__} {reprlib.repr(extra)}"
+        )
+    try:  # first: it also refuses circular references, so the walk below ends
+        json.dumps(extra, default=default)
+    except (TypeError, ValueError, RecursionError) as err:
+        raise ArgumentError(
+            f"extra must be JSON-serializable data (dicts with str keys, lists, str, int, "
+            f"float, bool, None, NumPy scalars); {type(err).__name__}: {err}"
+        ) from err
+    pending: list[tuple[str, Any]] = [("extra", extra)]
+    while pending:  # iterative: as deep as json.dumps goes
+        where, value = pending.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise ArgumentError(
+                        f"{where} has the key {key!r} ({type(key).__name__}): JSON keys are "
+                        f"strings, so it would load back as {json.dumps(key, default=default)!r}"
+                        f"; use str keys"
+                    )
+                pending.append((f"{where}[{key!r}]", item))
+        elif isinstance(value, (list, tuple)):
+            pending.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+
+
+def check_header(
+    tensors: dict[str, np.ndarray],
+    manifest: dict[str, Any],
+    default: Callable[[Any], Any] | None = None,
+    extra: Any = None,
+) -> None:
+    """Refuses (ArgumentError) an anchor whose header `Anchor` would refuse as too long.
+
+    The message names `extra` with its JSON size when it takes the bulk of the header, else
+    the tensors (their count).
+    """
+    length = header_length(tensors, manifest, default)
+    if length <= MAX_HEADER:
+        return
+    extra_bytes = len(json.dumps(extra or {}, default=default))
+    limit = (
+        f"over the {MAX_HEADER:,}-byte limit on a safetensors header (safetensors' readers "
+        f"and TimeMachine.to refuse longer ones)"
+    )
+    if extra_bytes * 2 > length:
+        raise ArgumentError(
+            f"extra is {extra_bytes:,} bytes of JSON: the anchor's header would be "
+            f"{length:,} bytes, {limit}; store large data in a file of its own"
+        )
+    raise ArgumentError(
+        f"the anchor's header would be {length:,} bytes for {len(tensors):,} tensors "
+        f"(extra: {extra_bytes:,} bytes), {limit}"
+    )
+
+
 def _little(array: np.ndarray) -> np.ndarray:
     if array.dtype.byteorder == ">":
         return array.astype(array.dtype.newbyteorder("<"))
     return array
 
 
-def _order(arrays: dict[str, np.ndarray]) -> list[str]:
+def _order(arrays: Mapping[str, Any]) -> list[str]:
     """Safetensors' order: widest dtype first (keeps every tensor aligned), then by name."""
     return sorted(arrays, key=lambda k: (-arrays[k].dtype.itemsize, k))
 
 
-def _header(arrays: dict[str, np.ndarray], metadata: dict[str, str], size: int = 0) -> bytes:
+def _header(arrays: Mapping[str, Any], metadata: dict[str, str], size: int = 0) -> bytes:
     """The 8-byte length and the JSON header of a safetensors file, padded to 8 bytes.
 
     With `size`, padded with spaces to exactly `size` bytes (the room reserved for it).
@@ -262,10 +372,15 @@ class Anchor:
 
     def _parse(self) -> tuple[dict[str, _Entry], dict[str, str]]:
         n = int.from_bytes(self._map[:8], "little")
-        if n > self.size - 8 or n > _MAX_HEADER:
+        if n > self.size - 8:
             raise self.error(
-                f"is not a safetensors file (or is truncated): its header length {n} exceeds "
-                f"the {self.size - 8} bytes that follow"
+                f"is not a safetensors file (or is truncated): its header length {n:,} "
+                f"exceeds the {self.size - 8:,} bytes that follow"
+            )
+        if n > MAX_HEADER:
+            raise self.error(
+                f"has a header of {n:,} bytes, over the {MAX_HEADER:,}-byte limit on a "
+                f"safetensors header (TimeMachine.drop refuses to write one)"
             )
         try:
             header = json.loads(bytes(self._map[8 : 8 + n]))

@@ -17,7 +17,14 @@ from dualtrain.checkpoint.anchor_file import Anchor
 from dualtrain.checkpoint.vocabulary import CRAFT_FORMAT, CRAFT_READS, WITHOUT_CRC, upgrade
 from dualtrain.version import __version__
 
-__all__ = ["FORMAT", "LEGACY_FORMATS", "OLDER_FORMATS", "craft_manifest"]
+__all__ = [
+    "FORMAT",
+    "LEGACY_FORMATS",
+    "OLDER_FORMATS",
+    "craft_manifest",
+    "is_plain",
+    "plain_manifest",
+]
 
 FORMAT = CRAFT_FORMAT
 # Older formats that still load: with their CRC-32s (OLDER), or before them (LEGACY).
@@ -86,6 +93,28 @@ def _checked(anchor: Anchor) -> dict[str, Any]:
                 f"has a malformed manifest: {key!r} is {manifest[key]!r}, expected {expected}"
             )
     return manifest
+
+
+def is_plain(anchor: Anchor) -> bool:
+    """Whether `anchor` is a plain safetensors file (no dualtrain manifest): a state_dict."""
+    return "dualtrain" not in anchor.metadata
+
+
+def plain_manifest(anchor: Anchor) -> dict[str, Any]:
+    """The manifest `TimeMachine.to` reads a plain safetensors file with: its tensors only.
+
+    Every tensor is a parameter or buffer under its name (torch's ``state_dict`` names, the
+    neutral names), in the canonical layout; there is no step, extra, optimizer or CRC.
+    """
+    return {
+        "format": "safetensors",
+        "step": None,
+        "extra": {},
+        "names": {
+            k: {"shape": list(e.shape), "dtype": e.dtype.name} for k, e in anchor.entries.items()
+        },
+        "tensors": sorted(anchor.entries),
+    }
 
 
 def _manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:

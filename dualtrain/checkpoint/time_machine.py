@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dualtrain import backends
-from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
+from dualtrain.checkpoint.anchor_file import Anchor, check_extra, check_header, write_anchor
 from dualtrain.checkpoint.anchor_names import (
     _absent,
     _check_unnumbered,
@@ -39,8 +39,10 @@ from dualtrain.checkpoint.manifest import (  # FORMAT and the readers: re-export
     _jsonable,
     _manifest,
     craft_manifest,
+    is_plain,
+    plain_manifest,
 )
-from dualtrain.checkpoint.member_anchors import craft_scope, member_of
+from dualtrain.checkpoint.member_anchors import _NAME_MAX, craft_scope, member_of
 from dualtrain.checkpoint.member_sets import MemberSets
 from dualtrain.checkpoint.optim_state import (
     check_optimizer,
@@ -51,7 +53,7 @@ from dualtrain.checkpoint.optim_state import (
     scheduler_tensor_names,
 )
 from dualtrain.checkpoint.seams import CheckpointPart
-from dualtrain.errors import CheckpointError, bad_argument
+from dualtrain.errors import ArgumentError, CheckpointError, bad_argument
 
 __all__ = [
     "BOOKKEEPING",
@@ -121,8 +123,11 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
             optimizer: any ``torch.optim`` optimizer over the module's parameters, or any
                 optax state over ``module.params``; one whose state has no tensor-or-JSON
                 form is refused, naming it, before anything is written. Not with `member`.
-            step: the training step, recorded.
-            extra: JSON-serializable data to record (epoch, data position, ...).
+            step: the training step, recorded (an int; NumPy's too).
+            extra: JSON data to record (epoch, a Tank's ``state_dict()``, ...): a dict with
+                str keys at every depth, whose header fits safetensors' 100,000,000 bytes;
+                anything `to` would refuse or read back otherwise is refused here, naming
+                it, before anything is written (tuples load back as lists).
             scheduler: a ``torch.optim.lr_scheduler`` scheduler (torch only: optax keeps
                 schedules inside its state). Not with `member`.
             member: with a BatchModule, the member to drop (``-1`` is the last): the file
@@ -175,8 +180,15 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
             raise bad_argument("save_scope", save_scope, "a str or None")
         if step is not None and not _integral(step):
             raise bad_argument("step", step, "an int or None")
-        if extra is not None and not isinstance(extra, dict):
-            raise bad_argument("extra", extra, "a dict of JSON-serializable data, or None")
+        if step is not None:
+            try:  # Python's json writes (and reads) ints up to its digit limit only
+                json.dumps(int(step))
+            except ValueError as err:  # (its repr fails the same way: described by size)
+                raise ArgumentError(
+                    f"step must be an int JSON can hold; got one of {int(step).bit_length():,} "
+                    f"bits ({err})"
+                ) from err
+        check_extra(extra, _jsonable)  # refused before anything is computed or written
         everything = part.export_tensors(craft)
         tensors = _select(everything, save_scope)
         if not tensors:
@@ -196,10 +208,9 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
         if rng is not None:
             tensors["__rng__"] = rng
         manifest["tensors"] = sorted(tensors)
-        try:  # refused before anything is written
-            json.dumps(manifest, default=_jsonable)
-        except (TypeError, ValueError) as err:
-            raise bad_argument("extra", extra, "JSON-serializable data") from err
+        # What `to` would refuse is refused here, before anything is written: the header
+        # (manifest, extra and tensor table) over safetensors' limit.
+        check_header(tensors, manifest, _jsonable, extra)
         return tensors, manifest
 
     def _target(
@@ -209,12 +220,24 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
         if not _absent(file):
             path = self._target_file(file)
             _check_unnumbered(path, file)
+            if len(os.fsencode(path.name)) > _NAME_MAX:  # else the disk's error, on a temp name
+                raise ArgumentError(
+                    f"file must give a file name of at most {_NAME_MAX} bytes; got "
+                    f"{path.name!r} ({len(os.fsencode(path.name))} bytes) for file={file!r}"
+                )
             return path, None
         if self.save_path is None:
             raise bad_argument("file", file, "a path, since the TimeMachine has no save_path")
         scope = craft_scope(craft)
         stem = anchor_stem(scope) if member is None else member_stem(scope, member)
-        return _next_numbered(self.save_path, stem), stem
+        path = _next_numbered(self.save_path, stem)
+        if len(os.fsencode(path.name)) > _NAME_MAX:
+            raise ArgumentError(
+                f"craft's scope {scope!r} gives numbered anchors names of "
+                f"{len(os.fsencode(path.name))} bytes ({path.name!r}), over the {_NAME_MAX}-byte "
+                f"limit on a file name: pass file= or give the Craft a shorter scope"
+            )
+        return path, stem
 
     def _retain(self, stem: str) -> None:
         if self.max_anchors == -1 or self.save_path is None:
@@ -246,12 +269,16 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
             file: the anchor, named as for `drop` (relative to `ckpt_path`, or `save_path`
                 when there is no `ckpt_path`), or the path `drop` returned. By default the
                 highest-numbered anchor of the Craft's scope in that folder (of the member's
-                series with `member`), or `ckpt_path` itself if it is a file.
+                series with `member`), or `ckpt_path` itself if it is a file. A plain
+                safetensors file without a dualtrain manifest (``safetensors.torch.save_file(
+                module.state_dict(), path)``) loads as a state_dict: its tensor names are the
+                model's torch ``state_dict`` names, in torch's layout (docs/checkpoints.md).
             ckpt_scope: load only names equal to it or under it.
             frozen: refuse any missing, unexpected or mis-shaped tensor, or one of another
                 dtype kind (CheckpointError naming each); otherwise load what matches and
                 report the rest. Never broadcast: ``(1,)`` does not load into ``(16,)``.
-                By default False for a model and True for a member (whole, as `insert`).
+                By default False for a model and True for a member (whole, as `insert`) and
+                for a plain safetensors file.
             optimizer: a torch optimizer to fill in place, or an optax state to fill (the
                 filled state is ``restored.optimizer``). Same framework as the writer: the
                 native state (same class, or same optax structure); the other framework: the
@@ -276,14 +303,21 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
             restored = self.to(one, path, ckpt_scope, strict, restore_rng=restore_rng)
             craft.insert(i, one)
             return restored
-        frozen = bool(frozen)
         part = _adapter(craft)
         if ckpt_scope is not None and not isinstance(ckpt_scope, str):
             raise bad_argument("ckpt_scope", ckpt_scope, "a str or None")
         part.check_optimizer_argument(optimizer)
         path = self._source(craft_scope(craft), file)
         anchor = Anchor(path)
-        manifest = _checked(anchor)
+        plain = is_plain(anchor)
+        if plain and (optimizer is not None or scheduler is not None):
+            raise CheckpointError(
+                f"{path} is a plain safetensors file (no dualtrain manifest): it holds no "
+                f"{'optimizer' if optimizer is not None else 'scheduler'} state to load"
+            )
+        manifest = plain_manifest(anchor) if plain else _checked(anchor)
+        # A plain state_dict loads whole by default: every name, shape and dtype kind.
+        frozen = bool(plain if frozen is None else frozen)
         specs = part.specs(craft)
         model = _select(specs, ckpt_scope)
         stored = {k: (anchor.entries[k].shape, anchor.entries[k].dtype) for k in manifest["names"]}
@@ -296,7 +330,16 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
             raise bad_argument(
                 "ckpt_scope", ckpt_scope, f"a name or prefix of the module's ({_few(specs)})"
             )
-        skipped = _compare(model, saved, frozen, path)
+        try:
+            skipped = _compare(model, saved, frozen, path)
+        except CheckpointError as err:
+            if not plain:
+                raise
+            raise CheckpointError(
+                f"{path} is a safetensors file but not a dualtrain checkpoint; read as a plain "
+                f"state_dict (tensor names as torch's state_dict names them), it does not fit "
+                f"the model: {err}"
+            ) from err
         wanted = [k for k in saved if k in model and k not in skipped]
         extra_names, opt_names, sched_names = [], [], []
         if optimizer is not None:
