@@ -160,6 +160,13 @@ class BatchModule:
         )
         for i, m in enumerate(modules[1:], start=1):
             out._values_of(m, f"modules[{i}]")
+            if isinstance(m, JaxModule) and bool(m.train) != out.train:
+                # One mode for the batch: a member in eval would run in training mode.
+                raise members.refuse_member(
+                    f"modules[{i}]",
+                    f"the module is in {_mode(m.train)} mode there but in "
+                    f"{_mode(out.train)} mode in the first member",
+                )
         for i, m in enumerate(modules[1:], start=1):
             out.insert(i, m)
         return out
@@ -185,6 +192,21 @@ class BatchModule:
         kind = kind_of(module)
         differs = f"it is a {kind}, the first member a {spec.kind}" if kind != spec.kind else ""
         members.compare_architectures(spec.entries, entries_of(params, state), name, differs)
+        if isinstance(module, JaxModule) and spec.template is not None:
+            # Every member runs through the first member's Craft and its settings.
+            first = spec.template
+            if type(module) is not type(first):
+                raise members.refuse_member(
+                    name,
+                    f"it is a {type(module).__qualname__} there but a "
+                    f"{type(first).__qualname__} in the first member",
+                )
+            found = members.config_difference(first.craft, module.craft, "craft")
+            found = found or members.config_difference(
+                first._statics(), module._statics(), "its settings"
+            )
+            if found is not None:
+                raise members.refuse_member(name, found)
         return params, state
 
     def extract(self, index: int) -> Any:
@@ -367,3 +389,7 @@ class BatchModule:
         return (
             f"BatchModule(batch={self.batch}, module={self._spec.kind}, strategy={self.strategy!r})"
         )
+
+
+def _mode(train: object) -> str:
+    return "training" if train else "eval"

@@ -122,7 +122,9 @@ class BatchModule(nn.Module):
         if init == "independent":
             params, buffers = self._tensors()
             draw_members(template, params | buffers, seeds)
-        self.train(module.training)
+        # nn.Module.train leaves the template alone: it keeps each submodule's own mode (a
+        # BatchNorm held in eval inside a training model stays so), as the member had it.
+        super().train(module.training)
         self._register_state_dict_hook(_contiguous_state)
 
     # -- members -------------------------------------------------------------------------
@@ -162,16 +164,41 @@ class BatchModule(nn.Module):
         )
         for i, m in enumerate(modules[1:], start=1):
             out._check_same(m, f"modules[{i}]")
+            _check_modes(modules[0], m, f"modules[{i}]")
         for i, m in enumerate(modules[1:], start=1):
             out.insert(i, m)
         return out
 
     def _check_same(self, module: Any, name: str) -> None:
+        """Refuses a member that would not run as the first one does.
+
+        Every member runs through the template's code, settings and hooks with one
+        ``requires_grad`` per stacked parameter, so all of these must be the first
+        member's: the message names the member, the tensor or submodule, and both values.
+        """
         if not isinstance(module, nn.Module):
             raise bad_argument(name, module, "an nn.Module")
         kind = kind_of(module)
         differs = f"it is a {kind}, the first member a {self._kind}" if kind != self._kind else ""
         members.compare_architectures(self._entries, entries_of(module), name, differs)
+        stacked = dict(self.stack.named_parameters())
+        for key, p in module.named_parameters():
+            ours = stacked[key].requires_grad
+            theirs = p.requires_grad and p.is_floating_point()
+            if ours != theirs:
+                raise members.refuse_member(
+                    name,
+                    f"{key} has requires_grad={theirs} there but {ours} in the batch: one "
+                    "stacked parameter trains every member or none (freeze it in every "
+                    "member, or in none)",
+                )
+        if non_persistent(module) != non_persistent(self._template):
+            raise members.refuse_member(
+                name,
+                f"its non-persistent buffers are {sorted(non_persistent(module))} there but "
+                f"{sorted(non_persistent(self._template))} in the first member",
+            )
+        _check_submodules(self._template, module, name)
 
     def extract(self, index: int) -> nn.Module:
         """Member `index` as an ordinary module (a copy of the template with its tensors)."""
@@ -332,6 +359,87 @@ class BatchModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"batch={self.batch}, module={self._kind}, strategy={self.strategy!r}"
+
+
+_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+    "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks",
+)
+
+
+def _check_submodules(first: nn.Module, module: nn.Module, name: str) -> None:
+    """The same submodules, classes, settings and hooks as `first` (the template)."""
+    ours, theirs = dict(first.named_modules()), dict(module.named_modules())
+    if list(ours) != list(theirs):
+        raise members.refuse_member(
+            name, f"its submodules are {list(theirs)} there but {list(ours)} in the first member"
+        )
+    names = {id(m): sub for sub, m in theirs.items()} | {id(m): sub for sub, m in ours.items()}
+    for sub, m in theirs.items():
+        where = sub or "the module"
+        ref = ours[sub]
+        if type(m) is not type(ref):
+            raise members.refuse_member(
+                name,
+                f"{where} is a {type(m).__qualname__} there but a {type(ref).__qualname__} "
+                "in the first member",
+            )
+        settings, reference = _settings(m), _settings(ref)
+        for key in dict.fromkeys([*reference, *settings]):
+            path = f"{sub}.{key}" if sub else key
+            found = members.config_difference(
+                reference.get(key, members.ABSENT), settings.get(key, members.ABSENT), path
+            )
+            if found is not None:
+                raise members.refuse_member(name, found)
+        for hooks in _HOOKS:
+            got = [_hook_key(h, names) for h in getattr(m, hooks, {}).values()]
+            want = [_hook_key(h, names) for h in getattr(ref, hooks, {}).values()]
+            if got != want:
+                kind = hooks.strip("_").replace("_", " ")
+                raise members.refuse_member(
+                    name,
+                    f"{where} has {len(got)} {kind} there, the first member {len(want)}, or "
+                    "other ones: the batch runs the first member's hooks for every member",
+                )
+
+
+def _hook_key(hook: Any, names: dict[int, str]) -> Any:
+    """A hook as compared across members: a method of the member's own submodule by name.
+
+    The template is a deep copy of the first member, so its method hooks are bound to the
+    copy; the same method of the same submodule is the same hook in every member.
+    """
+    owner = getattr(hook, "__self__", None)
+    if owner is not None and id(owner) in names:
+        return ("method", getattr(hook, "__func__", hook), names[id(owner)])
+    return hook
+
+
+def _settings(module: nn.Module) -> dict[str, Any]:
+    """A module's public attributes (its hyperparameters); tensors and submodules aside."""
+    return {k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training"}
+
+
+def _check_modes(first: nn.Module, module: nn.Module, name: str) -> None:
+    """Each submodule in the mode it has in `first`: the batch runs in one mode per submodule."""
+    ours = dict(first.named_modules())
+    for sub, m in module.named_modules():
+        if m.training != ours[sub].training:
+            where = sub or "the module"
+            raise members.refuse_member(
+                name,
+                f"{where} is in {_mode(m.training)} mode there but in "
+                f"{_mode(ours[sub].training)} mode in the first member",
+            )
+
+
+def _mode(training: bool) -> str:
+    return "training" if training else "eval"
 
 
 def _contiguous_state(module: nn.Module, state: dict[str, Any], prefix: str, local: Any) -> None:

@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dualtrain.aerolog.book import MetricBook, Point
-from dualtrain.aerolog.files import append_record, write_curves, write_epochs, write_points
+from dualtrain.aerolog.files import (
+    POINT_HEADER,
+    append_record,
+    check_file,
+    check_folder,
+    curve_paths,
+    write_curves,
+    write_epochs,
+    write_points,
+)
 from dualtrain.aerolog.formats import Formats
 from dualtrain.aerolog.values import kept, value_of
 from dualtrain.aerolog.views import Frame, LiveView, PlainView
@@ -33,7 +42,8 @@ class DashBoard:
     """Progress, metrics and curves of a training loop; CSV and PNG logs.
 
     Args:
-        log_path: the folder `log` writes to (made when first written).
+        log_path: the folder `log` writes to (made when first written). Checked here: a
+            file there, a file on the way, or an unwritable parent is an ArgumentError.
         window: steps in each metric's moving average (>= 1).
         divisor: rows of the terminal curve (>= 2).
         span: points across the terminal curve (>= 2).
@@ -62,12 +72,12 @@ class DashBoard:
         self.window = check_int("window", window, 1)
         self.divisor = check_int("divisor", divisor, 2)
         self.span = check_int("span", span, 2)
-        if not isinstance(log_path, (str, os.PathLike)):
-            raise bad_argument("log_path", log_path, "a folder path")
+        # Checked now, not at the first `log` (a file there once failed late, bare).
+        path = check_folder("log_path", log_path)
         self.formats = Formats(format)
         if curve is not None and not isinstance(curve, str):
             raise bad_argument("curve", curve, "None or a metric name")
-        self.log_path = Path(log_path)
+        self.log_path = path
         self.rank = _rank(rank)
         self.book = MetricBook(self.window)
         if console is None:
@@ -208,6 +218,17 @@ class DashBoard:
         self._flush()
         if self.rank != 0:
             return []
+        # Every target checked before the first is written: a bad one leaves all as it was.
+        check_folder("log_path", self.log_path)
+        if record:
+            check_file("record", self.log_path / record, record, POINT_HEADER)
+            check_folder("record", (self.log_path / record).parent)
+        targets = (
+            [self.log_path / "metrics.csv", self.log_path / "epochs.csv"] if tachograph else []
+        )
+        targets += curve_paths(self.book, self.log_path) if gauge else []
+        for target in targets:
+            check_file("log_path", target, self.log_path)
         self.log_path.mkdir(parents=True, exist_ok=True)
         written: list[Path] = []
         if tachograph:
@@ -216,6 +237,7 @@ class DashBoard:
             written += [self.log_path / "metrics.csv", self.log_path / "epochs.csv"]
         if record:
             path = self.log_path / record
+            path.parent.mkdir(parents=True, exist_ok=True)
             append_record(self.book, path)
             written.append(path)
         if gauge:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
 import warnings
 import zlib
@@ -20,11 +21,85 @@ import numpy as np
 
 from dualtrain.aerolog.book import MetricBook, Point
 from dualtrain.atomic import atomic_target
+from dualtrain.errors import ArgumentError, bad_argument
 
-__all__ = ["POINT_HEADER", "append_record", "write_curves", "write_epochs", "write_points"]
+__all__ = [
+    "POINT_HEADER",
+    "append_record",
+    "check_file",
+    "check_folder",
+    "curve_paths",
+    "write_curves",
+    "write_epochs",
+    "write_points",
+]
 
 POINT_HEADER = ("stage", "epoch", "mile", "mpe", "key", "value")
 _EPOCH_HEADER = ("stage", "epoch", "key", "mean", "points")
+
+
+def check_folder(name: str, value: object) -> Path:
+    """`value` as a folder to write into, checked now; nothing is created.
+
+    It is a folder, or nothing yet under a folder this process may write into (it is made
+    when first written); not a file, not under a file, not with a NUL in its name.
+
+    Raises:
+        ArgumentError: naming `name`, the value and what is wrong.
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        raise bad_argument(name, value, "a folder path (str or os.PathLike)")
+    path = Path(value)
+    if "\x00" in str(path):
+        raise bad_argument(name, value, "a folder path without NUL characters")
+    if path.exists():
+        if not path.is_dir():
+            raise bad_argument(
+                name, value, "a folder, or a path where one can be made; it is a file"
+            )
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise bad_argument(name, value, "a folder this process may write into")
+        return path
+    parent = path.absolute().parent
+    while not parent.exists():  # the nearest existing ancestor decides
+        parent = parent.parent
+    if not parent.is_dir():
+        raise bad_argument(
+            name, value, f"a folder path; {str(parent)!r} on the way there is a file"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise bad_argument(
+            name, value, f"a folder that can be made; {str(parent)!r} is not writable"
+        )
+    return path
+
+
+def check_file(name: str, path: Path, value: object, header: tuple[str, ...] = ()) -> None:
+    """Refuses a `path` that cannot be written as a file.
+
+    It must not be a folder; with `header`, an existing file must start with it (a record
+    file, appended to).
+
+    Raises:
+        ArgumentError: naming `name`, the `value` given and what is wrong.
+    """
+    if "\x00" in str(path):
+        raise bad_argument(name, value, "a file name without NUL characters")
+    if path.is_dir():
+        raise bad_argument(name, value, f"a file name; {str(path)!r} is a folder")
+    if header and path.exists():
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                first = f.readline()
+        except OSError as e:
+            raise bad_argument(name, value, f"a readable record file ({e})") from e
+        if first and not first.startswith(",".join(header)):
+            raise bad_argument(
+                name,
+                value,
+                f"a dashboard record file; {str(path)!r} is not a dashboard record (its "
+                "header differs)",
+            )
 
 
 def _rows_text(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> str:
@@ -65,7 +140,7 @@ def append_record(book: MetricBook, path: Path) -> int:
     if path.exists():
         old = path.read_text()
         if old and not old.startswith(",".join(POINT_HEADER)):
-            raise ValueError(f"{path} is not a dashboard record (its header differs)")
+            raise ArgumentError(f"{path} is not a dashboard record (its header differs)")
         old = old if old.endswith("\n") or not old else old + "\n"
     else:
         old = ""
@@ -99,6 +174,13 @@ def write_curves(book: MetricBook, folder: Path) -> list[Path]:
             continue
         written.append(path)
     return written
+
+
+def curve_paths(book: MetricBook, folder: Path) -> list[Path]:
+    """The PNG files `write_curves` would write into `folder`, one per metric."""
+    keys = list(dict.fromkeys(key for _, key in book.slots()))
+    names = _file_names(keys)
+    return [folder / f"{names[key]}.png" for key in keys]
 
 
 def _figure(book: MetricBook, key: str, stages: list[str], first: int) -> Any:

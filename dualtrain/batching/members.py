@@ -16,6 +16,7 @@ from dualtrain.errors import ArgumentError, ShapeError, bad_argument
 from dualtrain.validate import check_int, check_seed
 
 __all__ = [
+    "ABSENT",
     "INITS",
     "REDUCTIONS",
     "STRATEGIES",
@@ -32,7 +33,9 @@ __all__ = [
     "check_strategy",
     "architecture_key",
     "compare_architectures",
+    "config_difference",
     "member_seeds",
+    "refuse_member",
 ]
 
 INITS = ("independent", "identical")
@@ -211,3 +214,106 @@ def _describe(shape: Sequence[int], dtype: str, trainable: bool) -> str:
 def architecture_key(kind: str, entries: Sequence[Entry]) -> tuple[Any, ...]:
     """A hashable signature of an architecture: its class and every tensor's entry."""
     return (kind, tuple((n, tuple(s), d, t) for n, s, d, t in entries))
+
+
+def refuse_member(name: str, detail: str) -> ArgumentError:
+    """The error for a member unlike the first: `name` (``"modules[2]"``) and what differs."""
+    return ArgumentError(f"{name} must have the first member's architecture; {detail}")
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "absent"
+
+
+# An attribute one member has and the other lacks: compared as a value of its own.
+ABSENT: Any = _Absent()
+_SCALARS = (type(None), _Absent, bool, int, float, complex, str, bytes, np.generic)
+
+
+def config_difference(reference: Any, other: Any, path: str) -> str | None:
+    """Where `other`'s configuration first differs from `reference`'s, or None.
+
+    A batch runs every member through the first member's code and settings (a Craft's or
+    module's hyperparameters: a dropout rate, an epsilon, an activation), so those must be
+    equal. Arrays and tensors are the members' own values and are not compared; plain
+    objects are compared attribute by attribute (private ``_`` names left out), functions
+    by identity or code.
+
+    Args:
+        reference: the first member's value.
+        other: the other member's.
+        path: the value's name, for the message (``"craft.rate"``).
+
+    Returns:
+        ``"<path> is <other> there but <reference> in the first member"``, or None.
+    """
+    return _difference(reference, other, path, set())
+
+
+def _difference(a: Any, b: Any, path: str, seen: set[int]) -> str | None:
+    def differs(x: object, y: object) -> str:
+        return f"{path} is {_short(y)} there but {_short(x)} in the first member"
+
+    if _is_array(a) and _is_array(b):
+        return None  # the member's own values, stacked row by row
+    if type(a) is not type(b):
+        return differs(a, b)
+    if isinstance(a, _SCALARS):
+        same = a == b or (a != a and b != b)  # NaN settings are equal settings
+        return None if bool(same) else differs(a, b)
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return differs(a, b)
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if (found := _difference(x, y, f"{path}[{i}]", seen)) is not None:
+                return found
+        return None
+    if isinstance(a, dict):
+        if list(a) != list(b):
+            return f"{path} has keys {list(b)} there but {list(a)} in the first member"
+        for k in a:
+            if (found := _difference(a[k], b[k], f"{path}[{k!r}]", seen)) is not None:
+                return found
+        return None
+    if a is b or id(a) in seen:
+        return None
+    if callable(a) and hasattr(a, "__code__"):  # functions: the same code, the same cells
+        if getattr(b, "__code__", None) is not a.__code__:
+            return differs(a, b)
+        return _difference(_cells(a), _cells(b), f"{path} (its closure)", seen)
+    attrs_a, attrs_b = getattr(a, "__dict__", None), getattr(b, "__dict__", None)
+    names: list[str] = []
+    if not isinstance(attrs_a, dict) or not isinstance(attrs_b, dict):
+        attrs_a = attrs_b = {}
+    else:
+        names = [k for k in attrs_a if not k.startswith("_")]
+        names += [k for k in attrs_b if not k.startswith("_") and k not in attrs_a]
+    if names:  # a plain object: its public attributes are its settings
+        seen.add(id(a))
+        for k in names:
+            x, y = attrs_a.get(k, ABSENT), attrs_b.get(k, ABSENT)
+            if (found := _difference(x, y, f"{path}.{k}", seen)) is not None:
+                return found
+        return None
+    try:  # no public attributes (a ufunc, a builtin): equal only as == says
+        return None if bool(a == b) else differs(a, b)
+    except Exception:  # an object without a usable ==: only itself is itself
+        return differs(a, b)
+
+
+def _is_array(value: object) -> bool:
+    """Tensors and arrays (NumPy, torch, JAX): anything with a shape and a dtype."""
+    return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, np.generic)
+
+
+def _cells(fn: Any) -> list[Any]:
+    try:
+        return [c.cell_contents for c in fn.__closure__ or ()]
+    except ValueError:  # an empty cell
+        return []
+
+
+def _short(value: object) -> str:
+    text = repr(value) if isinstance(value, _SCALARS) else f"a {type(value).__qualname__}"
+    return text if len(text) <= 80 else text[:77] + "..."

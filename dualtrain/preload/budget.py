@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-from dualtrain.errors import bad_argument
+from dualtrain.errors import ArgumentError, bad_argument
 
 __all__ = ["DEFAULT_FRACTION", "LocalLedger", "available_memory", "check_budget", "default_budget"]
 
@@ -77,6 +77,7 @@ class LocalLedger:
 
     def try_add(self, n: int) -> bool:
         """Admits `n` bytes if they fit under the limit; False (nothing changed) if not."""
+        check_bytes(n)
         with self._lock:
             if self._used + n > self.limit:
                 return False
@@ -84,5 +85,20 @@ class LocalLedger:
             return True
 
     def sub(self, n: int) -> None:
+        """Gives back `n` bytes admitted before."""
+        check_bytes(n)
         with self._lock:
+            if n > self._used:
+                raise ArgumentError(f"the ledger cannot give back {n} bytes: it holds {self._used}")
             self._used -= n
+
+
+def check_bytes(n: object) -> int:
+    """A byte count for a ledger: an int >= 0.
+
+    The ledger's law (0 <= used <= limit) rests on it; `nbytes` refuses a user's bad count
+    before it gets here.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ArgumentError(f"a ledger counts bytes as an int >= 0; got {n!r}")
+    return n

@@ -43,6 +43,7 @@ from dualtrain.preload.budget import LocalLedger, check_budget
 from dualtrain.preload.copies import fresh
 from dualtrain.preload.plan import PlanWalk
 from dualtrain.preload.sharing import SharedFolder
+from dualtrain.preload.sizes import nbytes
 from dualtrain.preload.state import Loader, check_count
 
 __all__ = ["PreloadCache"]
@@ -363,8 +364,11 @@ class PreloadCache(PlanWalk, SharedFolder):
         """Loads `key` for the caller: (item, kept, found in the shared folder)."""
         try:
             found, item = self._store.read(key) if self._store is not None else (False, None)
+            size = 0
             if not found:
                 item = self._call_load(key)
+                # Counted with the load: a bad sizeof reaches the caller and every waiter.
+                size = nbytes(item, self._sizeof)
         except BaseException as e:
             with self._cond:
                 self._loading.pop(key, None)
@@ -381,7 +385,7 @@ class PreloadCache(PlanWalk, SharedFolder):
             self._loading.pop(key, None)
             waiting = self._waiting.pop(key, 0)
             if self._store is None:
-                kept = self._admit(key, item, ahead=False)
+                kept = self._admit(key, item, size, ahead=False)
             self._pump()
         # The item comes back to this caller uncopied, who may change it as soon as `get`
         # returns: those waiting for it copy a copy made now.

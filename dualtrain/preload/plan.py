@@ -90,11 +90,14 @@ class PlanWalk(CacheState):
             return []
         return [self._key_at(p) for p in range(self._at, self._end())]
 
-    def _admit(self, key: Hashable, item: Any, *, ahead: bool) -> bool:
-        """(lock held) Holds `item` if it fits (making room when loaded ahead)."""
+    def _admit(self, key: Hashable, item: Any, size: int, *, ahead: bool) -> bool:
+        """(lock held) Holds `item` of `size` bytes if it fits (making room when ahead).
+
+        `size` is counted by the loading thread before the lock, with the load: a user's
+        ``sizeof`` that fails or answers badly fails that load, never the bookkeeping.
+        """
         if key in self._items:
             return False  # another load of the same key got there first
-        size = nbytes(item, self._sizeof)
         self._sizes.append(size)
         if ahead:
             self._make_room(size)
@@ -225,6 +228,7 @@ class PlanWalk(CacheState):
     def _load_ahead(self, key: Hashable, estimate: int) -> tuple[Any, bool]:
         try:
             item = self._call_load(key)
+            size = nbytes(item, self._sizeof)  # a bad sizeof fails the load, as an error
         except BaseException:
             with self._cond:
                 self._loading.pop(key, None)
@@ -240,10 +244,10 @@ class PlanWalk(CacheState):
             self._waiting.pop(key, None)
             self._reserved -= estimate
             if stored is None:
-                kept = self._admit(key, item, ahead=True)
+                kept = self._admit(key, item, size, ahead=True)
             else:
                 kept = stored
-                self._sizes.append(nbytes(item, self._sizeof))
+                self._sizes.append(size)
                 if not kept:
                     self._counts["dropped"] += 1
             if not kept:

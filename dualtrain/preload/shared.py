@@ -26,6 +26,7 @@ import threading
 from collections.abc import Hashable, Iterator
 from typing import Any
 
+from dualtrain.preload.budget import check_bytes
 from dualtrain.preload.pickling import dumps
 
 __all__ = ["COUNTERS", "SharedStore"]
@@ -189,6 +190,7 @@ class SharedStore:
 
     def try_add(self, n: int) -> bool:
         """Admits `n` bytes if they fit under the limit; False (nothing changed) if not."""
+        check_bytes(n)
         try:
             with self._locked() as fd:
                 used = self._read_used(fd)
@@ -200,6 +202,7 @@ class SharedStore:
             return False
 
     def sub(self, n: int) -> None:
+        check_bytes(n)
         try:
             with self._locked() as fd:
                 os.pwrite(fd, struct.pack("<q", self._read_used(fd) - n), 0)

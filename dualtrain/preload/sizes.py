@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from dualtrain.errors import ArgumentError
 from dualtrain.preload.kinds import (
     IMMUTABLE as _IMMUTABLE,
     is_image as _is_image,
@@ -49,7 +50,7 @@ from dualtrain.preload.kinds import (
     safe_deepcopy as _deepcopy,
 )
 
-__all__ = ["nbytes", "own"]
+__all__ = ["checked_size", "nbytes", "own"]
 
 # Pillow stores 1 byte per pixel for these modes, 2 for the 16-bit ones, 4 for the rest
 # (RGB included: Pillow pads it to 4 bytes a pixel).
@@ -165,9 +166,9 @@ def _nbytes(
         return 0
     seen.add(id(obj))
     if sizeof is not None:
-        told = sizeof(obj)
+        told = checked_size(sizeof(obj), obj)
         if told is not None:
-            return int(told)
+            return told
     if isinstance(obj, np.ndarray):
         root = _array_root(obj)
         head = sys.getsizeof(obj) - (obj.nbytes if obj.base is None else 0)
@@ -196,7 +197,7 @@ def _nbytes(
         return sys.getsizeof(obj) + _jax_bytes(obj)
     if _is_image(obj):
         return sys.getsizeof(obj) + _image_bytes(obj)
-    size = sys.getsizeof(obj)
+    size = _getsizeof(obj)
     if isinstance(obj, (_IMMUTABLE, bytearray, type)):
         return size
     if isinstance(obj, memoryview):
@@ -213,6 +214,11 @@ def _nbytes(
         return size
     extra = getattr(obj, "nbytes", None)
     if isinstance(extra, (int, np.integer)) and not isinstance(extra, bool):
+        if extra < 0:  # a negative count would take bytes off the ledger
+            raise ArgumentError(
+                f"the nbytes attribute of a {type(obj).__qualname__} item must be an int "
+                f">= 0 (bytes it holds); got nbytes={extra!r}"
+            )
         size += int(extra)
     if hasattr(obj, "__dict__"):
         size += _nbytes(vars(obj), sizeof, seen, buffers)
@@ -220,6 +226,38 @@ def _nbytes(
         if hasattr(obj, name):
             size += _nbytes(getattr(obj, name), sizeof, seen, buffers)
     return size
+
+
+def checked_size(told: object, obj: Any) -> int | None:
+    """What a user's ``sizeof(obj)`` returned, as bytes: an int >= 0 (NumPy ints too), or None.
+
+    The ledger adds it as it is: a negative count would make room that is not there, a bool,
+    float, NaN or str is no count of bytes. Refused where it enters, naming the object.
+
+    Raises:
+        ArgumentError: any other value.
+    """
+    if told is None:
+        return None
+    if isinstance(told, (int, np.integer)) and not isinstance(told, (bool, np.bool_)):
+        count = int(told)
+        if count >= 0:
+            return count
+    raise ArgumentError(
+        f"sizeof must return an int >= 0 (the bytes the object holds; NumPy ints too) or "
+        f"None (count it as usual); sizeof(<{type(obj).__qualname__}>) returned {told!r}"
+    )
+
+
+def _getsizeof(obj: Any) -> int:
+    """``sys.getsizeof(obj)``, naming the object's ``__sizeof__`` when it answers badly."""
+    try:
+        return sys.getsizeof(obj)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ArgumentError(
+            f"{type(obj).__qualname__}.__sizeof__ must return an int >= 0 (bytes); "
+            f"sys.getsizeof refused it: {e}"
+        ) from e
 
 
 def _elements(

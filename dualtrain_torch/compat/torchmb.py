@@ -135,7 +135,13 @@ class BatchModule(AbstractBatchModule):
             _native=native, _template=template, _pieces=pieces, _run=_Run(), _stack=stack
         )
         self._adopt()
-        self.train(model.training)
+        # nn.Module.train sets this module and the stacked tensors' holders only: the
+        # template and the native module keep each submodule's own mode, as `model` has it
+        # (a BatchNorm held in eval inside a training model stays in eval).
+        nn.Module.train(self, model.training)
+        for piece in pieces or ():
+            if piece.custom is not None:  # a registered batch module: its base's mode
+                piece.custom.train(piece.module.training)
 
     def _adopt(self) -> None:
         """Shows the stacked tensors under the model's own names (torchmb's state_dict keys)."""

@@ -122,9 +122,27 @@ class AbstractBatchModule(nn.Module):
                 f"{self.batch} state dicts (one per member"
                 + (", or fewer with batch_strict=False)" if pad > 0 else ")"),
             )
+        for i, d in enumerate(given):
+            if not isinstance(d, Mapping):
+                raise bad_argument(f"state_dict_or_dicts[{i}]", d, "a state dict")
+            if i and set(d) != set(given[0]):
+                # The keys are read from the first dict: others' extra keys were dropped.
+                missing = [k for k in given[0] if k not in d]
+                extra = [k for k in d if k not in given[0]]
+                raise ArgumentError(
+                    f"state_dict_or_dicts[{i}] must have the keys of state_dict_or_dicts[0]; "
+                    f"it lacks {missing} and has {extra} beyond them"
+                )
         out: dict[str, torch.Tensor] = {}
         for key in given[0]:
             values = [torch.as_tensor(d[key]) for d in given]
+            for i, v in enumerate(values[1:], start=1):
+                if v.shape != values[0].shape:
+                    raise ShapeError(
+                        f"state_dict_or_dicts[{i}][{key!r}] must have the shape it has in "
+                        f"state_dict_or_dicts[0], {tuple(values[0].shape)}; got "
+                        f"{tuple(v.shape)}"
+                    )
             if key in shared:
                 if strict and any(not torch.equal(v, values[0]) for v in values[1:]):
                     raise ArgumentError(

@@ -392,6 +392,9 @@ def test_register_by_base_class_takes_a_redefinition_and_refuses_two_classes():
 # -- bad inputs and state dicts -------------------------------------------------------------
 
 
+_LINEAR = {"weight": torch.zeros(2, 3), "bias": torch.zeros(2)}
+
+
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
@@ -423,6 +426,29 @@ def test_register_by_base_class_takes_a_redefinition_and_refuses_two_classes():
             lambda bm: bm.load_state_dicts({"weight": torch.zeros(3, 3), "bias": torch.zeros(2)}),
             ShapeError,
             "weight",
+        ),
+        # Keys and shapes were read from the first dict: a later dict's extra key was dropped
+        # without a word, a missing one raised a bare KeyError, a shape a bare RuntimeError.
+        (
+            lambda bm: bm.load_state_dicts(
+                [dict(_LINEAR), dict(_LINEAR), dict(_LINEAR, extra=torch.zeros(1))]
+            ),
+            ArgumentError,
+            r"state_dict_or_dicts\[2\] must have the keys of .*has \['extra'\] beyond",
+        ),
+        (
+            lambda bm: bm.load_state_dicts(
+                [dict(_LINEAR), {"weight": torch.zeros(2, 3)}, dict(_LINEAR)]
+            ),
+            ArgumentError,
+            r"state_dict_or_dicts\[1\] must have the keys of .*lacks \['bias'\]",
+        ),
+        (
+            lambda bm: bm.load_state_dicts(
+                [dict(_LINEAR), dict(_LINEAR, bias=torch.zeros(3)), dict(_LINEAR)]
+            ),
+            ShapeError,
+            r"state_dict_or_dicts\[1\]\['bias'\] must have the shape .* \(2,\); got \(3,\)",
         ),
     ],
 )
