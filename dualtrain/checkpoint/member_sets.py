@@ -270,4 +270,6 @@ class MemberSets:
                 file,
                 f"the set's name or its {batch} paths (ckpt_path {folder} is one anchor file)",
             )
-        return newest_set(folder, scope, batch)
+        # Absolute: `to` takes a relative file as relative to the folder, so a relative
+        # save_path's set would be looked for at folder/folder/...
+        return newest_set(folder.absolute(), scope, batch)

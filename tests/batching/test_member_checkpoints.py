@@ -302,3 +302,16 @@ def test_a_name_of_the_member_form_is_refused_so_no_set_can_delete_it(tmp_path):
             tm.drop(net, name)
     assert not any(tmp_path.rglob("*.safetensors"))
     assert tm.drop(net, "best%mx").name == "best%mx.safetensors"  # not the form: a name
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_relative_save_path_finds_its_newest_set(tmp_path, monkeypatch, framework):
+    """`to_members` with no file reads the newest set of a relative save_path (it looked
+    for save_path/save_path/<member> and found nothing)."""
+    monkeypatch.chdir(tmp_path)
+    source, target = _batch(framework, seed=1), _batch(framework, seed=2)
+    tm = TimeMachine(save_path="ckpt")
+    tm.drop_members(source, step=4)
+    assert [r.step for r in tm.to_members(target)] == [4, 4, 4]
+    _assert_same(_values(target), _values(source))
+    assert [r.step for r in TimeMachine(ckpt_path="ckpt").to_members(target)] == [4, 4, 4]
