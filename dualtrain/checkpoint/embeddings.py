@@ -90,13 +90,21 @@ def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Pat
     session = _session(rows)
     if extra is not None and not isinstance(extra, dict):
         raise bad_argument("extra", extra, "a dict of JSON-serializable data, or None")
+    # Held from the flush to the last byte written: a step of another thread (its fetch
+    # waits) cannot change rows while they are written, or the CRCs would not match them.
+    with session.owned():
+        session.flush()
+        return _write_rows(rows, session, path, extra)
+
+
+def _write_rows(rows: Any, session: Any, path: Path, extra: dict[str, Any] | None) -> Path:
     store = rows.store
-    session.flush()
-    tensors = _chunks("weight", store.table)
-    for slot, table in store.state.items():
-        tensors.update(_chunks(f"state.{slot}", table))
-    if store.counters is not None:
-        tensors.update(_chunks("counters", store.counters))
+    table, state, counters = store.live()  # flushed by the caller, who holds the attachment
+    tensors = _chunks("weight", table)
+    for slot, values in state.items():
+        tensors.update(_chunks(f"state.{slot}", values))
+    if counters is not None:
+        tensors.update(_chunks("counters", counters))
     manifest = {
         "format": FORMAT,
         "backend": _backend(rows),
@@ -104,7 +112,7 @@ def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Pat
         "dim": store.dim,
         "dtype": store.dtype,
         "chunk": CHUNK,
-        "slots": sorted(store.state),
+        "slots": sorted(state),
         "mode": session.mode,
         "step": session.t,
         "hyper": rows.hyper,
@@ -246,13 +254,18 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
     plan = _check_chunks(anchor, manifest, targets)
     anchor.verify()  # every chunk's CRC-32, before the first row is written
     chunks = [(anchor.array(key), table, start) for key, table, start in plan]
-    session.flush()
-    session.prefetched = session.current = None
-    for values, table, start in chunks:
-        table[start : start + len(values)] = values
-    if store.counters is not None and not saved_counters:
-        store.counters[...] = manifest["step"]  # a lazy run's rows count as current
-    session.t = manifest["step"]
+    # Held while rows are written: no step of another thread lands in the middle, and the
+    # batch that thread has open (fetched before the load) is stepped or released first.
+    with session.owned():
+        session.flush()
+        # This thread's own open or prefetched batch holds rows from before the load.
+        session.prefetched = session.current = None
+        for values, table, start in chunks:
+            table[start : start + len(values)] = values
+        counters = store.live()[2]
+        if counters is not None and not saved_counters:
+            counters[...] = manifest["step"]  # a lazy run's rows count as current
+        session.t = manifest["step"]
     return manifest
 
 

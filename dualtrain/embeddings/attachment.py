@@ -1,10 +1,11 @@
-"""What every attachment offers whatever its framework: prefetch, flush, detach, steps.
+"""What every attachment offers whatever its framework: prefetch, flush, hold, detach, steps.
 
 An attachment is safe to share between threads: see `dualtrain.embeddings.session`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from dualtrain.embeddings.session import RowSession
@@ -39,8 +40,20 @@ class Attachment:
         self.session.abandon()
 
     def flush(self) -> None:
-        """Waits until every write-back has landed in the store."""
+        """Waits until every write-back has landed in the store.
+
+        Reads of ``store.table``, ``store.state`` and ``store.counters`` do this themselves.
+        """
         self.session.flush()
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Holds the attachment for a ``with`` block: no other thread's step runs in it.
+
+        For a consistent copy while other threads train:
+        ``with rows.hold(): table = rows.store.table.copy()``. It waits for a batch another
+        thread has open (fetched, not yet stepped); this thread may fetch and step inside.
+        """
+        return self.session.owned()
 
     def detach(self) -> None:
         """Flushes and frees the store for another attachment (its tables stay)."""

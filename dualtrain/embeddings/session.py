@@ -21,6 +21,13 @@ Threads:
     runs as one unit: no update is lost even when threads touch the same rows, and the
     attachment's staging and optimizer are never shared mid-step. A batch left open by a
     thread that has ended is dropped (nothing written back) when another thread needs it.
+
+Reads:
+    Write-backs stay asynchronous; the store's public reads (``store.table``, ``state``,
+    ``counters``) wait for those in flight (`flush`, safe from any thread), so they include
+    every step already returned. The worker itself uses ``store.live()``, which does not
+    wait. Checkpoints also hold the session (`owned`), so no step runs while rows are
+    written to a file or loaded from one.
 """
 
 from __future__ import annotations
@@ -163,7 +170,9 @@ class RowSession:
     # ---- staging -----------------------------------------------------------------------
 
     def tables(self) -> dict[str, np.ndarray]:
-        return {WEIGHT: self.store.table, **self.store.state}
+        # The live arrays: the worker calls this, and the store's properties wait for it.
+        table, state, _ = self.store.live()
+        return {WEIGHT: table, **state}
 
     def _buffers(self, n: int) -> tuple[int, dict[str, np.ndarray]]:
         # Never the set of the batch in use: its rows are the live parameter until step.
@@ -245,9 +254,10 @@ class RowSession:
         when a zero-gradient step from the
         initial state is the identity (`fresh_identity`).
         """
-        if self.mode != "exact" or self.store.counters is None:
+        counters = self.store.live()[2]
+        if self.mode != "exact" or counters is None:
             return range(0), np.zeros(0, np.int64)
-        last = self.store.counters[batch.lookup.unique]
+        last = counters[batch.lookup.unique]
         if fresh_identity:
             last = np.where(last == 0, self.t, last)
         first = int(last.min()) + 1 if last.size else self.t + 1
@@ -270,8 +280,9 @@ class RowSession:
         """
         self.t += advance
         unique = batch.lookup.unique
-        if self.store.counters is not None:
-            self.store.counters[unique] = self.t
+        counters = self.store.live()[2]
+        if counters is not None:  # written here, not by the worker: the next fetch reads them
+            counters[unique] = self.t
         self._submit(self._scatter, unique, updated, before)
         if self.prefetched is not None:  # FIFO: its gather is done when the patch runs
             self.prefetched.ready = self._submit(self._patch, self.prefetched, unique, updated)
@@ -296,10 +307,10 @@ class RowSession:
 
     def stale(self, fresh_identity: bool, chunk: int = 65536) -> list[np.ndarray]:
         """Exact mode: the rows behind the current step, in chunks (see `settle`)."""
-        if self.mode != "exact" or self.store.counters is None:
+        counters = self.store.live()[2]
+        if self.mode != "exact" or counters is None:
             return []
         self.flush()
-        counters = self.store.counters
         behind = (counters < self.t) & ((counters > 0) if fresh_identity else True)
         rows = np.flatnonzero(behind)
         return [rows[i : i + chunk] for i in range(0, rows.size, chunk)]
@@ -310,11 +321,22 @@ class RowSession:
             self._close()
 
     def flush(self) -> None:
-        """Waits for every gather and write-back; re-raises a worker's error."""
+        """Waits for every gather and write-back submitted so far; re-raises a worker's error.
+
+        Safe from any thread: each caller waits for all of them (a flush that took the list
+        away would let a second thread's flush return while the first still waited).
+        """
         with self._pending_lock:
-            pending, self._pending = self._pending, []
+            pending = list(self._pending)
+        error = None
         for future in pending:
-            future.result()
+            exc = future.exception()  # waits for it
+            error = error or exc
+        waited = {id(f) for f in pending}
+        with self._pending_lock:
+            self._pending = [f for f in self._pending if id(f) not in waited]
+        if error is not None:
+            raise error
 
     def detach(self) -> None:
         """Flushes and releases the store (its tables stay)."""

@@ -7,6 +7,7 @@ and move only the rows a batch touches to the device and back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from typing import Any
@@ -65,8 +66,13 @@ class EmbeddingStore:
         pinned: page-locked host memory through torch (True: required, needs torch and
             CUDA; None: when torch is imported and sees a GPU; False: plain memory).
 
+    Reading `table`, `state` or `counters` first waits for the attachment's write-backs in
+    flight, so what it returns includes every step already returned (write-backs stay
+    asynchronous between reads). What it returns is the live array, not a copy: later steps
+    change it (see docs/embeddings.md, "Reading the store").
+
     Attributes:
-        table: the host table, an ndarray [num_rows, dim] (read it after ``flush()``).
+        table: the host table, an ndarray [num_rows, dim].
         state: optimizer-state tables by slot name, each [num_rows, dim], set by attach.
         counters: exact mode's per-row step counters, int64 [num_rows], or None.
     """
@@ -98,11 +104,42 @@ class EmbeddingStore:
         self.dtype = str(dtype)
         self.seed = seed
         self.pinned = bool(pinned) if pinned is not None else _cuda_torch()
-        self.table = self.empty()
-        fill(self.table, init, std, self.seed)
-        self.state: dict[str, np.ndarray] = {}
-        self.counters: np.ndarray | None = None
+        # The live arrays. The attachment's worker writes them; public reads go through the
+        # properties below, which wait for it first.
+        self._table = self.empty()
+        fill(self._table, init, std, self.seed)
+        self._state: dict[str, np.ndarray] = {}
+        self._counters: np.ndarray | None = None
         self.session: Any = None  # the attachment training this store, if any
+
+    @property
+    def table(self) -> np.ndarray:
+        """The host table [num_rows, dim], with every step already returned written back."""
+        self.flush()
+        return self._table
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """Optimizer-state tables by slot name, with every step already returned in them."""
+        self.flush()
+        return self._state
+
+    @property
+    def counters(self) -> np.ndarray | None:
+        """Exact mode's per-row step counters (int64 [num_rows]), or None in lazy mode."""
+        self.flush()
+        return self._counters
+
+    def live(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+        """The table, state tables and counters without waiting: for the attachment itself.
+
+        Its worker thread writes them; a read from elsewhere must use the properties.
+        """
+        return self._table, self._state, self._counters
+
+    def held(self) -> contextlib.AbstractContextManager[None]:
+        """Holds the attachment (no step runs) for the block; nothing to hold when detached."""
+        return self.session.owned() if self.session is not None else contextlib.nullcontext()
 
     def empty(self, rows: int | None = None) -> np.ndarray:
         """An uninitialized [rows, dim] host buffer like the table's (pinned if it is)."""
@@ -122,8 +159,9 @@ class EmbeddingStore:
         _check_init(init)
         std = check_finite("std", std, 0.0, expected="a finite number >= 0")
         seed = self.seed if seed is None else check_seed("seed", seed)
-        self.flush()
-        fill(self.table, init, std, seed)
+        with self.held():  # no step of another thread writes rows while they are refilled
+            self.flush()
+            fill(self._table, init, std, seed)
 
     def allocate_state(self, slots: dict[str, np.ndarray], counters: bool) -> None:
         """Adds one table per slot, every row set to ``slots[name]`` ([dim] or a scalar).
@@ -135,12 +173,12 @@ class EmbeddingStore:
                 "this EmbeddingStore is already attached to an optimizer; call "
                 "rows.detach() on the old attachment first"
             )
-        self.state = {}
+        self._state = {}
         for name, row in slots.items():
             table = self.empty()
             table[...] = np.broadcast_to(np.asarray(row), (self.dim,))
-            self.state[name] = table
-        self.counters = np.zeros(self.num_rows, np.int64) if counters else None
+            self._state[name] = table
+        self._counters = np.zeros(self.num_rows, np.int64) if counters else None
 
     def flush(self) -> None:
         """Waits until every asynchronous write-back of the attachment has landed."""
@@ -148,19 +186,23 @@ class EmbeddingStore:
             self.session.flush()
 
     def memory(self) -> MemoryReport:
-        """Host bytes of the table, the state tables and the counters."""
-        state = {k: int(v.nbytes) for k, v in self.state.items()}
-        counters = 0 if self.counters is None else int(self.counters.nbytes)
-        total = int(self.table.nbytes) + sum(state.values()) + counters
+        """Host bytes of the table, the state tables and the counters.
+
+        Sizes only, which no step changes: it does not wait for write-backs.
+        """
+        table, states, counters_table = self.live()
+        state = {k: int(v.nbytes) for k, v in states.items()}
+        counters = 0 if counters_table is None else int(counters_table.nbytes)
+        total = int(table.nbytes) + sum(state.values()) + counters
         return MemoryReport(
-            int(self.table.nbytes), state, counters, total, total / self.num_rows, self.pinned
+            int(table.nbytes), state, counters, total, total / self.num_rows, self.pinned
         )
 
     def __repr__(self) -> str:
         report = self.memory()
         return (
             f"EmbeddingStore({self.num_rows} x {self.dim} {self.dtype}, state="
-            f"{sorted(self.state)}, {report.total / 2**20:.1f} MiB"
+            f"{sorted(report.state)}, {report.total / 2**20:.1f} MiB"
             f"{', pinned' if self.pinned else ''})"
         )
 

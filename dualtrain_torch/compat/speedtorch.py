@@ -208,7 +208,10 @@ class ModelFactory:
     # ---- the table -------------------------------------------------------------------
 
     def getNumpyVersion(self) -> np.ndarray:
-        """The table as a NumPy array (the live table, as SpeedTorch's CPU torch factory)."""
+        """The table as a NumPy array (the live table, as SpeedTorch's CPU torch factory).
+
+        Like ``store.table``: every step already returned is in it; later ones change it.
+        """
         return self.store.table
 
     def saveCupy(self, saveFileName: str) -> None:
@@ -216,16 +219,19 @@ class ModelFactory:
 
         CuPy is not needed: the file is NumPy's format, which ``cupy.load`` reads too.
         """
-        save_npy(saveFileName, self.store.table)
+        with self.store.held():  # an attachment of the store steps nothing meanwhile
+            save_npy(saveFileName, self.store.table)
 
     def loadCupy(self, loadFileName: str) -> None:
         """Loads a .npy table (from saveCupy or ``cupy.save``) of this table's shape and dtype."""
         loaded = load_npy(loadFileName, "loadFileName")
-        self.store.table[...] = checked(self.store.table, loaded, loadFileName, "loadFileName")
+        with self.store.held():
+            self.store.table[...] = checked(self.store.table, loaded, loadFileName, "loadFileName")
 
     def saveTorch(self, saveFileName: str) -> None:
         """Saves the table as one tensor with ``torch.save``, to exactly `saveFileName`."""
-        save_tensors(saveFileName, convert(self.store.table, to="torch"))
+        with self.store.held():
+            save_tensors(saveFileName, convert(self.store.table, to="torch"))
 
     def loadTorch(self, loadFileName: str) -> None:
         """Loads a tensor saved by saveTorch or by SpeedTorch (``torch.save``), on any device.
@@ -234,7 +240,8 @@ class ModelFactory:
         called plain ``torch.load``, which unpickles anything).
         """
         loaded = load_tensors(loadFileName, "loadFileName")
-        self.store.table[...] = checked(self.store.table, loaded, loadFileName, "loadFileName")
+        with self.store.held():
+            self.store.table[...] = checked(self.store.table, loaded, loadFileName, "loadFileName")
 
 
 class OptimizerFactory:

@@ -104,12 +104,13 @@ def fill_like_torch(store: EmbeddingStore, init: Any, *args: Any, **kwargs: Any)
     Torch's global generator, the table's shape (fan-in and fan-out) and dtype: SpeedTorch's
     torch factories' numbers on the CPU.
     """
-    table = convert(store.table, to="torch")
-    with torch.no_grad():
-        init(table, *args, **kwargs)
-    shared = table.data_ptr() == store.table.__array_interface__["data"][0]
-    if not shared:  # a dtype torch could not view in place: copy the filled table back
-        store.table[...] = convert(table, to="numpy")
+    with store.held():  # an attachment of the store steps nothing while it is refilled
+        table = convert(store.table, to="torch")
+        with torch.no_grad():
+            init(table, *args, **kwargs)
+        shared = table.data_ptr() == store.table.__array_interface__["data"][0]
+        if not shared:  # a dtype torch could not view in place: copy the filled table back
+            store.table[...] = convert(table, to="numpy")
 
 
 def fill_seeded(store: EmbeddingStore, draw: Any, seed: int) -> None:

@@ -158,3 +158,18 @@ def test_pinned_store_trains_on_cuda_like_on_the_cpu():
     on_gpu, rows = run_torch(torch.optim.Adam, {"lr": 0.1}, "exact", steps, pinned=True)
     assert on_gpu.pinned and rows.device.type == "cuda" and on_gpu.memory().pinned
     np.testing.assert_allclose(on_gpu.table, on_cpu.table, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.SparseAdam])
+def test_lazy_adam_and_sparse_adam_place_eps_as_documented(cls):
+    """Step 1 at the defaults: Adam lr*g/(|g| + eps), SparseAdam lr*g/(|g| + eps/sqrt(1-b2)).
+
+    docs/embeddings.md states the difference this way; gradients near eps show it most.
+    """
+    g = np.array([1.0, 1e-4, 1e-6, -1e-7])
+    s = dualtrain.EmbeddingStore(4, 1, dtype="float64", init="zeros")
+    rows = attach(s, cls, "lazy", lr=1e-3)
+    (rows.fetch(np.arange(4))[:, 0] * torch.from_numpy(g)).sum().backward()
+    rows.step()
+    eps = 1e-8 if cls is torch.optim.Adam else 1e-8 / np.sqrt(1 - 0.999)
+    np.testing.assert_allclose(s.table[:, 0], -1e-3 * g / (np.abs(g) + eps), rtol=1e-12)
