@@ -63,7 +63,7 @@ def stream(seed: int, purpose: str | int, *words: int | str) -> np.random.Genera
         raise bad_argument("purpose", purpose, f"one of {PURPOSES}")
     # Philox's counter words are uint64, but NumPy maps words in [2**63, 2**64) onto others
     # (2**63 + 5 becomes 2**63) with only a warning: two epochs would share one stream.
-    if len(words) > 3 or not all(_count(w) and int(w) < 2**63 for w in words):  # type: ignore[call-overload]
+    if len(words) > 3 or not all(_count(w) and int(w) < 2**63 for w in words):
         raise bad_argument("words", words, "up to three ints in [0, 2**63)")
     counter = [0, *map(int, words), 0, 0, 0][:4]  # the first word is Philox's own draw counter
     return np.random.Generator(np.random.Philox(counter=counter, key=(seed & _MASK) | code << 64))

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dualtrain import dtypes
-from dualtrain.checkpoint.anchor_file import Anchor, write_anchor
+from dualtrain.checkpoint.anchor_file import Anchor, check_extra, check_header, write_anchor
 from dualtrain.checkpoint.anchor_names import _absent
+from dualtrain.checkpoint.manifest import _jsonable
 from dualtrain.checkpoint.vocabulary import (
     EMBEDDINGS_FORMAT,
     EMBEDDINGS_READS,
@@ -88,8 +89,9 @@ def _optimizer_name(rows: Any) -> str:
 def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Path:
     """Writes the store behind `rows` (an attachment) with its optimizer state to `path`."""
     session = _session(rows)
-    if extra is not None and not isinstance(extra, dict):
-        raise bad_argument("extra", extra, "a dict of JSON-serializable data, or None")
+    # What TimeMachine.drop refuses (non-str keys, values JSON cannot hold), refused here
+    # too before anything is written: a repr stored in their place would load as a string.
+    check_extra(extra, _jsonable)
     # Held from the flush to the last byte written: a step of another thread (its fetch
     # waits) cannot change rows while they are written, or the CRCs would not match them.
     with session.owned():
@@ -119,7 +121,9 @@ def _write_rows(rows: Any, session: Any, path: Path, extra: dict[str, Any] | Non
         "optimizer": _optimizer_name(rows),
         "extra": extra or {},
     }
-    # Hyper-parameters JSON cannot hold (a tensor lr, a schedule) are recorded by repr.
+    # Hyper-parameters JSON cannot hold (a tensor lr, a schedule) are recorded by repr;
+    # `extra` was checked whole, so repr never reaches it.
+    check_header(tensors, manifest, repr, extra)
     write_anchor(path, tensors, manifest, default=repr)
     return path
 
