@@ -238,7 +238,7 @@ def accelerate(
         donate_argnums: functions only: the positional arguments JIT_DONATE donates; None
             donates those whose structure, shapes and dtypes equal a returned value.
         **options: `LadderOptions` fields: rtol, atol, compile_budget, warm_steps,
-            min_speedup, max_signatures, cache.
+            min_speedup, max_signatures, cache, clock.
 
     Returns:
         An `AcceleratedFunction` for a function, an `AcceleratedModule` for a module.

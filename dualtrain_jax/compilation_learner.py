@@ -92,7 +92,7 @@ class TrainingLearner:
         patch_backprop: meProp top-k backprop through every Dense (approximate; `explain`
             lists it).
         **options: `LadderOptions` fields (rtol, atol, compile_budget, warm_steps,
-            min_speedup, max_signatures, cache).
+            min_speedup, max_signatures, cache, clock).
 
     Donation: when JIT_DONATE serves the step, ``learner.model.params``, ``.state`` and
     ``learner.opt_state`` as they were before a step are deleted by it (the learner holds

@@ -60,7 +60,7 @@ def accelerate(
             Linear, k = 4% of its outputs, at least 1), or a dict ``{"k": ...}`` /
             ``{"ratio": ...}``. Approximate: ``explain()`` lists each layer.
         **options: `LadderOptions` fields (rtol, atol, compile_budget, warm_steps,
-            min_speedup, max_signatures, cache).
+            min_speedup, max_signatures, cache, clock).
 
     Returns:
         `module` itself; ``module.forward.explain()`` (or `explain(module)`) reports.

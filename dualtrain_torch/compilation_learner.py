@@ -10,7 +10,6 @@ optimizer state and RNG and compare the loss and everything the step changed.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,6 +58,7 @@ class _StepTrial:
     def __init__(self, name: str, learner: TrainingLearner, inputs: tuple[Any, ...], targets: Any):
         self.name, self.learner = name, learner
         self.inputs, self.targets = inputs, targets
+        self.clock = learner._step_decider.options.clock  # what the ladder times with
         self._runner: Callable[..., torch.Tensor] | None = None
         self._snapshot = _StepSnapshot(learner, attributes=True)
 
@@ -108,13 +108,13 @@ class _StepTrial:
         """
         run = self.runner()
         try:
-            start = time.perf_counter()
+            start = self.clock()
             if self.name != "PYTORCH":
                 _StepSnapshot(self.learner, attributes=True)
             loss = run(self.inputs, self.targets)
             if loss.is_cuda:
                 torch.cuda.synchronize(loss.device)
-            return time.perf_counter() - start
+            return self.clock() - start
         finally:
             self._snapshot.restore()
 

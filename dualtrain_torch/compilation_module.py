@@ -137,7 +137,9 @@ class AcceleratedForward:
                         mode,
                         key,
                         {**structure(module), "approximate": self.decider.approximations},
-                        lambda names: list(rung_trials(names, module, eager, args, kwargs)),
+                        lambda names: list(
+                            rung_trials(names, module, eager, args, kwargs, self.options.clock)
+                        ),
                     )
         if quick is not None:
             if len(self._quick) >= _QUICK_KEPT:

@@ -59,6 +59,7 @@ class ForwardTrial:
         module: the model (its forward is `eager`).
         eager: the module's own forward (bound), what every rung computes.
         args, kwargs: the batch.
+        clock: what times a step (`LadderOptions.clock`).
     """
 
     def __init__(
@@ -68,10 +69,12 @@ class ForwardTrial:
         eager: Forward,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.name = name
         self.module, self.eager = module, eager
         self.args, self.kwargs = args, kwargs
+        self.clock = clock
         self._runner: Forward | None = None
         self._snapshot = Snapshot(module, attributes=True)
 
@@ -111,13 +114,13 @@ class ForwardTrial:
         args, kwargs = self.fresh()
         try:
             with _no_compile_warnings():
-                start = time.perf_counter()
+                start = self.clock()
                 if self.name != "PYTORCH" and trains(self.module):
                     # A real call under a candidate snapshots buffers and RNG first, so that
                     # a failing rung can hand the call to eager (`AcceleratedForward`).
                     Snapshot(self.module, attributes=True)
                 timed_forward(lambda: run(*args, **kwargs), self.module)
-                return time.perf_counter() - start
+                return self.clock() - start
         finally:
             self._snapshot.restore()
 
@@ -346,9 +349,10 @@ def rung_trials(
     eager: Forward,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[ForwardTrial]:
-    """Trials for rungs `names` of `module`'s forward on one batch."""
-    return [ForwardTrial(name, module, eager, args, kwargs) for name in names]
+    """Trials for rungs `names` of `module`'s forward on one batch, timed by `clock`."""
+    return [ForwardTrial(name, module, eager, args, kwargs, clock) for name in names]
 
 
 def onnx_available() -> bool:

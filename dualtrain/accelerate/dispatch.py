@@ -12,7 +12,6 @@ good (`Decider.fall_back`), and the reason is recorded (and cached).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -95,7 +94,7 @@ class Decider:
             trials: builds the trials for the given rung names, in the order given (the
                 ladder's order, eager last).
         """
-        start = time.perf_counter()
+        start = self.options.clock()
         key = (mode, signature)
         same_mode = [d for (m, _), d in self.decisions.items() if m == mode]
         if len(same_mode) >= self.options.max_signatures:
@@ -115,7 +114,7 @@ class Decider:
         if cached is not None and cached.chosen in self.backends:
             built = self._build_chosen(cached.chosen, trials)
             if built is not None:
-                cached.decide_s = time.perf_counter() - start
+                cached.decide_s = self.options.clock() - start
                 return self._settle(key, cached, built)
         if same_mode and same_mode[0].chosen != self.eager:
             decision, runner = self._reverify(mode, signature, same_mode[0].chosen, trials)
@@ -128,7 +127,7 @@ class Decider:
             runner = self._eager_runner
         else:
             decision, runner = self._climb(mode, signature, trials)
-        decision.decide_s = time.perf_counter() - start
+        decision.decide_s = self.options.clock() - start
         self.cache.put(cache_key, decision)
         return self._settle(key, decision, runner)
 
@@ -204,7 +203,7 @@ class Decider:
         reference = self._eager(trials)
         names, want = reference.check()
         (trial,) = trials([name])
-        start = time.perf_counter()
+        start = self.options.clock()
         try:
             trial.build()
             got_names, got = trial.check()
@@ -215,7 +214,7 @@ class Decider:
             error = verdict.max_error
         except Exception as failure:  # UnavailableError too
             ok, reason, error = False, describe_error(failure), None
-        spent = time.perf_counter() - start
+        spent = self.options.clock() - start
         if ok:
             attempt = Attempt(name, CHOSEN, f"{mode}'s choice, re-verified on this signature")
             attempt.compile_s, attempt.max_error = spent, error
@@ -231,5 +230,5 @@ class Decider:
         self._eager(trials)
         reason = f"more than {self.options.max_signatures} signatures in {mode} mode: eager"
         decision = Decision(mode, signature, self.eager, [Attempt(self.eager, CHOSEN, reason)])
-        decision.decide_s = time.perf_counter() - start
+        decision.decide_s = self.options.clock() - start
         return decision

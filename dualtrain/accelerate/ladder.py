@@ -60,16 +60,21 @@ class Trial(Protocol):
         """Undoes what `build` changed when the rung is not kept (a layout, a compile)."""
 
 
-def median_time(step: Callable[[], float | None], steps: int) -> float:
+def median_time(
+    step: Callable[[], float | None],
+    steps: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
     """Median seconds of `steps` calls of `step` (after the calls already made).
 
-    A call that returns a number of seconds counts that instead of its wall time.
+    A call that returns a number of seconds counts that instead of the time `clock` saw
+    pass.
     """
     times = []
     for _ in range(steps):
-        start = time.perf_counter()
+        start = clock()
         measured = step()
-        wall = time.perf_counter() - start
+        wall = clock() - start
         times.append(measured if isinstance(measured, (int, float)) else wall)
     return statistics.median(times)
 
@@ -87,16 +92,18 @@ def climb(
     """Tries `candidates` in order against `reference`; returns the chosen name and attempts.
 
     An exception from the reference propagates (the user's model itself fails); a
-    candidate's exception becomes a "failed" attempt.
+    candidate's exception becomes a "failed" attempt. Compiles and steps are timed by
+    ``options.clock``.
     """
+    clock = options.clock
     reference.build()
     names, want = reference.check()
     reference.step()  # a warm step, as each candidate gets
-    eager_s = median_time(reference.step, options.warm_steps)
+    eager_s = median_time(reference.step, options.warm_steps, clock)
     attempts: list[Attempt] = []
     best: tuple[float, int] | None = None
     for trial in candidates:
-        start = time.perf_counter()
+        start = clock()
         try:
             trial.build()
             got_names, got = trial.check()
@@ -110,12 +117,12 @@ def climb(
                     trial.name,
                     FAILED,
                     describe_error(error),
-                    compile_s=time.perf_counter() - start,
+                    compile_s=clock() - start,
                 )
             )
             trial.release()
             continue
-        compile_s = time.perf_counter() - start
+        compile_s = clock() - start
         verdict = compare(names, want, got, options)
         if got_names != names:
             verdict = type(verdict)(False, verdict.max_error, "results named differently")
@@ -133,7 +140,7 @@ def climb(
             continue
         try:
             trial.step()
-            step_s = median_time(trial.step, options.warm_steps)
+            step_s = median_time(trial.step, options.warm_steps, clock)
         except Exception as error:
             attempt.status, attempt.reason = FAILED, "while timed: " + describe_error(error)
             trial.release()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,9 @@ class LadderOptions:
             own is at least this (1.03: 3% above timing noise on a shared machine).
         max_signatures: input signatures decided per mode; beyond, calls run eager.
         cache: True (the default folder), False (no decision cache), or a folder.
+        clock: seconds, as `time.perf_counter` (the default) reads them: what times each
+            compile and step. A seam for tests, which pass a fake clock so that a verdict
+            on speed does not depend on how busy the machine is.
     """
 
     rtol: float | None = None
@@ -52,6 +57,7 @@ class LadderOptions:
     min_speedup: float = 1.03
     max_signatures: int = 8
     cache: bool | str | os.PathLike[str] = True
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("rtol", "atol"):
@@ -70,6 +76,10 @@ class LadderOptions:
         if not isinstance(self.cache, (bool, str, os.PathLike)) or self.cache == "":
             # "" would be the working directory: a cache spread over the user's project.
             raise bad_argument("cache", self.cache, "True, False or a non-empty folder path")
+        if not callable(self.clock):
+            raise bad_argument(
+                "clock", self.clock, "a callable returning seconds, like time.perf_counter"
+            )
 
     @classmethod
     def from_keywords(cls, options: dict[str, Any]) -> LadderOptions:

@@ -1,4 +1,7 @@
-"""`Decider`: per mode and signature, with the decision cache and sticky fallback, on fakes."""
+"""`Decider`: per mode and signature, with the decision cache and sticky fallback, on fakes.
+
+Time is the fake clock of the ladder's tests: each fake trial moves it by its own cost.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pytest
 
 from dualtrain.accelerate import LadderOptions
 from dualtrain.accelerate.dispatch import Decider
-from tests.core.test_accelerate_ladder import EAGER_MS, MID_MS, FakeTrial
+from tests.core.test_accelerate_ladder import CLOCK, EAGER_MS, FAST_MS, MID_MS, FakeTrial
 
 PARTS = {"model": "MLP(8, 3)", "params": [["w", [8, 3], "float32"]], "device": "cpu"}
 BACKENDS = ("CHANNELS_LAST", "TORCH_COMPILE", "CUDA_GRAPHS", "PYTORCH")
@@ -52,7 +55,7 @@ class World:
 
 
 def options(folder: Path | None, **kw: Any) -> LadderOptions:
-    return LadderOptions(warm_steps=2, cache=False if folder is None else folder, **kw)
+    return LadderOptions(warm_steps=2, cache=False if folder is None else folder, clock=CLOCK, **kw)
 
 
 def decide(
@@ -72,7 +75,8 @@ def test_first_call_climbs_then_the_pair_is_known(tmp_path):
     decision = decider.decisions[("train", "s1")]
     assert decision.chosen == "TORCH_COMPILE"
     assert not decision.from_cache
-    assert decision.decide_s > 0
+    # eager and each available candidate: a warm step and two timed ones, nothing else
+    assert decision.decide_s == pytest.approx(3 * (EAGER_MS + MID_MS + FAST_MS) / 1e3)
     assert [(a.rung, a.status) for a in decision.attempts] == [
         ("CHANNELS_LAST", "verified"),
         ("TORCH_COMPILE", "chosen"),
@@ -93,7 +97,7 @@ def test_a_second_decider_reads_the_decision_from_the_cache(tmp_path):
     decision = later.decisions[("train", "s1")]
     assert decision.from_cache
     assert decision.chosen == "TORCH_COMPILE"
-    assert decision.decide_s < 1.0
+    assert decision.decide_s == 0.0  # the fakes' builds take no time, and nothing stepped
     assert world.count("check") == 0  # no trial ran the batch
     assert world.count("step") == 0
     # only eager (the fallback) and the chosen rung were built
@@ -178,6 +182,22 @@ def test_a_new_signature_re_verifies_the_modes_choice():
     assert len(decision.attempts) == 1
     assert "re-verified" in decision.attempts[0].reason
     assert decision.attempts[0].max_error is not None
+
+
+def test_deciding_is_timed_on_the_options_clock():
+    """A re-verification's compile and the decision's time are the clock's, not the wall's."""
+    world = World({("train", "s2", "TORCH_COMPILE"): {"build_s": 0.5}})
+    decider = Decider("torch", BACKENDS, options(None))
+    decide(decider, world, "train", "s1")
+    decide(decider, world, "train", "s2")
+    decision = decider.decisions[("train", "s2")]
+    assert decision.attempts[0].compile_s == pytest.approx(0.5)
+    assert decision.decide_s == pytest.approx(0.5)  # no step was timed
+    # beyond the signature cap, nothing runs: no time passes
+    capped = Decider("torch", BACKENDS, options(None, max_signatures=1))
+    decide(capped, world, "train", "s1")
+    decide(capped, world, "train", "s2")
+    assert capped.decisions[("train", "s2")].decide_s == 0.0
 
 
 @pytest.mark.parametrize(

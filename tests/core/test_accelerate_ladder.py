@@ -1,7 +1,8 @@
 """The ladder (`climb`) with synthetic trials: plain objects that follow the `Trial` protocol.
 
-Speeds are sleeps of sizes far apart (0 ms, 2 ms, 5 ms for the reference, 15 ms), so timing
-noise cannot reorder them; correctness is what `check` returns.
+Time is a fake clock (`LadderOptions.clock`) that a trial moves on by its own cost (1 ms,
+2 ms, 5 ms for the reference, 15 ms a step; a compile of 80 ms), so the verdicts are the
+same on an idle machine and a loaded one; correctness is what `check` returns.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,7 +28,36 @@ WANT = [
     np.array([0.1, 0.2], np.float32),
 ]
 
-EAGER_MS, FAST_MS, MID_MS, SLOW_MS = 5.0, 0.0, 2.0, 15.0
+EAGER_MS, FAST_MS, MID_MS, SLOW_MS = 5.0, 1.0, 2.0, 15.0
+
+
+@dataclass
+class FakeClock:
+    """Seconds that pass only when a fake trial says its work took them."""
+
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Ticks:
+    """A clock that moves one second at each reading: a time that counts what was timed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+# Shared by every fake trial and the options of these tests: it only moves forward, and
+# the ladder reads differences, so tests cannot disturb one another through it.
+CLOCK = FakeClock()
 
 
 def results(kind: str, want: list[np.ndarray] = WANT) -> tuple[list[str], list[np.ndarray]]:
@@ -60,13 +91,14 @@ class FakeTrial:
 
     Args:
         name: the rung's name.
-        step_ms: how long each step sleeps.
+        step_ms: how long each step takes (on `clock`).
         result: what `check` returns (see `results`).
         fail_in: "build", "check" or "step": that call raises.
         unavailable: `build` raises UnavailableError.
-        build_s: how long `build` sleeps (a slow compile).
+        build_s: how long `build` takes (a slow compile).
         want: eager's results for this batch.
         tag: what the runner returns besides the name (which call it serves).
+        clock: the fake clock its work moves on.
     """
 
     def __init__(
@@ -80,8 +112,9 @@ class FakeTrial:
         build_s: float = 0.0,
         want: list[np.ndarray] = WANT,
         tag: Any = None,
+        clock: FakeClock = CLOCK,
     ) -> None:
-        self.name = name
+        self.name, self.clock = name, clock
         self.step_ms, self.result, self.fail_in = step_ms, result, fail_in
         self.unavailable, self.build_s, self.want, self.tag = unavailable, build_s, want, tag
         self.calls: collections.Counter[str] = collections.Counter()
@@ -90,8 +123,7 @@ class FakeTrial:
         self.calls["build"] += 1
         if self.unavailable:
             raise UnavailableError(f"{self.name} needs a device this machine lacks")
-        if self.build_s:
-            time.sleep(self.build_s)
+        self.clock.advance(self.build_s)
         if self.fail_in == "build":
             raise RuntimeError(f"{self.name} cannot compile\nsecond line of a long trace")
 
@@ -105,8 +137,7 @@ class FakeTrial:
         self.calls["step"] += 1
         if self.fail_in == "step":
             raise RuntimeError(f"{self.name} failed in a timed step")
-        if self.step_ms:
-            time.sleep(self.step_ms / 1e3)
+        self.clock.advance(self.step_ms / 1e3)
 
     def release(self) -> None:
         self.calls["release"] += 1
@@ -143,7 +174,7 @@ KINDS: dict[str, tuple[dict[str, Any], str, str]] = {
     "late": ({"build_s": 0.08}, "rejected", "compiled in"),
 }
 BUDGET = 0.05
-OPTIONS = LadderOptions(warm_steps=3, compile_budget=BUDGET, cache=False)
+OPTIONS = LadderOptions(warm_steps=3, compile_budget=BUDGET, cache=False, clock=CLOCK)
 
 
 def population(kinds: list[str]) -> list[FakeTrial]:
@@ -267,24 +298,24 @@ def test_a_candidate_over_the_compile_budget_is_rejected():
     chosen, attempts = climb(ref, [late], OPTIONS)
     assert chosen == "EAGER"
     assert attempts[0].status == "rejected"
-    assert "over the 0.05 s budget" in attempts[0].reason
-    assert attempts[0].compile_s >= 0.08
+    assert attempts[0].reason == "compiled in 0.1 s, over the 0.05 s budget"
+    assert attempts[0].compile_s == pytest.approx(0.08)
     assert late.calls["step"] == 0
     # the same candidate within a larger budget wins
     late = FakeTrial("LATE", build_s=0.08)
-    chosen, _ = climb(reference(), [late], LadderOptions(warm_steps=3, cache=False))
+    chosen, _ = climb(reference(), [late], LadderOptions(warm_steps=3, cache=False, clock=CLOCK))
     assert chosen == "LATE"
 
 
 def test_eager_is_chosen_when_nothing_is_min_speedup_faster():
-    options = LadderOptions(warm_steps=3, min_speedup=4.0, cache=False)
+    options = LadderOptions(warm_steps=3, min_speedup=4.0, cache=False, clock=CLOCK)
     ref = reference()
     near = FakeTrial("NEAR", step_ms=MID_MS)  # 2.5x eager: below the 4x asked
     chosen, attempts = climb(ref, [near], options)
     assert chosen == "EAGER"
     assert attempts[0].status == "rejected"
     assert attempts[0].reason == "verified, but not 4x faster than eager"
-    assert 1.2 < attempts[0].speedup < 4.0
+    assert attempts[0].speedup == pytest.approx(EAGER_MS / MID_MS)
     assert attempts[-1].status == "chosen"
     assert "no candidate was verified and faster" in attempts[-1].reason
     assert near.calls["release"] == 1
@@ -302,7 +333,9 @@ def test_the_fastest_of_several_correct_candidates_is_chosen():
     assert [a.status for a in attempts] == ["verified", "chosen", "verified", "verified"]
     assert attempts[0].reason == "verified, slower than FAST"
     assert attempts[2].reason == "verified, slower than FAST"
-    assert attempts[1].speedup > attempts[0].speedup > 1.5
+    assert attempts[0].speedup == attempts[2].speedup == pytest.approx(EAGER_MS / MID_MS)
+    assert attempts[1].speedup == pytest.approx(EAGER_MS / FAST_MS)
+    assert [a.step_ms for a in attempts] == pytest.approx([MID_MS, FAST_MS, MID_MS, EAGER_MS])
     assert [t.calls["release"] for t in (mid, fast, mid2)] == [1, 0, 1]
     # each candidate: one warm step and warm_steps timed ones; checked once
     assert [t.calls["step"] for t in (mid, fast, mid2)] == [4, 4, 4]
@@ -322,7 +355,58 @@ def test_describe_error_keeps_type_and_first_line():
 
 
 def test_median_time_calls_step_the_number_of_times_asked():
+    clock, costs = FakeClock(), iter([3.0, 1.0, 2.0])
     calls = []
-    seconds = median_time(lambda: calls.append(time.sleep(0.001)), 3)
+
+    def step() -> None:
+        calls.append(clock.advance(next(costs)))
+
+    assert median_time(step, 3, clock) == 2.0
     assert len(calls) == 3
-    assert 0.0009 < seconds < 0.5
+
+
+def test_median_time_counts_the_seconds_a_step_returns_over_the_clock():
+    clock, costs = FakeClock(), iter([5.0, 0.5, 0.25, 7.0])
+
+    def step() -> float | None:
+        clock.advance(10.0)  # the trial's restoring, which a real call does not pay
+        cost = next(costs)
+        return None if cost > 1 else cost
+
+    # 5.0 and 7.0 (None) are timed by the clock: 10 s each
+    assert median_time(step, 4, clock) == pytest.approx((0.5 + 10.0) / 2)
+
+
+def test_median_time_reads_the_performance_counter_by_default():
+    # The production clock: a real step of about 1 ms, nothing asserted about its speed.
+    assert median_time(lambda: None, 1) >= 0.0
+    assert LadderOptions().clock is time.perf_counter
+
+
+@pytest.mark.parametrize("kinds", [["mid", "fast", "mid"], ["late", "slow", "fast"]], ids="+".join)
+def test_the_verdicts_hold_whatever_else_runs_on_the_machine(kinds):
+    """Real time passing between the clock's readings (a loaded machine) changes nothing:
+    only the fake clock is read, so the attempts are the same, to the last digit."""
+    runs = []
+    for pause in (0.0, 0.02):
+        clock = FakeClock()
+        ref = FakeTrial("EAGER", step_ms=EAGER_MS, result="same", clock=clock)
+        candidates = [
+            FakeTrial(f"C{i}_{kind}", clock=clock, **KINDS[kind][0]) for i, kind in enumerate(kinds)
+        ]
+        for trial in (ref, *candidates):
+            for method in ("build", "check", "step"):
+                setattr(trial, method, _pausing(getattr(trial, method), pause))
+        options = LadderOptions(warm_steps=3, compile_budget=BUDGET, cache=False, clock=clock)
+        chosen, attempts = climb(ref, candidates, options)
+        check_invariants(ref, candidates, kinds, chosen, attempts)
+        runs.append((chosen, attempts))
+    assert runs[0] == runs[1]
+
+
+def _pausing(call: Callable[[], Any], seconds: float) -> Callable[[], Any]:
+    def paused() -> Any:
+        time.sleep(seconds)  # the machine is busy elsewhere: real time passes, not the clock's
+        return call()
+
+    return paused

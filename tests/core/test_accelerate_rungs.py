@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -216,6 +217,22 @@ def test_options_reject_bad_tolerances(field, value):
 def test_options_reject_bad_cache(value):
     with pytest.raises(ArgumentError, match="cache"):
         LadderOptions(cache=value)
+
+
+@pytest.mark.parametrize("value", [None, 0.0, 5, "perf_counter", [1.0]], ids=repr)
+def test_options_reject_a_clock_that_cannot_be_called(value):
+    with pytest.raises(ArgumentError) as raised:
+        LadderOptions(clock=value)
+    assert "clock" in str(raised.value)
+    assert repr(value) in str(raised.value)
+
+
+def test_options_time_with_the_performance_counter_unless_told():
+    ticks = iter(range(100))
+    fake = LadderOptions(clock=lambda: float(next(ticks)))
+    assert fake.clock() == 0.0 and fake.clock() == 1.0
+    assert LadderOptions().clock is time.perf_counter
+    assert "clock" not in repr(LadderOptions())  # the report's repr stays the numbers
 
 
 @given(

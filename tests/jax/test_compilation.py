@@ -18,6 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from dualtrain.craft import Craft, dock
 from dualtrain.errors import ArgumentError
+from tests.core.test_accelerate_ladder import Ticks
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -31,7 +32,8 @@ from dualtrain_jax.compilation import (  # noqa: E402
     accelerate_model,
 )
 
-FAST = {"warm_steps": 1, "cache": False}
+# no compile budget: a verdict must not turn on how busy the machine is
+FAST = {"warm_steps": 1, "cache": False, "compile_budget": 1e9}
 ANY_WIN = {**FAST, "min_speedup": 1e-9}  # a verified candidate is always chosen
 NO_WIN = {**FAST, "min_speedup": 1e9}  # eager is always chosen
 X = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32))
@@ -282,13 +284,26 @@ def test_a_second_accelerate_reads_the_decision_from_the_cache(tmp_path):
     want = first(X)
     assert not first.explain().decisions[0].from_cache
     assert list(tmp_path.glob("*.json"))
-    second = accelerate(busy, **options)
+    second = accelerate(busy, **options, clock=Ticks())
     got = second(X)
     decision = second.explain().decisions[0]
-    assert decision.from_cache and decision.decide_s < 1.0
+    assert decision.from_cache
+    assert decision.decide_s == 1.0  # the clock read at the start and the end, nothing timed
     assert decision.chosen == first.explain().decisions[0].chosen
     assert "from the decision cache" in str(second.explain())
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_the_ladder_times_on_the_clock_it_is_given():
+    """Under a clock that moves one second per reading, every step costs one second:
+    JIT is verified but not faster, whatever the machine is doing."""
+    fast = accelerate(busy, backends=("JIT", "EAGER"), warm_steps=3, cache=False, clock=Ticks())
+    np.testing.assert_allclose(np.asarray(fast(X)), np.asarray(busy(X)), rtol=1e-5)
+    jit, eager = attempts(fast)["JIT"], attempts(fast)["EAGER"]
+    assert fast.explain().chosen("call") == "EAGER"
+    assert jit.status == "rejected" and jit.reason == "verified, but not 1.03x faster than eager"
+    assert (jit.compile_s, jit.step_ms, jit.speedup) == (1.0, 1e3, 1.0)
+    assert eager.step_ms == 1e3
 
 
 def test_a_corrupted_cache_file_is_ignored_and_replaced(tmp_path):

@@ -25,7 +25,8 @@ from dualtrain_jax.compilation import AcceleratedModule, accelerate  # noqa: E40
 from dualtrain_jax.compilation_learner import TrainingLearner  # noqa: E402
 from dualtrain_jax.craft import JaxModule, Nozzle, Rudder, realize  # noqa: E402
 
-FAST = {"warm_steps": 1, "cache": False}
+# no compile budget: a verdict must not turn on how busy the machine is
+FAST = {"warm_steps": 1, "cache": False, "compile_budget": 1e9}
 ANY_WIN = {**FAST, "min_speedup": 1e-9}  # a verified candidate is always chosen
 KEY = jax.random.key(3)
 

@@ -16,15 +16,18 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from dualtrain.errors import ArgumentError
 from dualtrain_torch import accelerate, accelerate_model, patch_torch_module
 from dualtrain_torch.compilation import AcceleratedForward, explain
 from dualtrain_torch.compilation_rungs import onnx_available
+from tests.core.test_accelerate_ladder import Ticks
 from tests.torch import compilation_models as models
 
 CHEAP = ["CHANNELS_LAST", "ONNXRUNTIME", "PYTORCH"]
-FORCE = {"min_speedup": 1e-9, "warm_steps": 1, "cache": False}
+# no compile budget: a verdict must not turn on how busy the machine is
+FORCE = {"min_speedup": 1e-9, "warm_steps": 1, "cache": False, "compile_budget": 1e9}
 
 
 def batch(seed: int, n: int = 6, shape: tuple[int, ...] = (3, 8, 8)) -> torch.Tensor:
@@ -189,12 +192,15 @@ def test_a_second_run_reads_the_decision_from_the_cache(tmp_path):
     x = batch(0)
     first = accelerate(models.cnn(0), CHEAP, cache=tmp_path, min_speedup=1e-9, warm_steps=1)
     first(x)
-    second = accelerate(models.cnn(0), CHEAP, cache=tmp_path, min_speedup=1e-9, warm_steps=1)
+    second = accelerate(
+        models.cnn(0), CHEAP, cache=tmp_path, min_speedup=1e-9, warm_steps=1, clock=Ticks()
+    )
     reference = models.cnn(0)
     torch.manual_seed(0)
     out = second(x)
     decision = explain(second).decisions[0]
-    assert decision.from_cache and decision.decide_s < 1.0
+    assert decision.from_cache
+    assert decision.decide_s == 1.0  # the clock read at the start and the end, nothing timed
     assert decision.chosen == explain(first).decisions[0].chosen
     torch.manual_seed(0)
     torch.testing.assert_close(out, reference(x))
@@ -367,7 +373,7 @@ def test_nebulgym_backend_names_and_enum_members_are_accepted():
 def test_torch_compile_is_verified_and_timed(tmp_path):
     """The real compiler once: inductor on a small MLP, in eval and in training."""
     model, reference = models.mlp(0), models.mlp(0)
-    accelerate(model, ["TORCH_COMPILE", "PYTORCH"], cache=tmp_path, min_speedup=1e-9, warm_steps=2)
+    accelerate(model, ["TORCH_COMPILE", "PYTORCH"], **{**FORCE, "cache": tmp_path, "warm_steps": 2})
     x = torch.randn(16, 12)
     torch.manual_seed(0)
     out = model(x)
@@ -588,17 +594,65 @@ def test_buffers_a_forward_reassigns_move_once_per_call(seed, calls):
     assert chosen(model, "train") == "CHANNELS_LAST"
 
 
+class OpsClock(TorchFunctionMode):
+    """A clock whose seconds are the torch operations run so far: a rung's cost, counted
+    the same on a busy machine as on an idle one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+    def __call__(self) -> float:
+        return float(self.ops)
+
+
+OPS = {"warm_steps": 1, "cache": False, "compile_budget": 1e9}  # budget: in operations
+
+
 def test_a_rung_is_timed_with_what_a_real_call_under_it_costs():
     """Per call, a candidate also pays the snapshot that lets it fall back (here 2000
     buffer copies around a forward of one multiply); the trial's own restoring is not a
-    cost of either."""
+    cost of either. Time is counted in torch operations (`OpsClock`)."""
+    clock = OpsClock()
     model = accelerate(
-        models.ManyBuffers(), ["CHANNELS_LAST", "PYTORCH"], min_speedup=0.2, cache=False
+        models.ManyBuffers(),
+        ["CHANNELS_LAST", "PYTORCH"],
+        min_speedup=0.2,
+        **OPS,
+        clock=clock,
     )
-    with torch.no_grad():
+    with torch.no_grad(), clock:
         model(batch(0, 2, (3, 4, 4)))
-    attempt = explain(model).decisions[0].attempts[0]
-    assert attempt.status == "rejected" and attempt.speedup < 0.2, attempt
+    candidate, eager = explain(model).decisions[0].attempts
+    assert candidate.status == "rejected" and candidate.speedup < 0.2, candidate
+    # eager's step is its forward alone; the candidate's, the forward and 2000 copies
+    assert eager.step_ms < 10e3 <= 2000e3 <= candidate.step_ms, (eager, candidate)
+    # without the snapshot (evaluation moves no buffer), the same rung costs as eager does
+    clock, plain = OpsClock(), models.ManyBuffers().eval()
+    accelerate(plain, ["CHANNELS_LAST", "PYTORCH"], **OPS, clock=clock)
+    with torch.no_grad(), clock:
+        plain(batch(0, 2, (3, 4, 4)))
+    candidate, eager = explain(plain).decisions[0].attempts
+    assert candidate.step_ms < 10e3, candidate
+
+
+def test_the_ladder_times_on_the_clock_it_is_given():
+    """Under a clock that moves one second per reading, every step costs one second:
+    CHANNELS_LAST is verified but not faster, whatever the machine is doing."""
+    model = accelerate(
+        models.cnn(0), ["CHANNELS_LAST", "PYTORCH"], warm_steps=3, cache=False, clock=Ticks()
+    )
+    model(batch(0))
+    candidate, eager = explain(model).decisions[0].attempts
+    assert chosen(model, "train") == "PYTORCH"
+    assert candidate.status == "rejected"
+    assert candidate.reason == "verified, but not 1.03x faster than eager"
+    assert (candidate.compile_s, candidate.step_ms, candidate.speedup) == (1.0, 1e3, 1.0)
+    assert eager.step_ms == 1e3
 
 
 @needs_onnx

@@ -12,7 +12,8 @@ from dualtrain.errors import ArgumentError
 from dualtrain_torch import TrainingLearner
 from tests.torch import compilation_models as models
 
-FORCE = {"min_speedup": 1e-9, "warm_steps": 1, "cache": False}
+# no compile budget: a verdict must not turn on how busy the machine is
+FORCE = {"min_speedup": 1e-9, "warm_steps": 1, "cache": False, "compile_budget": 1e9}
 
 
 def data(steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -115,9 +116,7 @@ def test_the_compiled_step_is_verified_against_the_plain_one():
         fast,
         ["COMPILED_STEP", "PYTORCH"],
         optimizer=opt,
-        min_speedup=1e-9,
-        warm_steps=1,
-        cache=False,
+        **FORCE,
     )
     gen = torch.Generator().manual_seed(0)
     batches = [
