@@ -35,7 +35,15 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.dlpack_inputs import _NOT_FOREIGN, _foreign_kind, _ForeignInputs, _refusal
 from dualtrain.errors import ArgumentError, DtypeError, PrecisionWarning, bad_argument
-from dualtrain.layout import CARRIED, NARROWER, copy_reason, describe_dtype, dtypes_named
+from dualtrain.layout import (
+    CARRIED,
+    NARROWER,
+    canonical_strides,
+    copy_reason,
+    describe_dtype,
+    describe_layout,
+    dtypes_named,
+)
 from dualtrain.memory import aligned_empty
 from dualtrain.tree import Path, format_path, map_with_path
 
@@ -211,6 +219,7 @@ class _Plan(_ForeignInputs):
 
     def _from_host(self, path: Path, src: Any, x: Any, a: np.ndarray) -> Any:
         dst, swapped = self.dst, False
+        a = canonical_strides(a)  # strides no element uses must not make a framework refuse
         if a.dtype not in CARRIED:
             a, swapped = self._native(path, src, x, a), True
         if dst.device_only:  # host -> GPU is a transfer whatever the layout
@@ -261,7 +270,16 @@ class _Plan(_ForeignInputs):
         return fresh
 
     def _import(self, path: Path, a: np.ndarray, readonly: bool) -> Any:
-        y = self.dst.from_numpy(a, readonly=readonly)
+        try:
+            y = self.dst.from_numpy(a, readonly=readonly)
+        except (ValueError, TypeError, BufferError, RuntimeError) as err:
+            # A layout the checks above did not foresee: copy it rather than leak the
+            # framework's own error (refused, naming the layout, under copy=False).
+            self._allow_copy(
+                path, f"{self.dst.name} refused its layout ({describe_layout(a)}: {err})"
+            )
+            _record(a.nbytes)
+            return self.dst.from_numpy_copy(a)
         if self.dst.may_copy_silently and a.size and self.dst.data_address(y) != a.ctypes.data:
             self._allow_copy(path, f"{self.dst.name} would not share this layout")
             _record(a.nbytes)

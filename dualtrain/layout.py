@@ -16,8 +16,10 @@ __all__ = [
     "CARRIED",
     "CARRIED_NAMES",
     "NARROWER",
+    "canonical_strides",
     "copy_reason",
     "describe_dtype",
+    "describe_layout",
     "dtypes_named",
     "is_compact",
 ]
@@ -60,14 +62,47 @@ def describe_dtype(dtype: np.dtype) -> str:
     return f"an array of dtype {dtype.name}"
 
 
+def canonical_strides(a: np.ndarray) -> np.ndarray:
+    """`a` itself, or a view of the same memory whose unused strides are row-major ones.
+
+    No element is ever reached through the stride of a size-1 axis, nor through any stride of
+    an empty array, so those strides may be anything (odd, negative, huge); frameworks refuse
+    some of them (torch: strides not a multiple of the itemsize; DLPack: negative ones). They
+    are rewritten here, which shares the memory and changes no value.
+    """
+    shape, strides = a.shape, a.strides
+    if a.size and 1 not in shape:
+        return a
+    expected, canonical = a.itemsize, []
+    for n, s in zip(reversed(shape), reversed(strides), strict=True):
+        canonical.append(s if a.size and n != 1 else expected)
+        expected *= max(n, 1)
+    canonical.reverse()
+    if tuple(canonical) == strides:
+        return a
+    if a.size == 0:  # no memory is read: a fresh empty array is the same value
+        return np.empty(shape, a.dtype)
+    return np.lib.stride_tricks.as_strided(a, strides=canonical)  # read-only stays read-only
+
+
+def describe_layout(a: np.ndarray) -> str:
+    """``"shape (3, 1), strides (4, 3) bytes, itemsize 4"``: an array's layout, for messages."""
+    return f"shape {a.shape}, strides {a.strides} bytes, itemsize {a.itemsize}"
+
+
 def copy_reason(a: np.ndarray, dst: Any) -> str | None:
-    """Why host array `a` cannot be handed to backend `dst` as it is, or None if it can."""
+    """Why host array `a` cannot be handed to backend `dst` as it is, or None if it can.
+
+    `a` has canonical strides (`canonical_strides`): only strides that address elements count.
+    """
     if dst.name == "numpy":
         return None
-    if a.size and min(a.strides, default=0) < 0:  # also size-1 axes of "contiguous" arrays
-        return "it has negative strides"
+    if a.size and min(a.strides, default=0) < 0:
+        return f"it has negative strides ({describe_layout(a)})"
+    if a.size and any(s % a.itemsize for s in a.strides):  # DLPack counts strides in elements
+        return f"its strides are not multiples of its itemsize ({describe_layout(a)})"
     if a.size and dst.compact_only and not a.flags.c_contiguous and not is_compact(a):
-        return "its strides leave gaps, and it takes compact arrays only"
+        return f"its strides leave gaps, and it takes compact arrays only ({describe_layout(a)})"
     if dst.host_alignment > 1 and a.size and a.ctypes.data % dst.host_alignment:
         return f"its data is not {dst.host_alignment}-byte aligned"
     if not a.flags.writeable and not dst.takes_readonly_host:

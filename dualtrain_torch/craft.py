@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dualtrain.craft import Craft, binding, dock
+from dualtrain.craft import Craft, binding, checks, dock
 from dualtrain.craft.craft import is_torch_module
 from dualtrain.deprecation import positional_deprecated
 from dualtrain.dtypes import name_of
@@ -69,6 +69,8 @@ class _TorchBinding:
             )
         if inputs:
             layer.check_input(*inputs, train=module.training, **kwargs)
+            dtype = checks.params_dtype(layer, lambda local: getattr(module, local, None))
+            layer.check_dtype(inputs[0], dtype, train=module.training)
         return module(*inputs, **kwargs)
 
     def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:

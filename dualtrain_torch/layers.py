@@ -109,7 +109,7 @@ BUILDERS: dict[type, Callable[[Any], nn.Module]] = {
         dilation=s.dilation,
     ),
     dock.MaxPool: lambda s: _MAX[s.ndim](s.kernel, s.stride, s.padding),
-    dock.AvgPool: lambda s: _AVG[s.ndim](s.kernel, s.stride, s.padding, count_include_pad=True),
+    dock.AvgPool: lambda s: _avg_pool(s),
     dock.GlobalAvgPool: lambda s: GlobalPool("mean"),
     dock.GlobalMaxPool: lambda s: GlobalPool("max"),
     dock.Reshape: lambda s: Reshape(s.shape),
@@ -119,6 +119,22 @@ BUILDERS: dict[type, Callable[[Any], nn.Module]] = {
     dock.Dropout: lambda s: nn.Dropout(s.p),
     dock.Embedding: lambda s: nn.Embedding(s.num_embeddings, s.dim),
 }
+
+
+def _avg_pool(spec: dock.AvgPool) -> nn.Module:
+    if spec.ndim != 3:
+        return _AVG[spec.ndim](spec.kernel, spec.stride, spec.padding, count_include_pad=True)
+
+    class AvgPool3d(nn.AvgPool3d):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            # torch has no CPU avg_pool3d for float16 / bfloat16, which dock.AvgPool takes
+            # (as JAX and the reference do): pool in float32 there, round the result once.
+            if x.is_cpu and x.dtype in (torch.float16, torch.bfloat16):
+                return super().forward(x.float()).to(x.dtype)
+            return super().forward(x)
+
+    AvgPool3d.__qualname__ = "AvgPool3d"
+    return AvgPool3d(spec.kernel, spec.stride, spec.padding, count_include_pad=True)
 
 
 def build(spec: Any) -> nn.Module:

@@ -13,6 +13,7 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from dualtrain.craft import checks
 from dualtrain.errors import NotRealizedError
 
 __all__ = ["Binding", "NotRealizedError", "active", "current"]
@@ -68,6 +69,12 @@ class LayerView:
         b = self._binding
         return b.new_state[key] if key in b.new_state else b.params[key]
 
+    def get(self, local: str, default: Any = None) -> Any:
+        """The array under `local`, or `default` where the layer has none."""
+        if local not in self:
+            return default
+        return self[local]
+
     def __contains__(self, local: str) -> bool:
         key = f"{self._name}.{local}"
         return key in self._binding.params or key in self._binding.new_state
@@ -122,9 +129,12 @@ class FunctionalBinding:
                 f"a {type(layer).__name__} layer was called that is not an attribute of the "
                 "Craft being run; assign layers in __init__ so they are named and realized"
             )
+        view = LayerView(self, name)
         if inputs:
             layer.check_input(*inputs, train=self.train, **kwargs)
-        return self.table[type(layer)](layer, LayerView(self, name), *inputs, **kwargs)
+            dtype = checks.params_dtype(layer, view.get)
+            layer.check_dtype(inputs[0], dtype, train=self.train)
+        return self.table[type(layer)](layer, view, *inputs, **kwargs)
 
     def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:
         return obj.fn(*inputs, **kwargs)

@@ -18,17 +18,21 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain.errors import OutOfRangeError, ShapeError
+from dualtrain.errors import DtypeError, OutOfRangeError, ShapeError
 
 __all__ = [
+    "INPUT_DTYPES",
     "check",
     "check_channels",
+    "check_dtype",
     "check_ids",
     "check_not_empty",
     "check_rank",
     "check_reshape",
     "check_windows",
     "concrete",
+    "dtype_name",
+    "params_dtype",
 ]
 
 
@@ -39,6 +43,83 @@ def check(layer: Any, x: Any, *rest: Any, train: bool = False, **kwargs: Any) ->
         ShapeError, DtypeError, OutOfRangeError: what the layer's own check raises.
     """
     layer.check_input(x, *rest, train=train, **kwargs)
+
+
+# What a layer's `input_dtypes` may say: the dtype rule of its first input.
+INPUT_DTYPES = ("params", "float", "float_in_train", "any")
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def dtype_name(x: Any) -> str:
+    """``"float32"``: the dtype of a NumPy, torch or JAX array by its common name."""
+    return str(x.dtype).removeprefix("torch.")
+
+
+def params_dtype(layer: Any, get: Any) -> Any:
+    """The dtype of `layer`'s first floating parameter or state, or None (only for "params").
+
+    `get(local)` returns the array a binding holds under a local name (``weight``), or None.
+    """
+    if layer.input_dtypes != "params":
+        return None
+    for local in layer.params():
+        value = get(local)
+        if value is not None and dtype_name(value) in _FLOATS:
+            return dtype_name(value)
+    return None
+
+
+def check_dtype(layer: Any, x: Any, params_dtype: Any, *, train: bool = False) -> None:
+    """Refuses an input whose dtype `layer` does not take: the same rule under every backend.
+
+    The rule is the layer's ``input_dtypes``:
+
+    * ``"params"`` (Dense, Conv, ConvTranspose, BatchNorm, LayerNorm): the dtype of the
+      layer's parameters (the ``dtype`` it was realized with, or the dtype of the params
+      passed to ``apply``). Nothing is promoted: torch refuses a mix, and JAX would compute
+      silently in another precision. Under torch autocast any floating input is taken, as
+      autocast casts it; a layer without parameters (LayerNorm(affine=False)) takes "float".
+    * ``"float"`` (AvgPool, MaxPool, GlobalAvgPool): any floating dtype, kept in the output.
+    * ``"float_in_train"`` (Dropout): any dtype in evaluation (identity), a floating one in
+      training, where values are scaled by ``1/(1-p)``.
+    * ``"any"``: every dtype (Reshape, Flatten, GlobalMaxPool). Embedding's integer ids
+      are checked by its `check_input`.
+
+    Args:
+        layer: the dock spec.
+        x: its first input (NumPy, torch or JAX array, or a tracer: only its dtype is read).
+        params_dtype: the dtype of the layer's floating parameters or state, or None
+            (`params_dtype`).
+        train: training mode.
+
+    Raises:
+        DtypeError: naming the layer, the input's dtype and the dtypes it takes.
+    """
+    rule = layer.input_dtypes
+    if rule == "any" or (rule == "float_in_train" and not train):
+        return
+    got = dtype_name(x)
+    name = type(layer).__name__
+    if rule == "params" and params_dtype is not None and not _autocast(x):
+        expected = str(params_dtype).removeprefix("torch.")
+        if got != expected:
+            fix = f"cast the input to {expected}"
+            if got in _FLOATS:
+                fix += f", or realize the Craft with dtype={got!r}"
+            raise DtypeError(
+                f"{name} takes inputs of its parameters' dtype {expected}; got dtype {got}: {fix}"
+            )
+        return
+    if got not in _FLOATS:
+        raise DtypeError(f"{name} takes a floating input ({', '.join(_FLOATS)}); got dtype {got}")
+
+
+def _autocast(x: Any) -> bool:
+    """Whether torch autocast is on for `x`'s device (then torch casts inputs itself)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return False
+    return bool(torch.is_autocast_enabled(x.device.type))
 
 
 def concrete(x: Any) -> Any:

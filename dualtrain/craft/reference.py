@@ -59,6 +59,34 @@ def reference_forward(
     return out, bound.new_state
 
 
+class _Wide:
+    """A layer's parameters, float16 and bfloat16 ones read as float32."""
+
+    __slots__ = ("p",)
+
+    def __init__(self, p: Any) -> None:
+        self.p = p
+
+    def __getitem__(self, local: str) -> np.ndarray:
+        return _wide(self.p[local])
+
+
+def _wide(a: np.ndarray) -> np.ndarray:
+    # NumPy has no bfloat16 matmul or einsum, and float16 ones round every partial sum:
+    # compute in float32, as torch and XLA accumulate, and round the result once.
+    return a.astype(np.float32) if a.dtype.name in ("float16", "bfloat16") else a
+
+
+def _in_input_dtype(fn: Any) -> Any:
+    """`fn` run on float32 copies of low-precision floats, its output in the input's dtype."""
+
+    def run(layer: Any, p: Any, x: np.ndarray) -> np.ndarray:
+        return np.asarray(fn(layer, _Wide(p), _wide(x))).astype(x.dtype, copy=False)
+
+    return run
+
+
+@_in_input_dtype
 def _dense(layer: dock.Dense, p: Any, x: np.ndarray) -> np.ndarray:
     y = x @ p["weight"].T
     return y + p["bias"] if layer.bias else y
@@ -76,6 +104,7 @@ def _windows(x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple) -> np
     return win[index]
 
 
+@_in_input_dtype
 def _conv(layer: dock.Conv, p: Any, x: np.ndarray) -> np.ndarray:
     k, s, d = layer.kernel, layer.stride, layer.dilation
     pads = resolve_padding(layer.padding, x.shape[2:], k, s, d)
@@ -94,6 +123,7 @@ def _conv(layer: dock.Conv, p: Any, x: np.ndarray) -> np.ndarray:
     return y
 
 
+@_in_input_dtype
 def _conv_transpose(layer: dock.ConvTranspose, p: Any, x: np.ndarray) -> np.ndarray:
     (kh, kw), (sh, sw) = layer.kernel, layer.stride
     (dh, dw), (ph, pw) = layer.dilation, layer.padding
@@ -153,6 +183,7 @@ def _batch_norm(layer: dock.BatchNorm, p: Any, x: np.ndarray) -> np.ndarray:
     return y.astype(x.dtype, copy=False)
 
 
+@_in_input_dtype
 def _layer_norm(layer: dock.LayerNorm, p: Any, x: np.ndarray) -> np.ndarray:
     axes = tuple(range(-len(layer.shape), 0))
     y = (x - x.mean(axis=axes, keepdims=True)) / np.sqrt(

@@ -8,11 +8,11 @@ naming the layer, what it takes and what it got).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from dualtrain.craft import binding
+from dualtrain.craft import binding, checks
 from dualtrain.craft.params import ParamSpec
 from dualtrain.errors import bad_argument
 from dualtrain.validate import check_finite, check_int
@@ -22,7 +22,15 @@ __all__ = ["Layer"]
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Layer:
-    """Base of the dock layers: a frozen spec, hashed by identity (one object, one layer)."""
+    """Base of the dock layers: a frozen spec, hashed by identity (one object, one layer).
+
+    Attributes:
+        input_dtypes: the dtype rule of the first input, ``"params"``, ``"float"`` or
+            ``"float_in_train"`` or ``"any"`` (see `dualtrain.craft.checks.check_dtype`);
+            every binding applies it.
+    """
+
+    input_dtypes: ClassVar[str] = "any"
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         return binding.current(type(self).__name__).layer(self, *inputs, **kwargs)
@@ -50,6 +58,17 @@ class Layer:
             DtypeError: the input's dtype does not fit the layer (float Embedding ids).
             OutOfRangeError: concrete Embedding ids outside ``[0, num_embeddings)``.
         """
+
+    def check_dtype(self, x: Any, params_dtype: Any, *, train: bool = False) -> None:
+        """Refuses an input dtype this layer does not take (`input_dtypes`), naming both.
+
+        Every binding calls it after `check_input` with the dtype of the layer's floating
+        parameters or state as they are in this run (None where it has none).
+
+        Raises:
+            DtypeError: naming the layer, the input's dtype and what it takes.
+        """
+        checks.check_dtype(self, x, params_dtype, train=train)
 
 
 def positive(spec: Any, *names: str) -> None:

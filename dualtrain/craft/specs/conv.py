@@ -45,6 +45,8 @@ class Conv(Layer):
     comes from a tuple `kernel`, else defaults to 2.
     """
 
+    input_dtypes = "params"  # see dualtrain.craft.checks.check_dtype
+
     in_channels: int
     out_channels: int
     kernel: Any
@@ -91,6 +93,8 @@ class ConvTranspose(Layer):
 
     ``H' = (H - 1)·stride - 2·padding + dilation·(k - 1) + output_padding + 1``.
     """
+
+    input_dtypes = "params"  # see dualtrain.craft.checks.check_dtype
 
     in_channels: int
     out_channels: int

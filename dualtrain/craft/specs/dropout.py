@@ -18,6 +18,8 @@ class Dropout(Layer):
     JAX's apply): training-mode outputs differ between backends; evaluation is identity.
     """
 
+    input_dtypes = "float_in_train"  # see dualtrain.craft.checks.check_dtype
+
     p: float = 0.5
 
     def __post_init__(self) -> None:

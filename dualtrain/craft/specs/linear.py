@@ -18,6 +18,8 @@ __all__ = ["Dense", "Embedding"]
 class Dense(Layer):
     """``y = x @ weight.T + bias`` over the last axis: ``(..., in) -> (..., out)``."""
 
+    input_dtypes = "params"  # see dualtrain.craft.checks.check_dtype
+
     in_features: int
     out_features: int
     bias: bool = True

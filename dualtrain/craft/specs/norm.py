@@ -24,6 +24,8 @@ class BatchNorm(Layer):
     uses the running statistics.
     """
 
+    input_dtypes = "params"  # see dualtrain.craft.checks.check_dtype
+
     num_features: int
     eps: float = 1e-5
     momentum: float = 0.1
@@ -61,6 +63,8 @@ class BatchNorm(Layer):
 @dataclasses.dataclass(frozen=True, eq=False)
 class LayerNorm(Layer):
     """Normalizes over the trailing axes given by `shape`."""
+
+    input_dtypes = "params"  # see dualtrain.craft.checks.check_dtype
 
     shape: Any
     eps: float = 1e-5

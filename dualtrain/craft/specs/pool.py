@@ -15,6 +15,8 @@ __all__ = ["AvgPool", "GlobalAvgPool", "GlobalMaxPool", "MaxPool"]
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Pool(Layer):
+    input_dtypes = "float"  # see dualtrain.craft.checks.check_dtype
+
     kernel: Any
     stride: Any = None
     padding: Any = 0
@@ -66,6 +68,8 @@ class _GlobalPool(Layer):
 @dataclasses.dataclass(frozen=True, eq=False)
 class GlobalAvgPool(_GlobalPool):
     """Mean over every spatial axis: ``(N, C, *S) -> (N, C)``."""
+
+    input_dtypes = "float"  # see dualtrain.craft.checks.check_dtype
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
