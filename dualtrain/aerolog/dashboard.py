@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,9 @@ class DashBoard:
             0 outside a launcher).
         console: a rich Console to draw on (default: stdout's). Off a terminal the dashboard
             prints plain lines.
+        clock: seconds, as `time.perf_counter` (the default) reads them: what times steps,
+            data waits and epochs. A seam for tests, which pass a fake clock so that what is
+            shown does not depend on how busy the machine is.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class DashBoard:
         curve: str | None = None,
         rank: int | None = None,
         console: Console | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.window = check_int("window", window, 1)
         self.divisor = check_int("divisor", divisor, 2)
@@ -77,6 +81,10 @@ class DashBoard:
         self.formats = Formats(format)
         if curve is not None and not isinstance(curve, str):
             raise bad_argument("curve", curve, "None or a metric name")
+        if not callable(clock):
+            raise bad_argument(
+                "clock", clock, "a callable returning seconds, like time.perf_counter"
+            )
         self.log_path = path
         self.rank = _rank(rank)
         self.book = MetricBook(self.window)
@@ -85,6 +93,7 @@ class DashBoard:
 
             console = Console()
         self.console = console
+        self._clock = clock
         self._curve = curve
         self._pending: list[tuple[Point, Any]] = []
         self._stages: dict[str, _StageClock] = {}
@@ -136,7 +145,7 @@ class DashBoard:
         """
         self._check(entry, mile, epoch, mpe, stage, interval, duration, samples)
         values = [(str(key), kept(f"entry[{key!r}]", v)) for key, v in entry.items()]
-        now = time.perf_counter()
+        now = self._clock()
         clock = self._stages.get(stage)
         if clock is None:
             clock = self._stages[stage] = _StageClock(now)
@@ -174,12 +183,12 @@ class DashBoard:
         """
         iterator = iter(iterable)
         while True:
-            started = time.perf_counter()
+            started = self._clock()
             try:
                 item = next(iterator)
             except StopIteration:
                 return
-            self._data_wait += time.perf_counter() - started
+            self._data_wait += self._clock() - started
             yield item
 
     def read(self, key: str, stage: str, epoch: int = -1) -> float:
@@ -305,7 +314,7 @@ class DashBoard:
                 means = self.book.epoch_means(stage, key)
                 if epoch in means:
                     parts.append(f"{key} {self.formats.text(key, means[epoch])}")
-        parts.append(f"{self._last - clock.epoch_started:.1f} s" if self._last else "")
+        parts.append(f"{self._last - clock.epoch_started:.1f} s" if self._last is not None else "")
         return " | ".join(parts)
 
 

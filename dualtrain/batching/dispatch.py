@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dualtrain.errors import ArgumentError
+from dualtrain.errors import ArgumentError, bad_argument
 
 __all__ = [
     "CACHE",
@@ -166,7 +166,11 @@ def measure(
     the best after a round is not run again. No round starts once the rounds have taken
     `budget` seconds (slow calls need fewer samples to be told apart). A candidate that
     raises is dropped with its error.
+
+    `clock` reads seconds (`time.perf_counter` by default); tests pass a fake one that moves
+    only with a candidate's declared work, so a verdict does not depend on machine load.
     """
+    _check_clock(clock)
     errors: dict[str, BaseException] = {}
     live: list[str] = []
     for name, run in runs.items():
@@ -190,6 +194,11 @@ def measure(
     return dict(sorted(best.items(), key=lambda kv: kv[1])), errors
 
 
+def _check_clock(clock: object) -> None:
+    if not callable(clock):
+        raise bad_argument("clock", clock, "a callable returning seconds, like time.perf_counter")
+
+
 def decide(
     backend: str,
     strategy: str,
@@ -197,6 +206,8 @@ def decide(
     chunk: int,
     key: tuple[Any, ...],
     make_runs: Callable[[dict[str, int | None], int | None], Mapping[str, Callable[[], object]]],
+    *,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Decision:
     """The strategy for one call: forced, cached under `key`, or measured now.
 
@@ -212,10 +223,13 @@ def decide(
         key: the cache key: backend, architecture, input shapes and dtypes, device, mode.
         make_runs: ``make_runs(options, members)`` builds one timed callable per candidate
             ``{strategy: chunk}``, running the first `members` members (None: all).
+        clock: what `measure` times both rounds with (`time.perf_counter` by default).
 
     Raises:
+        ArgumentError: `clock` is not callable.
         Exception: the first candidate's own error, when every candidate failed.
     """
+    _check_clock(clock)
     if strategy != "auto":
         return Decision(*plan(backend, strategy, batch, chunk), reason="forced")
     cached = CACHE.get(key)
@@ -225,7 +239,7 @@ def decide(
     dropped: dict[str, float] = {}
     errors: dict[str, BaseException] = {}
     if batch > PRELIMINARY and len(options) > 1:
-        small, errors = measure(make_runs(options, PRELIMINARY))
+        small, errors = measure(make_runs(options, PRELIMINARY), clock=clock)
         if small:
             fastest = min(small.values())
             dropped = {k: v for k, v in small.items() if v > PRUNE * fastest}
@@ -233,7 +247,7 @@ def decide(
     if len(options) == 1 and (dropped or errors):
         timings: dict[str, float] = {}
     else:
-        timings, more = measure(make_runs(options, None))
+        timings, more = measure(make_runs(options, None), clock=clock)
         errors |= more
         if not timings:
             raise next(iter(errors.values()))

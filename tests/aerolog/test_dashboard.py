@@ -5,9 +5,9 @@ off a terminal it prints plain lines."""
 from __future__ import annotations
 
 import csv
+import inspect
 import io
 import math
-import re
 import time
 from pathlib import Path
 
@@ -24,6 +24,16 @@ from dualtrain.errors import ArgumentError
 def plain_console() -> tuple[Console, io.StringIO]:
     out = io.StringIO()
     return Console(file=out, width=120), out  # a StringIO is no terminal
+
+
+class FakeClock:
+    """Seconds that pass only when the test says so (a step's compute, a batch's wait)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def rows(path: Path) -> list[dict[str, str]]:
@@ -195,7 +205,7 @@ def test_jax_scalars_stay_unread_on_the_device_until_the_interval():
 def test_off_a_terminal_it_prints_plain_lines():
     console, out = plain_console()
     formats = {"acc": (".1f", "percent"), "lr": (lambda v: f"{v:.0e}", "tailor")}
-    dash = DashBoard(window=2, format=formats, console=console)
+    dash = DashBoard(window=2, format=formats, console=console, clock=FakeClock())
     for mile in range(1, 5):
         dash.gauge({"loss": mile / 10, "acc": 0.5, "lr": 1e-3}, mile, 2, 4, "train", interval=2,
                    duration=0.01, samples=32)  # fmt: skip
@@ -204,9 +214,8 @@ def test_off_a_terminal_it_prints_plain_lines():
     assert lines[0] == ("train epoch 2 2/4 | loss 0.15 | acc 50.0% | lr 1e-03 | "
                         "3200.0 samples/s | step 10.0 ms")  # fmt: skip
     assert lines[1].startswith("train epoch 2 4/4 | loss 0.35 | acc 50.0%")
-    assert re.fullmatch(
-        r"train epoch 2 done \| loss 0.25 \| acc 50.0% \| lr 1e-03 \| [\d.]+ s", lines[2]
-    )
+    # The steps' times are the durations given; the epoch's is the clock's, still at 0.
+    assert lines[2] == "train epoch 2 done | loss 0.25 | acc 50.0% | lr 1e-03 | 0.0 s"
     assert len(lines) == 3
 
 
@@ -229,18 +238,48 @@ def test_inviz_values_go_to_their_callable_only():
     assert calls == [("test", 0, 1, 1, 7.0)] and "image" not in out.getvalue()
 
 
-def test_the_data_wait_is_split_from_compute():
+def _fed_epoch(clock: FakeClock, pause: float = 0.0) -> str:
+    """Four steps: each batch waits 20 ms for data, each step computes 5 ms (on `clock`;
+    `pause` real seconds pass besides, as on a busy machine)."""
+
     def slow_batches():
         for i in range(4):
-            time.sleep(0.02)
+            time.sleep(pause)
+            clock.now += 0.02
             yield i
 
     console, out = plain_console()
-    dash = DashBoard(console=console)
+    dash = DashBoard(console=console, clock=clock)
     for mile, _ in enumerate(dash.feed(slow_batches()), 1):
+        time.sleep(pause)
+        clock.now += 0.005
         dash.gauge({"loss": 1.0}, mile, 0, 4, "train", interval=4)
-    data = float(re.search(r"data ([\d.]+) ms", out.getvalue()).group(1))
-    assert data >= 19
+    return out.getvalue()
+
+
+def test_the_data_wait_is_split_from_compute():
+    # The first step is untimed (no gauge before it); the three after take 25 ms each.
+    text = _fed_epoch(FakeClock())
+    assert text.splitlines() == [
+        "train epoch 0 4/4 | loss 1 | 40.00 steps/s | step 25.0 ms (data 20.0 ms, compute 5.0 ms)",
+        "train epoch 0 done | loss 1 | 0.1 s",
+    ]
+
+
+@pytest.mark.parametrize("start", [0.0, 1e4])
+def test_what_is_shown_holds_whatever_else_runs_on_the_machine(start):
+    """Real time passing between the clock's readings changes nothing: only the clock given
+    is read (one that starts at 0 too), so the lines are the same to the last digit."""
+    assert _fed_epoch(FakeClock(start), pause=0.01) == _fed_epoch(FakeClock(start))
+
+
+def test_the_clock_is_checked_and_the_performance_counter_by_default():
+    console, _ = plain_console()
+    with pytest.raises(ArgumentError, match=r"clock must be a callable returning seconds, "
+                       r"like time.perf_counter; got clock=0.0"):  # fmt: skip
+        DashBoard(console=console, clock=0.0)
+    default = inspect.signature(DashBoard).parameters["clock"].default
+    assert default is time.perf_counter
 
 
 def test_ranks_other_than_zero_draw_and_write_nothing(tmp_path):

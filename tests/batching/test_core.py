@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+import collections
+import inspect
+import math
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 from dualtrain.batching import dispatch, isolation, members
 from dualtrain.errors import ArgumentError, IsolationError, ShapeError
@@ -102,67 +105,215 @@ def test_plan_and_candidates_follow_the_budget():
     assert dispatch.chunk_size(2, 100, 10**6) == 2
 
 
-def test_measure_keeps_the_fastest_and_reports_the_ones_that_failed():
-    def broken():
-        raise RuntimeError("vmap: no batching rule")
+class FakeClock:
+    """Seconds that pass only when a fake candidate says its work took them."""
 
-    runs = {"vmap": broken, "slow": lambda: time.sleep(0.02), "fast": lambda: time.sleep(0.001)}
-    timings, errors = dispatch.measure(runs, repeats=2)
-    assert list(timings) == ["fast", "slow"] and timings["fast"] < timings["slow"]
-    assert isinstance(errors["vmap"], RuntimeError)
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self, seconds: float, calls: list[str] | None = None, name: str = ""):
+        """A candidate whose every call takes `seconds` on this clock (and none of real time)."""
+
+        def run() -> None:
+            if calls is not None:
+                calls.append(name)
+            self.now += seconds
+
+        return run
+
+
+def _broken():
+    raise RuntimeError("vmap: no batching rule")
+
+
+def test_measure_keeps_the_fastest_and_reports_the_ones_that_failed():
+    clock = FakeClock()
+    runs = {"vmap": _broken, "slow": clock.work(0.25), "fast": clock.work(0.125)}
+    timings, errors = dispatch.measure(runs, repeats=2, clock=clock)
+    assert timings == {"fast": 0.125, "slow": 0.25} and list(timings) == ["fast", "slow"]
+    assert list(errors) == ["vmap"] and isinstance(errors["vmap"], RuntimeError)
     decision = dispatch.Decision("fast", None, "measured", timings, {"vmap": "RuntimeError: x"})
     text = dispatch.explain_text(decision, "torch", 4, "passed (fast)")
     assert "strategy: fast (measured)" in text and "<- chosen" in text
+    assert "    fast        125.000 ms per call  <- chosen\n    slow        250.000 ms" in text
     assert "vmap     failed: RuntimeError: x" in text and "isolation probe: passed" in text
     assert "not chosen yet" in dispatch.explain_text(None, "jax", 2)
 
 
-def test_rounds_stop_once_they_have_taken_the_budget():
-    calls = {"a": 0, "b": 0}
+def test_a_candidate_keeps_its_fastest_round():
+    clock = FakeClock()
+    costs = iter([9.0, 4.0, 2.0, 3.0])  # untimed first call, then three rounds
 
-    def run(name):
-        calls[name] += 1
-        time.sleep(0.02)  # alike, and long enough that load on the machine never makes one 3x
+    def run():
+        clock.now += next(costs)
 
-    runs = {name: (lambda n=name: run(n)) for name in calls}
-    timings, _ = dispatch.measure(runs, repeats=3, budget=0.0)
-    assert set(timings) == {"a", "b"} and calls == {"a": 2, "b": 2}  # untimed + one round
-    dispatch.measure(runs, repeats=3, budget=60.0)
-    assert calls == {"a": 6, "b": 6}
+    assert dispatch.measure({"only": run}, repeats=3, budget=math.inf, clock=clock) == (
+        {"only": 2.0},
+        {},
+    )
 
 
-def _sleeper(seconds_by_members):
-    """make_runs whose candidates sleep seconds_by_members[members][name]; records calls."""
+def test_a_candidate_over_three_times_the_best_is_not_run_again():
+    clock = FakeClock()
+    calls: list[str] = []
+    runs = {n: clock.work(s, calls, n) for n, s in {"a": 1.0, "b": 3.0, "c": 3.25}.items()}
+    timings, _ = dispatch.measure(runs, repeats=3, budget=math.inf, clock=clock)
+    assert timings == {"a": 1.0, "b": 3.0, "c": 3.25}
+    # c (over 3x) ran untimed and in round one; b (exactly 3x) stays for all three rounds.
+    assert collections.Counter(calls) == {"a": 4, "b": 4, "c": 2}
+
+
+@pytest.mark.parametrize(
+    ("budget", "rounds"), [(0.0, 1), (1.5, 1), (2.0, 2), (3.5, 2), (4.0, 3), (60.0, 3)]
+)
+def test_rounds_stop_once_they_have_taken_the_budget(budget, rounds):
+    """Two candidates of 1 s a call: a round takes 2 s; none starts once over the budget."""
+    clock = FakeClock()
+    calls: list[str] = []
+    runs = {n: clock.work(1.0, calls, n) for n in ("a", "b")}
+    timings, _ = dispatch.measure(runs, repeats=3, budget=budget, clock=clock)
+    assert timings == {"a": 1.0, "b": 1.0}
+    assert collections.Counter(calls) == {"a": 1 + rounds, "b": 1 + rounds}  # untimed + rounds
+
+
+def test_measure_and_decide_refuse_a_clock_that_is_not_callable():
+    message = r"clock must be a callable returning seconds, like time.perf_counter; got clock=0.5"
+    with pytest.raises(ArgumentError, match=message):
+        dispatch.measure({"loop": lambda: None}, clock=0.5)
+    with pytest.raises(ArgumentError, match=message):
+        dispatch.decide("torch", "auto", 2, 2, ("clock",), lambda o, m: {}, clock=0.5)
+
+
+def test_the_clock_is_the_performance_counter_by_default():
+    for fn in (dispatch.measure, dispatch.decide):
+        assert inspect.signature(fn).parameters["clock"].default is time.perf_counter
+    # The production clock times a real call; nothing is asserted about its speed.
+    timings, errors = dispatch.measure({"loop": lambda: None}, repeats=1)
+    assert list(timings) == ["loop"] and timings["loop"] >= 0.0 and errors == {}
+
+
+def _worker(clock, seconds_by_members, pause=0.0):
+    """make_runs whose candidates take seconds_by_members[members][name] on `clock` (after
+    `pause` real seconds: a busy machine); records the calls."""
     calls = []
 
     def make_runs(options, members):
         calls.append((dict(options), members))
         table = seconds_by_members[members]
-        return {name: (lambda s=table[name]: time.sleep(s)) for name in options}
+
+        def run(seconds):
+            time.sleep(pause)
+            clock.now += seconds
+
+        return {name: (lambda s=table[name]: run(s)) for name in options}
 
     return make_runs, calls
 
 
 def test_many_members_are_first_timed_on_a_few_and_far_slower_ones_are_dropped():
-    make_runs, calls = _sleeper({8: {"vmap": 0.03, "chunked": 0.001, "loop": 0.0}})
-    decision = dispatch.decide("torch", "auto", 128, 128, ("prelim", 1), make_runs)
+    clock = FakeClock()
+    make_runs, calls = _worker(clock, {8: {"vmap": 30.0, "chunked": 2.0, "loop": 1.0}})
+    decision = dispatch.decide("torch", "auto", 128, 128, ("prelim", 1), make_runs, clock=clock)
     # vmap and chunked lost by far on 8 members: the loop is chosen without timing all 128.
     assert [m for _, m in calls] == [8]
-    assert decision.strategy == "loop" and set(decision.preliminary) == {"vmap", "chunked"}
+    assert decision.strategy == "loop" and decision.timings == {}
+    assert decision.preliminary == {"vmap": 30.0, "chunked": 2.0}
     text = dispatch.explain_text(decision, "torch", 128)
     assert "on 8 members: over 1.5x the best there, not timed on all" in text
 
 
 def test_close_candidates_are_timed_again_on_every_member():
-    slow = {"vmap": 0.004, "chunked": 0.001, "loop": 0.0012}
-    make_runs, calls = _sleeper({8: slow, None: {"vmap": 0.0, "chunked": 0.01, "loop": 0.01}})
-    decision = dispatch.decide("torch", "auto", 32, 32, ("prelim", 2), make_runs)
+    clock = FakeClock()
+    small = {"vmap": 4.0, "chunked": 2.0, "loop": 3.0}  # loop at exactly 1.5x the best stays
+    make_runs, calls = _worker(clock, {8: small, None: {"vmap": 0.5, "chunked": 8.0, "loop": 5.0}})
+    decision = dispatch.decide("torch", "auto", 32, 32, ("prelim", 2), make_runs, clock=clock)
     assert [m for _, m in calls] == [8, None] and set(calls[1][0]) == {"chunked", "loop"}
-    assert decision.strategy in {"chunked", "loop"} and "vmap" in decision.preliminary
+    assert decision.strategy == "loop" and decision.chunk is None
+    assert decision.timings == {"loop": 5.0, "chunked": 8.0}
+    assert decision.preliminary == {"vmap": 4.0}
     # At most PRELIMINARY members there is one round, on every member.
-    make_runs, calls = _sleeper({None: {"vmap": 0.0, "map": 0.001, "loop": 0.001}})
-    assert dispatch.decide("jax", "auto", 8, 8, ("prelim", 3), make_runs).strategy == "vmap"
-    assert [m for _, m in calls] == [None]
+    make_runs, calls = _worker(clock, {None: {"vmap": 1.0, "map": 2.0, "loop": 2.0}})
+    decision = dispatch.decide("jax", "auto", 8, 8, ("prelim", 3), make_runs, clock=clock)
+    assert decision.strategy == "vmap" and decision.timings == {
+        "vmap": 1.0,
+        "map": 2.0,
+        "loop": 2.0,
+    }
+    assert [m for _, m in calls] == [None] and decision.preliminary == {}
+
+
+STRATEGY_NAMES = ("vmap", "chunked", "map", "loop")
+costs = st.integers(1, 64).map(float)  # whole seconds: every difference of the clock is exact
+
+
+@given(
+    backend=st.sampled_from(["torch", "jax"]),
+    batch=st.integers(1, 40),
+    budget_chunk=st.integers(1, 40),
+    small=st.fixed_dictionaries({"vmap": costs, "chunked": costs, "map": costs, "loop": costs}),
+    full=st.fixed_dictionaries({"vmap": costs, "chunked": costs, "map": costs, "loop": costs}),
+    failing=st.sets(st.sampled_from(["vmap", "chunked", "map"]), max_size=1),
+)
+@example(backend="torch", batch=1, budget_chunk=1, small=dict.fromkeys(STRATEGY_NAMES, 1.0),
+         full=dict.fromkeys(STRATEGY_NAMES, 1.0), failing={"vmap"})  # fmt: skip
+def test_decide_follows_its_rules_exactly_on_a_fake_clock(
+    backend, batch, budget_chunk, small, full, failing
+):
+    """The winner is the fastest survivor on every member; the preliminary round (above 8
+    members) drops exactly those over 1.5x its best; a lone survivor there is not timed
+    again; a candidate that fails is reported, not chosen."""
+    clock = FakeClock()
+    calls = []
+
+    def make_runs(options, members):
+        calls.append(members)
+        table = small if members is not None else full
+        return {n: _broken if n in failing else clock.work(table[n]) for n in options}
+
+    chunk = min(budget_chunk, batch)
+    options = dispatch.candidates(backend, batch, chunk)
+    decision = dispatch.decide(
+        backend, "auto", batch, chunk, ("law", object()), make_runs, clock=clock
+    )
+    working = [n for n in options if n not in failing]
+    failed = set(failing) & set(options)
+    preliminary = batch > dispatch.PRELIMINARY and len(options) > 1
+    if preliminary:
+        best = min(small[n] for n in working)
+        dropped = {n: small[n] for n in working if small[n] > dispatch.PRUNE * best}
+        survivors = [n for n in working if n not in dropped]
+    else:
+        dropped, survivors = {}, working
+    assert decision.preliminary == dropped and set(decision.errors) == failed
+    assert decision.reason == "measured" and decision.chunk == options[decision.strategy]
+    if preliminary and len(survivors) == 1 and (dropped or failed):
+        assert decision.strategy == survivors[0] and decision.timings == {}
+        assert calls == [dispatch.PRELIMINARY]
+    else:
+        order = sorted(survivors, key=full.get)
+        assert decision.timings == {n: full[n] for n in order} and list(decision.timings) == order
+        assert decision.strategy == order[0]
+        assert calls == ([dispatch.PRELIMINARY] if preliminary else []) + [None]
+
+
+@pytest.mark.parametrize("batch", [4, 32])
+def test_the_choice_holds_whatever_else_runs_on_the_machine(batch):
+    """Real time passing between the clock's readings (a loaded machine) changes nothing:
+    only the fake clock is read, so the decisions are the same, to the last digit."""
+    tables = {8: {"vmap": 4.0, "chunked": 2.0, "loop": 3.0}}
+    tables[None] = {"vmap": 1.5, "chunked": 1.25, "loop": 1.0}
+    decisions = []
+    for pause in (0.0, 0.005):
+        clock = FakeClock()
+        make_runs, _ = _worker(clock, tables, pause)
+        key = ("busy", batch, pause)
+        decisions.append(
+            dispatch.decide("torch", "auto", batch, batch, key, make_runs, clock=clock)
+        )
+    assert decisions[0] == decisions[1] and decisions[0].strategy == "loop"
 
 
 def test_the_cache_is_keyed_and_clearable():
