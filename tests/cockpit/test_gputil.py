@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, strategies as st
@@ -124,12 +126,30 @@ def test_gpus_carry_their_cuda_ordinal(monkeypatch):
 # -- monitoring ----------------------------------------------------------------------------
 
 
+def readings(fake: FakeNVML, index: int) -> int:
+    """How many times the sampler has read GPU `index` (monitor's reading included)."""
+    return len(fake.log[index].get("utilization", []))
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Polls `condition` until it holds: the sampler's thread runs when the machine lets it."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.001)
+
+
+def sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "dualtrain-gputil"]
+
+
 def test_status_is_the_mean_and_peak_of_what_was_read():
     fake = FakeNVML(cards(1000, 2000))
     util = GPUtil(nvml=fake)
     util.monitor(0.002)
     assert util.monitoring
-    time.sleep(0.05)
+    # monitor's reading and one of the thread's: with status's own, three samples
+    wait_until(lambda: min(readings(fake, 0), readings(fake, 1)) >= 2, "two readings")
     summary = util.status()
     assert not util.monitoring and util.reason == ""
     for index in (0, 1):
@@ -150,9 +170,10 @@ def test_a_device_lost_mid_run_keeps_what_was_sampled():
     fake = FakeNVML(cards(1000))
     util = GPUtil(nvml=fake)
     util.monitor(0.002)
-    time.sleep(0.03)
+    # the utilization cycle's third value (90) read before the device goes
+    wait_until(lambda: readings(fake, 0) >= 3, "three readings")
     fake.lost = True
-    time.sleep(0.03)
+    wait_until(lambda: not sampler_threads(), "the sampler to stop at the lost device")
     summary = util.status()
     assert summary[0]["samples"] >= 2 and summary[0]["utilization"].peak == 90.0
     assert util.reason == "monitoring stopped early: GPU is lost"
@@ -165,12 +186,16 @@ def test_monitor_arguments_and_twice():
     for sec in (0, -1, float("inf"), "5", None):
         with pytest.raises(ArgumentError, match="sec"):
             util.monitor(sec)
-    util.monitor(10)
+    util.monitor(3600)
     with pytest.raises(ArgumentError, match="already running"):
         util.monitor(10)
-    started = time.monotonic()
-    util.status()  # stops a 10 s sampler at once
-    assert time.monotonic() - started < 2
+    # status stops an hour-long sampler at once: it does not wait out the period (the
+    # join below only guards the test against that hour; it returns as soon as status does)
+    stopper = threading.Thread(target=util.status, daemon=True)
+    stopper.start()
+    stopper.join(120)
+    assert not stopper.is_alive(), "status() waited for the sampler's period"
+    assert not util.monitoring and not sampler_threads()
 
 
 def test_nvml_is_shut_down_once_per_init():
@@ -185,7 +210,6 @@ def test_nvml_is_shut_down_once_per_init():
 
 def test_a_gputil_dropped_while_monitoring_stops_its_thread_and_closes_nvml():
     import gc
-    import threading
 
     fake = FakeNVML(cards(1000))
     util = GPUtil(nvml=fake)

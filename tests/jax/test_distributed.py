@@ -212,7 +212,7 @@ def test_join_refuses_more_devices_than_there_are_and_a_bad_engine():
 
 def test_two_processes_joined_by_jax_distributed_obey_the_laws(pack):
     x, y = batch(11, 8)
-    mv = dualtrain.Multiverse(two_processes, 4, backend="jax", processes=2, timeout=60)
+    mv = dualtrain.Multiverse(two_processes, 4, backend="jax", processes=2, timeout=300)
     out = mv(x, y, pack)
     assert (out["nworld"], out["local"]) == (4, 2)
     net = realize(MLP(), seed=0)  # rank 0's parameters

@@ -21,9 +21,12 @@ from dualtrain import ArgumentError, Multiverse, WorkerError
 from tests.multiverse import universes
 
 ROOT = Path(__file__).resolve().parents[2]
+# A bound on a whole run (spawns, imports, stops) far above what a busy machine takes, and
+# far below the hangs it guards against (workers that sleep an hour or wait forever).
+HANG = 600.0
 
 
-def records(folder: Path, n: int, wait: float = 30.0) -> list[dict[str, Any]]:
+def records(folder: Path, n: int, wait: float = 120.0) -> list[dict[str, Any]]:
     end = time.monotonic() + wait
     while time.monotonic() < end:
         found = sorted(folder.glob("rank*.json"))
@@ -33,8 +36,9 @@ def records(folder: Path, n: int, wait: float = 30.0) -> list[dict[str, Any]]:
     raise AssertionError(f"{len(list(folder.glob('rank*.json')))} of {n} workers started")
 
 
-def gone(pid: int, wait: float = 10.0) -> bool:
-    """Whether process `pid` is gone (or a zombie nobody reaps) within `wait` seconds."""
+def gone(pid: int, wait: float = 30.0) -> bool:
+    """Whether process `pid` is gone (or a zombie nobody reaps) within `wait` seconds (the
+    answer comes as soon as it is gone)."""
     end = time.monotonic() + wait
     while time.monotonic() < end:
         try:
@@ -74,9 +78,9 @@ def test_a_failing_worker_stops_the_others_and_is_named(
         Multiverse(universes.fails, 3)(str(tmp_path), 1, 2, how)
     assert said in str(caught.value)
     assert (caught.value.rank, caught.value.step) == (1, 2)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < HANG  # the other ranks were not waited for
     for record in records(tmp_path, 3):
-        assert gone(record["pid"], wait=1.0), f"rank {record['rank']} is still running"
+        assert gone(record["pid"]), f"rank {record['rank']} is still running"
 
 
 def test_an_unpicklable_result_is_an_error_naming_rank_0() -> None:
@@ -98,7 +102,7 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
         run.communicate()  # reaped and its pipes closed, whatever happened above
     assert run.returncode == 130, err
     assert "interrupted" in out
-    assert all(gone(r["pid"], wait=1.0) for r in seen)
+    assert all(gone(r["pid"]) for r in seen)
 
 
 def test_workers_of_a_killed_parent_exit(tmp_path: Path) -> None:
@@ -111,7 +115,7 @@ def test_workers_of_a_killed_parent_exit(tmp_path: Path) -> None:
     finally:
         run.kill()
         run.wait()
-    assert all(gone(r["pid"], wait=5.0) for r in seen)
+    assert all(gone(r["pid"]) for r in seen)
 
 
 @pytest.mark.parametrize(
@@ -173,12 +177,10 @@ def test_a_result_holding_a_torch_tensor_arrives_whole() -> None:
 
 
 def test_a_worker_that_hangs_after_reporting_is_stopped_not_waited_for(tmp_path: Path) -> None:
-    from dualtrain.multiverse.launch import GRACE
-
     start = time.monotonic()
     assert Multiverse(universes.hangs_on_exit, 2)(str(tmp_path)) == 0
-    assert time.monotonic() - start < GRACE + 20
-    assert all(gone(r["pid"], wait=1.0) for r in records(tmp_path, 2))
+    assert time.monotonic() - start < HANG  # not the hour it hangs for
+    assert all(gone(r["pid"]) for r in records(tmp_path, 2))
 
 
 def test_the_children_of_a_failed_worker_are_stopped_too(tmp_path: Path) -> None:
@@ -186,8 +188,8 @@ def test_the_children_of_a_failed_worker_are_stopped_too(tmp_path: Path) -> None
         Multiverse(universes.fails_with_child, 2)(str(tmp_path))
     children = [int(p.read_text()) for p in tmp_path.glob("child*")]
     assert len(children) == 2
-    assert all(gone(pid, wait=2.0) for pid in children)
-    assert all(gone(r["pid"], wait=1.0) for r in records(tmp_path, 2))
+    assert all(gone(pid) for pid in children)
+    assert all(gone(r["pid"]) for r in records(tmp_path, 2))
 
 
 def test_a_reported_worker_that_ignores_sigterm_is_killed(tmp_path: Path, monkeypatch) -> None:
@@ -196,8 +198,8 @@ def test_a_reported_worker_that_ignores_sigterm_is_killed(tmp_path: Path, monkey
     monkeypatch.setattr(launch, "GRACE", 0.5)
     start = time.monotonic()
     assert Multiverse(universes.ignores_term_and_hangs, 2)(str(tmp_path)) == 0
-    assert time.monotonic() - start < 20
-    assert all(gone(r["pid"], wait=1.0) for r in records(tmp_path, 2))
+    assert time.monotonic() - start < HANG  # not the hour it hangs for
+    assert all(gone(r["pid"]) for r in records(tmp_path, 2))
 
 
 def test_reading_where_it_stands_before_the_call_still_spawns(tmp_path: Path) -> None:

@@ -30,12 +30,19 @@ def where(mv: Any, folder: str) -> Any:
     return {"rank": mv.rank, "squares": [i * i for i in range(4)]}
 
 
+def _wait_for_notes(mv: Any, folder: str) -> None:
+    """Waits until every worker has written its note: a failure stops those still starting."""
+    while len(list(Path(folder).glob("rank*.json"))) < mv.processes:
+        time.sleep(0.05)
+
+
 def fails(mv: Any, folder: str, rank: int, steps: int, how: str) -> None:
     """Rank `rank` takes `steps` steps, then raises or kills itself; the others wait forever."""
     _note(mv, folder)
     if mv.rank != rank:
         while True:
             time.sleep(0.05)
+    _wait_for_notes(mv, folder)
     for _ in range(steps):
         mv._on_step()
     if how == "raise":
@@ -84,8 +91,7 @@ def fails_with_child(mv: Any, folder: str) -> None:
     (Path(folder) / f"child{mv.rank}").write_text(str(child.pid))
     _note(mv, folder)
     if mv.rank == 1:
-        while len(list(Path(folder).glob("child*"))) < mv.processes:
-            time.sleep(0.05)
+        _wait_for_notes(mv, folder)  # each worker notes itself after its child's pid
         raise RuntimeError("rank 1 gives up")
     while True:
         time.sleep(0.05)

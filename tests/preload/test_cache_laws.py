@@ -71,7 +71,12 @@ def item_bytes(source: Source, key: int) -> int:
     return nbytes(own(source.make(key)))
 
 
-def settle(cache: PreloadCache, timeout: float = 10.0) -> None:
+# Deadlines for what the cache's threads do: generous, since the machine may be busy; each
+# wait ends as soon as its condition holds.
+PATIENCE = 120.0
+
+
+def settle(cache: PreloadCache, timeout: float = PATIENCE) -> None:
     """Waits until the cache loads nothing (its threads may start more as others finish)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -80,6 +85,14 @@ def settle(cache: PreloadCache, timeout: float = 10.0) -> None:
                 return
         assert time.monotonic() < deadline, "the cache kept loading"
         time.sleep(0.001)
+
+
+def wait_until(condition: Any, what: str, timeout: float = PATIENCE) -> None:
+    """Polls `condition` until it holds (the threads run when the machine lets them)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.0005)
 
 
 def array_leaves(obj: Any) -> list[np.ndarray]:
@@ -385,18 +398,30 @@ def test_a_source_error_names_the_key_and_is_retried(threads: int) -> None:
 
 @pytest.mark.parametrize("fits", [True, False])
 def test_concurrent_gets_of_one_key_load_it_once(fits: bool) -> None:
-    source = arrays_source(4, delay=0.05)
-    cache = PreloadCache(source, max_memory_size=10**6 if fits else 0, threads=0)
-    barrier = threading.Barrier(6)
+    source = arrays_source(4)
+    release = threading.Event()
+    started: list[int] = []
+
+    def load(key: int) -> Any:
+        started.append(key)
+        release.wait(PATIENCE)  # held until every caller is in `get`
+        return source(key)
+
+    cache = PreloadCache(load, max_memory_size=10**6 if fits else 0, threads=0)
     results: list[Any] = []
 
     def ask() -> None:
-        barrier.wait()
         results.append(cache.get(2))
 
     workers = [threading.Thread(target=ask) for _ in range(6)]
     for w in workers:
         w.start()
+    try:
+        # Every caller is in `get`: loading (once, or more if the law is broken) or waiting
+        # for that load. Only then may the load end, so no caller comes after it.
+        wait_until(lambda: len(started) + cache._waiting[2] == 6, "six callers in get")
+    finally:
+        release.set()
     for w in workers:
         w.join()
     assert source.count(2) == 1
@@ -413,7 +438,7 @@ def test_a_caller_waiting_on_another_callers_load_gets_the_item_unchanged(attemp
     release = threading.Event()
 
     def load(key: int) -> np.ndarray:
-        release.wait(10)
+        release.wait(PATIENCE)
         return np.zeros(1_000_000)
 
     cache = PreloadCache(load, max_memory_size=0, threads=0)  # nothing is kept
@@ -429,12 +454,10 @@ def test_a_caller_waiting_on_another_callers_load_gets_the_item_unchanged(attemp
 
     loader = threading.Thread(target=first)
     loader.start()
-    while 0 not in cache._loading:
-        time.sleep(0.0005)
+    wait_until(lambda: 0 in cache._loading, "the first caller's load")
     waiter = threading.Thread(target=second)
     waiter.start()
-    while not cache._waiting[0]:
-        time.sleep(0.0005)
+    wait_until(lambda: cache._waiting[0], "the second caller to wait")
     release.set()
     loader.join()
     waiter.join()
@@ -475,7 +498,7 @@ def test_close_forgets_loads_it_cancelled() -> None:
 
     def load(key: int) -> Any:
         if key == 0:
-            release.wait(10)
+            release.wait(PATIENCE)
         return plain(key)
 
     cache = PreloadCache(load, max_memory_size=10**6, preloaded_data=4, threads=1)
@@ -489,7 +512,7 @@ def test_close_forgets_loads_it_cancelled() -> None:
 
     consumer = threading.Thread(target=batch)
     consumer.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + PATIENCE
     while len(cache._loading) < 4:  # 0 loading, 1..3 queued behind it
         assert time.monotonic() < deadline
         time.sleep(0.001)
@@ -516,7 +539,7 @@ def test_a_caller_waiting_on_a_load_close_cancels_loads_it_itself() -> None:
 
     def load(key: int) -> Any:
         if key == 0:
-            release.wait(10)
+            release.wait(PATIENCE)
         return plain(key)
 
     cache = PreloadCache(load, max_memory_size=10**6, preloaded_data=4, threads=1)
@@ -533,7 +556,7 @@ def test_a_caller_waiting_on_a_load_close_cancels_loads_it_itself() -> None:
 
     batcher = threading.Thread(target=batch)
     batcher.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + PATIENCE
     while len(cache._loading) < 2:  # 0 loading, 1 queued behind it
         assert time.monotonic() < deadline
         time.sleep(0.001)
@@ -545,8 +568,9 @@ def test_a_caller_waiting_on_a_load_close_cancels_loads_it_itself() -> None:
         time.sleep(0.001)
     closer = threading.Thread(target=cache.close)
     closer.start()
-    waiter.join(10)
-    assert queued.cancelled()
+    # The waiter, its queued load cancelled, loads key 1 itself while key 0 is still held.
+    waiter.join(PATIENCE)
+    assert not waiter.is_alive() and queued.cancelled()
     release.set()
     closer.join()
     batcher.join()

@@ -69,8 +69,8 @@ def test_concurrent_writers_keep_the_ledger_exact_and_items_whole(store, method)
         writes = [
             pool.apply_async(wd.write_keys, (store.path, store.limit, keys, ITEM)) for keys in plans
         ]
-        results = [w.get(timeout=60) for w in writes]
-        reader.get(timeout=60)  # raises if it saw a partial or wrong item
+        results = [w.get(timeout=300) for w in writes]
+        reader.get(timeout=300)  # raises if it saw a partial or wrong item
     stored: dict[int, int] = {}
     for keys, oks in zip(plans, results, strict=True):
         for k, ok in zip(keys, oks, strict=True):
@@ -96,6 +96,18 @@ def test_the_ledger_counts_an_item_before_its_file_appears(store):
     assert store.used == sum(item_files(store.path).values()) == charged(size)
 
 
+def wait_for_an_item(
+    path: str, first_key: int, child: multiprocessing.process.BaseProcess, timeout: float = 120.0
+) -> None:
+    """Polls until `child`, writing keys from `first_key` on, has stored one item."""
+    name = f"i{first_key}"
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(os.path.join(path, name)):
+        assert child.is_alive(), f"the writer of {name} died: exit code {child.exitcode}"
+        assert time.monotonic() < deadline, f"no {name} after {timeout} s"
+        time.sleep(0.005)
+
+
 @pytest.mark.slow
 def test_a_writer_killed_mid_write_leaves_a_consistent_store():
     limit = 1 << 28  # room for every write the children manage before they are killed
@@ -109,8 +121,11 @@ def test_a_writer_killed_mid_write_leaves_a_consistent_store():
         ]
         for child in children:
             child.start()
-        for child in children:
-            time.sleep(float(rng.uniform(0.05, 0.3)))
+        for c, child in enumerate(children):
+            # Killed only once it has written an item (however busy the machine), then at a
+            # random moment of its writes: mid-write, or between two.
+            wait_for_an_item(store.path, 100_000 * c, child)
+            time.sleep(float(rng.uniform(0.0, 0.2)))
             os.kill(child.pid, signal.SIGKILL)
             child.join()
             assert child.exitcode == -signal.SIGKILL
@@ -240,7 +255,7 @@ def test_children_share_a_cache_that_holds_part_of_the_items(tmp_path):
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(3) as pool:
         runs = [pool.apply_async(wd.cache_worker, (cache, list(range(12)))) for _ in range(3)]
-        values = [r.get(timeout=60) for r in runs]
+        values = [r.get(timeout=300) for r in runs]
     assert values == [[float(k * k) for k in range(12)]] * 3
     files = item_files(cache._store.path)
     assert len(files) == 5 and cache.stats()["resident_bytes"] == sum(files.values()) <= budget

@@ -42,6 +42,29 @@ def _child(folder: str, dst: str, shards: int) -> subprocess.Popen:
     return proc
 
 
+def _writing(proc: subprocess.Popen, out: str, timeout: float = 300.0) -> bool:
+    """Polls until `proc` has a temporary file in `out` (True), or has ended (False: the
+    poll, descheduled on a busy machine, missed a write lasting a fraction of a second)."""
+    deadline = time.monotonic() + timeout
+    while not any((w := writer_of(n)) is not None and w[1] == proc.pid for n in os.listdir(out)):
+        if proc.poll() is not None:
+            assert proc.returncode == 0, f"the writer failed: code {proc.returncode}"
+            return False
+        assert time.monotonic() < deadline, f"no temporary file after {timeout} s"
+        time.sleep(0.001)
+    return True
+
+
+def _child_writing(folder: str, dst: str, shards: int, out: str) -> subprocess.Popen:
+    """A child caught writing (one whose whole write the poll missed is run again)."""
+    for _ in range(10):
+        proc = _child(folder, dst, shards)
+        if _writing(proc, out):
+            return proc
+        proc.communicate()  # a whole pack of its own: a state the checks accept too
+    raise AssertionError("10 writers ended before their temporary file was seen")
+
+
 def _check_folder(out: str, dst: str, shards: int) -> None:
     """Final names hold whole packs of one run, or a mix the reader refuses."""
     names = os.listdir(out)
@@ -74,9 +97,16 @@ def test_a_killed_generate_never_breaks_the_pack(tmp_path):
         gen.generate(dst, 48, 48, encode="PNG", shards=shards, workers=0)  # the previous pack
         seconds = time.perf_counter() - started
         killed_pids = []
-        for _ in range(3):
-            proc = _child(folder, dst, shards)
-            time.sleep(rng.uniform(0.0, 1.2 * seconds))  # from before the first write to after
+        for kill in range(3):
+            # The first kill lands anywhere, from before the first write to after; the second
+            # somewhere from its first temporary file on; the last as that file appears, so
+            # some kill lands mid-write however slow the machine is.
+            if kill:
+                proc = _child_writing(folder, dst, shards, str(out))
+            else:
+                proc = _child(folder, dst, shards)
+            if kill < 2:
+                time.sleep(rng.uniform(0.0, 1.2 * seconds))
             proc.send_signal(signal.SIGKILL)
             proc.communicate(timeout=60)
             killed_pids.append(proc.pid)
@@ -89,4 +119,4 @@ def test_a_killed_generate_never_breaks_the_pack(tmp_path):
         _check_folder(str(out), dst, shards)
         for path in shard_paths(dst, shards):
             os.remove(path)
-    assert temps_seen  # some kill landed mid-write (else the test proved nothing)
+    assert temps_seen  # the kills mid-write left temporary files the next write swept

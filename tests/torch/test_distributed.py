@@ -32,7 +32,7 @@ TOL = {"rtol": 1e-5, "atol": 1e-6}
 @pytest.fixture(scope="module")
 def ranks():
     """Each rank's numbers from `U.laws` on 2 spawned gloo processes, by rank."""
-    return dualtrain.Multiverse(U.laws, 2, backend="torch", timeout=60)()
+    return dualtrain.Multiverse(U.laws, 2, backend="torch", timeout=300)()
 
 
 def reference(kind, opt, inputs, targets, loss=None):
