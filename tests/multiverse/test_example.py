@@ -18,7 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "examples" / "multiverse_train.py")
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+# --standalone: a free port of torchrun's own choosing; its default, 29500 for every run,
+# made two launches at once (pytest-xdist's workers, another job) refuse or join each other.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 LAUNCHES = {
     "torch spawned": [sys.executable, SCRIPT, "--backend", "torch", "--nworld", "2"],
