@@ -11,6 +11,7 @@ from hypothesis import assume, given, strategies as st
 
 import dualtrain
 from dualtrain import convert, count_copies
+from tests.cross.test_interop_refusals import Foreign
 from tests.helpers import address, native
 from tests.strategies import DTYPES_32, DTYPES_64, arrays, laid_out, pytrees, same_bits
 
@@ -354,24 +355,11 @@ def strided_views(draw):
     return view
 
 
-class Producer:
-    """A foreign DLPack producer: any object with ``__dlpack__`` and ``__dlpack_device__``."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def __dlpack__(self, *args, **kwargs):
-        return self.array.__dlpack__(*args, **kwargs)
-
-    def __dlpack_device__(self):
-        return self.array.__dlpack_device__()
-
-
 def source_of(view, src):
     """`view` as an array of `src`, keeping its layout where `src` can hold it."""
     if src == "producer":
         assume(view.dtype.name != "bfloat16")  # NumPy's __dlpack__ refuses ml_dtypes' types
-        return Producer(view)
+        return Foreign(view)  # a DLPack producer dualtrain has never heard of
     if src == "torch" and view.dtype.name != "bfloat16" and view.flags.writeable:
         try:  # torch counts strides in elements and has no negative ones
             return torch.from_numpy(view)

@@ -13,7 +13,6 @@ steps is caught whatever the interleaving.
 
 from __future__ import annotations
 
-import sys
 import threading
 
 import jax.numpy as jnp
@@ -25,6 +24,7 @@ import torch
 import dualtrain
 import dualtrain_jax
 import dualtrain_torch
+from tests.embeddings.test_threads import _run_threads
 
 FRAMEWORKS = ["torch", "jax"]
 MODES = ["lazy", "exact"]
@@ -131,27 +131,8 @@ def _check(store: dualtrain.EmbeddingStore, steps: int, what: str) -> None:
 
 
 def _run(bodies) -> list[BaseException]:
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(len(bodies))
-
-    def run(body) -> None:
-        try:
-            barrier.wait()
-            body()
-        except BaseException as exc:  # collected: an error in a thread must fail the test
-            errors.append(exc)
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # switch threads often: more interleavings
-    try:
-        threads = [threading.Thread(target=run, args=(b,)) for b in bodies]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
-    return errors
+    """Each body in a thread of its own, started together; the errors they raised."""
+    return _run_threads(lambda k: bodies[k](), len(bodies))
 
 
 def _trainer(framework: str, rows, stepped: threading.Event, done: threading.Event):
