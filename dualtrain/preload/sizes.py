@@ -33,6 +33,7 @@ object on every hit: changing it in place changes the cache).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -229,10 +230,12 @@ def _nbytes(
 
 
 def checked_size(told: object, obj: Any) -> int | None:
-    """What a user's ``sizeof(obj)`` returned, as bytes: an int >= 0 (NumPy ints too), or None.
+    """What a user's ``sizeof(obj)`` returned, as bytes: an int >= 0 (NumPy ints too), a
+    whole float >= 0 (``1024.0``, ``1e6``: what arithmetic on sizes often gives), or None.
 
     The ledger adds it as it is: a negative count would make room that is not there, a bool,
-    float, NaN or str is no count of bytes. Refused where it enters, naming the object.
+    a fraction, NaN, inf or a str is no count of bytes. Refused where it enters, naming the
+    object.
 
     Raises:
         ArgumentError: any other value.
@@ -243,8 +246,12 @@ def checked_size(told: object, obj: Any) -> int | None:
         count = int(told)
         if count >= 0:
             return count
+    if isinstance(told, (float, np.floating)) and math.isfinite(told) and told >= 0:
+        if float(told).is_integer():
+            return int(told)
     raise ArgumentError(
-        f"sizeof must return an int >= 0 (the bytes the object holds; NumPy ints too) or "
+        f"sizeof must return an int >= 0 (the bytes the object holds; NumPy ints and whole "
+        f"floats too) or "
         f"None (count it as usual); sizeof(<{type(obj).__qualname__}>) returned {told!r}"
     )
 

@@ -19,9 +19,10 @@ from dualtrain.preload import Preloader
 from dualtrain.preload.budget import LocalLedger
 from dualtrain.preload.sizes import checked_size, nbytes
 
-_BAD = [-1, -(2**70), True, False, np.bool_(True), 1.0, math.nan, math.inf, "100", b"1",
-        np.float64(3.0), np.int64(-5), [1], object()]  # fmt: skip
-_GOOD = [0, 1, 10**6, 2**70, np.int64(7), np.uint8(3), np.int32(0)]
+_BAD = [-1, -(2**70), True, False, np.bool_(True), 1.5, -1.0, math.nan, math.inf, "100",
+        b"1", np.float64(3.25), np.int64(-5), [1], object()]  # fmt: skip
+# Whole floats count: `1e6` or `n * 4.0` is how sizes are often computed.
+_GOOD = [0, 1, 10**6, 2**70, np.int64(7), np.uint8(3), np.int32(0), 1024.0, 1e6, np.float64(3.0)]
 
 
 def _id(value: object) -> str:
@@ -112,7 +113,7 @@ _answers = st.one_of(
 )
 def test_the_ledger_law_holds_under_any_sizeof(answers, budget, reads, ahead) -> None:
     """0 <= resident <= budget after every read, whatever sizeof answers; a read raises an
-    ArgumentError exactly when its item's answer is neither None nor an int >= 0."""
+    ArgumentError exactly when its item's answer is neither None nor a whole number >= 0."""
     data = [np.full(i % 5 + 1, i, np.int16) for i in range(len(answers))]
     by_id = {id(a): answers[i] for i, a in enumerate(data)}
 
@@ -125,8 +126,15 @@ def test_the_ledger_law_holds_under_any_sizeof(answers, budget, reads, ahead) ->
         for r in reads:
             i = r % len(data)
             told = answers[i]
+            whole_float = (
+                isinstance(told, (float, np.floating))
+                and math.isfinite(told)
+                and float(told).is_integer()
+            )
             good = told is None or (
-                isinstance(told, (int, np.integer)) and not isinstance(told, bool) and told >= 0
+                (isinstance(told, (int, np.integer)) or whole_float)
+                and not isinstance(told, bool)
+                and told >= 0
             )
             if good:
                 assert p[i] is data[i]
