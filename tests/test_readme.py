@@ -3,9 +3,9 @@
 Every block fenced as Python on a page runs in page order in one namespace, from an empty
 folder that must still be empty afterwards: a block that needs a name from another page, or
 makes a folder a second time, fails here as it would for a reader, and one that writes into
-the reader's current folder fails too (examples write under tempfile.mkdtemp()). Signatures and the seed tools'
-quoted code are fenced as ``text``. docs/migration.md has its own harness
-(tests/migration/), which runs each of its blocks alone, as that page asks.
+the reader's current folder fails too (examples write under tempfile.mkdtemp()).
+Signatures and the seed tools' quoted code are fenced as ``text``. docs/migration.md has
+its own harness (tests/migration/), which runs each of its blocks alone, as that page asks.
 """
 
 from __future__ import annotations
