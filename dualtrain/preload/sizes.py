@@ -230,8 +230,10 @@ def _nbytes(
 
 
 def checked_size(told: object, obj: Any) -> int | None:
-    """What a user's ``sizeof(obj)`` returned, as bytes: an int >= 0 (NumPy ints too), a
-    whole float >= 0 (``1024.0``, ``1e6``: what arithmetic on sizes often gives), or None.
+    """What a user's ``sizeof(obj)`` returned, as bytes (an int), or None.
+
+    Taken: an int >= 0 (NumPy ints too), a whole float >= 0 (``1024.0``, ``1e6``: what
+    arithmetic on sizes often gives), or None.
 
     The ledger adds it as it is: a negative count would make room that is not there, a bool,
     a fraction, NaN, inf or a str is no count of bytes. Refused where it enters, naming the
@@ -246,9 +248,10 @@ def checked_size(told: object, obj: Any) -> int | None:
         count = int(told)
         if count >= 0:
             return count
-    if isinstance(told, (float, np.floating)) and math.isfinite(told) and told >= 0:
-        if float(told).is_integer():
-            return int(told)
+    if isinstance(told, (float, np.floating)):
+        number = float(told)
+        if math.isfinite(number) and number >= 0 and number.is_integer():
+            return int(number)
     raise ArgumentError(
         f"sizeof must return an int >= 0 (the bytes the object holds; NumPy ints and whole "
         f"floats too) or "
