@@ -1,9 +1,12 @@
 """The last step of a Tank's pipeline: image columns in the Tank's layout (NHWC/NCHW) and scale.
 
-What the user's callback (prep_fn, else fetch_fn) left is checked first, since this step
-reads it by position: an image must still be channel-last, of the pack's channel count
-and (under `scale`) of the pack's depth, so that an image a prep_fn made ``(C, H, W)`` is
-never transposed a second time, nor an image it scaled scaled again.
+What the user's callback (prep_fn, else fetch_fn) left is checked first. Under NCHW this
+step reads an image by position, so it must be channel-last: one whose last axis is not the
+pack's channel count but whose axis -3 is, the shape of an image a prep_fn made
+``(C, H, W)``, is refused rather than transposed a second time; any other channel count
+(a grayscale ``(H, W, 1)`` made from RGB) is the callback's to choose. `scale` multiplies
+whatever real dtype the callback returns; products the build-time check of the scale does
+not cover (floats, or integers of another dtype than the pack's) are checked per pixel.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain.errors import ArgumentError, ShapeError, bad_argument
+from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
 from dualtrain.fuel.casts import _Served
 from dualtrain.fuel.pack import Pack
 
@@ -98,43 +101,54 @@ class Finish:
                 out = np.empty(x.shape, np.float32)
                 with np.errstate(over="ignore", under="ignore", invalid="ignore"):
                     np.multiply(x, np.float32(factor), out=out, dtype=np.float32)
-                if self.depth.kind == "f":
+                # `_factor` proved the pack's integer depth safe; anything else is checked.
+                if x.dtype != self.depth or self.depth.kind == "f":
                     _check_products(key, x, out, factor, source, at)
                 sample[key] = out
         return sample
 
     def _check(self, key: str, x: Any, source: str, at: str, scaled: bool) -> None:
-        """Raises unless `x` is what this step reads: a channel-last image of the pack."""
-        rank = 4 if self.kinds[key] == "sequence" else 3
-        axes = "(T, H, W, C)" if rank == 4 else "(H, W, C)"
-        what = f"the Tank's layout or scale reads {key!r} as {axes} with C={self.channel}"
-        if not isinstance(x, np.ndarray) or x.ndim != rank:
-            raise ShapeError(f"{what}; {source} returned {_describe(x)} for {at}")
-        if x.shape[-1] != self.channel:
-            first = x.shape[-3] == self.channel
+        """Raises unless `x` is what this step reads: an array (channel-last under NCHW)."""
+        if self.nchw:
+            rank = 4 if self.kinds[key] == "sequence" else 3
+            axes = "(T, H, W, C)" if rank == 4 else "(H, W, C)"
+            what = f"layout='NCHW' reads {key!r} channel-last, as {axes}"
+            if not isinstance(x, np.ndarray) or x.ndim != rank:
+                raise ShapeError(f"{what}; {source} returned {_describe(x)} for {at}")
+            # Another channel count is the callback's choice (RGB to grayscale); the pack's
+            # count at axis -3 and not at -1 is an image made channel-first already.
+            if x.shape[-1] != self.channel and x.shape[-3] == self.channel:
+                raise ShapeError(
+                    f"{what}; {source} returned shape {x.shape} for {at}, which looks "
+                    f"channel-first already (C={self.channel} at axis -3, not -1): return it "
+                    "channel-last, or drop layout="
+                )
+        elif not isinstance(x, np.ndarray):
             raise ShapeError(
-                f"{what}; {source} returned shape {x.shape} for {at}"
-                + (" (channel-first already? return it channel-last, or drop layout=)"
-                   if first else "")
-            )  # fmt: skip
-        if scaled and x.dtype != self.depth:
-            raise ArgumentError(
-                f"scale multiplies {key!r} as stored, {self.depth.name}; {source} returned "
-                f"{x.dtype} for {at} (scaled already? drop scale=, or return {self.depth.name})"
+                f"scale multiplies {key!r} as an array; {source} returned {_describe(x)} for {at}"
+            )
+        if scaled and x.dtype.kind not in "iuf":
+            raise DtypeError(
+                f"scale multiplies {key!r} into float32, so it must be integers or floats; "
+                f"{source} returned {x.dtype} for {at}"
             )
 
 
 def _check_products(
     key: str, x: np.ndarray, out: np.ndarray, factor: float, source: str, at: str
 ) -> None:
-    """Float pixels times the scale: finite where they were, nonzero where they were."""
+    """Pixels times the scale: finite where they were, nonzero where they were.
+
+    The same rule for a float pack's pixels and for whatever a callback returned: a pixel
+    that is inf or NaN already is the data's, not the scale's, and passes as it is.
+    """
     bad = (np.isfinite(x) & ~np.isfinite(out)) | ((x != 0) & (out == 0))
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ArgumentError(
             f"scale={factor!r} takes {key!r}'s pixel {x[where]!r} at {where} of {at} (from "
-            f"{source}) to {out[where]!r} in float32: choose a scale that keeps it finite "
-            "and nonzero"
+            f"{source}, {x.dtype}) to {out[where]!r} in float32: choose a scale that keeps "
+            "it finite and nonzero"
         )
 
 

@@ -85,10 +85,13 @@ class Tank:
             "unsafe" (NumPy's astype, unchecked). A dict gives it per column.
         layout: "NHWC" (default) or "NCHW": images ``(C, H, W)`` (sequences
             ``(T, C, H, W)``) after prep_fn, so batches feed ``dock.Conv`` as they come.
-            prep_fn must leave them channel-last (else ShapeError naming it and the row).
+            prep_fn must leave them channel-last, of any channel count (one with the
+            pack's count at axis -3 but not -1 is a ShapeError naming it and the row).
         scale: None, a finite number, or a dict key -> number: images multiplied by it as
-            float32 after prep_fn (``scale=1 / 255`` gives [0, 1]); refused unless every
-            pixel of the pack's depth times it is a finite, normal float32.
+            float32 after prep_fn, whatever real dtype it returns (``scale=1 / 255`` gives
+            [0, 1]); refused unless every pixel of the pack's depth times it is a finite,
+            normal float32, and floats (or other integers) prep_fn returns are checked per
+            pixel the same way.
         preload: cache fetch_fn's output (decoded rows, before prep_fn) within a byte
             budget, loading the rows of coming batches ahead in this Tank's order
             (docs/preload.md): False (default), True (a quarter of the available memory),

@@ -22,6 +22,7 @@ from dualtrain import ArgumentError, PackError, ShapeError
 from dualtrain.errors import DtypeError
 from dualtrain.fuel import Comburant, Flip, FuelGenerator, SampleKey, Tank, TankWorkerError, decode
 from dualtrain.fuel.columns import ColumnType, parse_cell
+from dualtrain.fuel.finish import Finish
 from dualtrain.fuel.pack import Pack
 from tests.fuel.raw import DTYPES, make_folder, write_csv
 
@@ -48,29 +49,128 @@ def chw(sample):
     return {**sample, "image": np.ascontiguousarray(sample["image"].transpose(2, 0, 1))}
 
 
-def scaled_already(sample):
-    return {**sample, "image": sample["image"] / np.float32(255)}
+def grayscale(sample):
+    image = sample["image"].astype(np.float32) @ np.float32([0.299, 0.587, 0.114])
+    return {**sample, "image": np.round(image).astype(np.uint8)[..., None]}
+
+
+def two_channels(sample):
+    return {**sample, "image": np.ascontiguousarray(sample["image"][..., :2])}
+
+
+def float_jitter(sample):
+    # A float augmentation before the scale: floats in [0, 255], not the pack's uint8.
+    return {**sample, "image": np.clip(sample["image"] * np.float32(1.1), 0, 255)}
+
+
+def huge(sample):
+    return {**sample, "image": sample["image"].astype(np.float32) * np.float32(1e36)}
+
+
+def wide_ints(sample):
+    return {**sample, "image": sample["image"].astype(np.int64) << 40}
+
+
+def raw_images(pack, prep, n=N):
+    """What `prep` makes of the first `n` rows, in order, channel-last (by hand)."""
+    served = Tank(pack, {"image": "uint8", "label": "int64"}, n, shuffle=False).next()
+    return np.stack([prep({"image": image})["image"] for image in served["image"]])
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_layout_refuses_an_image_a_prep_fn_made_channel_first(pack, workers):
     tank = Tank(pack, {"image": "uint8"}, 4, layout="NCHW", prep_fn=chw, workers=workers)
-    with pytest.raises(ShapeError, match=r"prep_fn returned shape \(3, 12, 16\) for row \d+"):
+    with pytest.raises(
+        ShapeError, match=r"prep_fn returned shape \(3, 12, 16\) for row \d+, which looks "
+        "channel-first already",
+    ):  # fmt: skip
         tank.next()
     tank.close()
 
 
-def test_scale_refuses_an_image_a_prep_fn_scaled_already(pack):
-    with pytest.raises(ArgumentError, match=r"prep_fn returned float32 for row \d+"):
-        Tank(pack, {"image": "uint8"}, 4, scale=1 / 255, prep_fn=scaled_already).next()
+@pytest.mark.parametrize("prep", [grayscale, two_channels])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_layout_transposes_an_image_whose_channels_a_prep_fn_changed(pack, prep, workers):
+    tank = Tank(
+        pack, {"image": "uint8"}, N, shuffle=False, layout="NCHW", prep_fn=prep, workers=workers
+    )
+    out = tank.next()["image"]
+    tank.close()
+    want = raw_images(pack, prep).transpose(0, 3, 1, 2)
+    assert out.shape == want.shape and out.dtype == np.uint8
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_scale_multiplies_the_floats_a_prep_fn_returns(pack, layout):
+    tank = Tank(pack, {"image": "uint8"}, N, shuffle=False, layout=layout, scale=1 / 255,
+                prep_fn=float_jitter)  # fmt: skip
+    out = tank.next()["image"]
+    want = raw_images(pack, float_jitter) / 255
+    if layout == "NCHW":
+        want = want.transpose(0, 3, 1, 2)
+    assert out.dtype == np.float32 and out.min() >= 0 and out.max() <= 1
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("prep", [huge, wide_ints])
+def test_scale_refuses_a_callback_pixel_it_would_make_inf(pack, prep):
+    # 1 / 255 is a safe scale for uint8, not for what these prep_fns return.
+    tank = Tank(pack, {"image": "uint8"}, N, shuffle=False, scale=1e30, prep_fn=prep)
+    with pytest.raises(ArgumentError, match=r"scale=1e\+30 takes 'image''s pixel .* of row \d+ "
+                       r"\(from prep_fn, (float32|int64)\) to np.float32\(inf\)"):  # fmt: skip
+        tank.next()
+
+
+def test_scale_refuses_a_nonzero_callback_pixel_it_would_make_zero(pack):
+    def tiny(sample):
+        return {**sample, "image": np.full((12, 16, 3), 1e-30, np.float32)}
+
+    with pytest.raises(ArgumentError, match=r"takes 'image''s pixel .* to np.float32\(0.0\)"):
+        Tank(pack, {"image": "uint8"}, 2, scale=1e-20, prep_fn=tiny).next()
+
+
+def test_scale_refuses_a_callback_image_that_is_not_numbers(pack):
+    def flags(sample):
+        return {**sample, "image": sample["image"] > 100}
+
+    with pytest.raises(DtypeError, match=r"prep_fn returned bool for row \d+"):
+        Tank(pack, {"image": "uint8"}, 2, scale=1 / 255, prep_fn=flags).next()
 
 
 def test_layout_names_fetch_fn_when_it_makes_the_sample(pack):
     def fetch(data, index):
-        return {"image": data["image"][index][..., :2]}  # two channels of three
+        return {"image": np.ascontiguousarray(data["image"][index].transpose(2, 0, 1))}
 
-    with pytest.raises(ShapeError, match=r"fetch_fn returned shape \(12, 16, 2\) for row"):
+    with pytest.raises(ShapeError, match=r"fetch_fn returned shape \(3, 12, 16\) for row"):
         Tank(pack, {"image": "uint8"}, 4, layout="NCHW", fetch_fn=fetch).next()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(shape=st.tuples(st.integers(1, 5), st.integers(1, 5), st.integers(1, 5)), data=st.data())
+def test_layout_refuses_exactly_the_channel_first_shapes(pack, shape, data):
+    # The law: (H, W, C') is refused iff C' is not the pack's 3 and H is; else it is moved.
+    tank = Tank(pack, {"image": "uint8"}, 1, layout="NCHW")
+    finish = Finish(tank.pack, tank.spec, "NCHW", None)
+    dtype = data.draw(st.sampled_from([np.uint8, np.float32, np.int64]))
+    image = np.arange(math.prod(shape)).reshape(shape).astype(dtype)
+    if shape[2] != 3 and shape[0] == 3:
+        with pytest.raises(ShapeError, match=r"returned shape .* for row 5, which looks channel"):
+            finish({"image": image}, "prep_fn", 5)
+    else:
+        out = finish({"image": image}, "prep_fn", 5)["image"]
+        assert out.dtype == image.dtype
+        np.testing.assert_array_equal(out, image.transpose(2, 0, 1))
+
+
+def test_layout_keeps_its_rank_check(pack):
+    def flat(sample):
+        return {**sample, "image": sample["image"][..., 0]}
+
+    with pytest.raises(ShapeError, match=r"prep_fn returned a ndarray of shape \(12, 16\)"):
+        Tank(pack, {"image": "uint8"}, 4, layout="NCHW", prep_fn=flat).next()
 
 
 def ragged_label(sample):
@@ -93,6 +193,25 @@ def test_a_fixed_column_of_another_shape_in_one_row_is_named(pack, prep, workers
     with pytest.raises(ShapeError, match=r"prep_fn returned .* of row \d+; row \d+ returned"):
         tank.next()
     tank.close()
+
+
+def crop(sample):
+    return {**sample, "image": sample["image"][2:10, 3:11]}
+
+
+def as_floats(sample):
+    return {**sample, "image": sample["image"].astype(np.float32) / 2}
+
+
+@pytest.mark.parametrize("prep", [crop, as_floats, grayscale])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_fixed_column_every_row_changes_alike_is_stacked(pack, prep, workers):
+    tank = Tank(pack, {"image": "uint8"}, N, shuffle=False, prep_fn=prep, workers=workers)
+    out = tank.next()["image"]
+    tank.close()
+    want = raw_images(pack, prep)
+    assert isinstance(out, np.ndarray) and out.dtype == want.dtype
+    np.testing.assert_array_equal(out, want)
 
 
 def label_names(sample):
