@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 from torch.utils import _pytree as pytree
 
 from dualtrain.batching import dispatch, isolation, members
@@ -382,11 +383,10 @@ def _check_submodules(first: nn.Module, module: nn.Module, name: str) -> None:
     for sub, m in theirs.items():
         where = sub or "the module"
         ref = ours[sub]
-        if type(m) is not type(ref):
+        if _class_of(m) != _class_of(ref):
             raise members.refuse_member(
                 name,
-                f"{where} is a {type(m).__qualname__} there but a {type(ref).__qualname__} "
-                "in the first member",
+                f"{where} is a {_class_name(m)} there but a {_class_name(ref)} in the first member",
             )
         settings, reference = _settings(m), _settings(ref)
         for key in dict.fromkeys([*reference, *settings]):
@@ -399,13 +399,38 @@ def _check_submodules(first: nn.Module, module: nn.Module, name: str) -> None:
         for hooks in _HOOKS:
             got = [_hook_key(h, names) for h in getattr(m, hooks, {}).values()]
             want = [_hook_key(h, names) for h in getattr(ref, hooks, {}).values()]
-            if got != want:
-                kind = hooks.strip("_").replace("_", " ")
+            kind = hooks.strip("_").replace("_", " ")
+            if len(got) != len(want):
                 raise members.refuse_member(
                     name,
-                    f"{where} has {len(got)} {kind} there, the first member {len(want)}, or "
-                    "other ones: the batch runs the first member's hooks for every member",
+                    f"{where} has {len(got)} {kind} there but {len(want)} in the first "
+                    "member: the batch runs the first member's hooks for every member",
                 )
+            for i, (ours_, theirs_) in enumerate(zip(want, got, strict=True)):
+                # Hooks built separately in each member (a closure, a WeightNorm object)
+                # are the same hook when their code and settings are.
+                found = members.config_difference(ours_, theirs_, f"{where}'s {kind}[{i}]")
+                if found is not None:
+                    raise members.refuse_member(
+                        name, f"{found}: the batch runs the first member's hooks for every member"
+                    )
+
+
+def _class_of(module: nn.Module) -> type:
+    """A module's class, parametrized ones as their original class.
+
+    ``torch.nn.utils.parametrize`` gives each module its own generated subclass; its
+    parametrizations are submodules (``parametrizations.weight.0``), compared as such.
+    """
+    cls = type(module)
+    return cls.__bases__[0] if parametrize.is_parametrized(module) else cls
+
+
+def _class_name(module: nn.Module) -> str:
+    cls = type(module)
+    if parametrize.is_parametrized(module):
+        return f"{cls.__qualname__} (a parametrized {_class_of(module).__qualname__})"
+    return cls.__qualname__
 
 
 def _hook_key(hook: Any, names: dict[int, str]) -> Any:
@@ -414,6 +439,11 @@ def _hook_key(hook: Any, names: dict[int, str]) -> Any:
     The template is a deep copy of the first member, so its method hooks are bound to the
     copy; the same method of the same submodule is the same hook in every member.
     """
+    if type(hook).__name__ == "_WrappedHook":  # torch's module-passing wrapper
+        # Its copied attributes (``__wrapped__``, a hook object's settings) do not survive
+        # the template's deep copy: compare what it wraps and the submodule it passes.
+        module = hook.module() if hook.with_module else None
+        return ("wrapped", _hook_key(hook.hook, names), names.get(id(module)))
     owner = getattr(hook, "__self__", None)
     if owner is not None and id(owner) in names:
         return ("method", getattr(hook, "__func__", hook), names[id(owner)])

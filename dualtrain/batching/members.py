@@ -7,6 +7,9 @@ torch and JAX refuse the same mistakes with the same words.
 
 from __future__ import annotations
 
+import enum
+import functools
+import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -236,9 +239,19 @@ def config_difference(reference: Any, other: Any, path: str) -> str | None:
 
     A batch runs every member through the first member's code and settings (a Craft's or
     module's hyperparameters: a dropout rate, an epsilon, an activation), so those must be
-    equal. Arrays and tensors are the members' own values and are not compared; plain
-    objects are compared attribute by attribute (private ``_`` names left out), functions
-    by identity or code.
+    equal. Values, not identities, are compared, so equal settings built separately in each
+    member agree:
+
+    - arrays and tensors are the members' own values: never compared;
+    - plain values (numbers, strings, None, enums, classes, dtypes, devices, and lists,
+      tuples and dicts of them) by ``==``;
+    - functions by code, defaults and closure (recursively); bound methods by function and
+      object; ``functools.partial`` by function, args and keywords; named callables without
+      code (builtins, ufuncs, jitted functions) by name and wrapped function;
+    - other objects with a ``__dict__`` attribute by attribute (private ``_`` names left out);
+    - objects whose type defines ``==`` by it;
+    - anything else (no settings to read and an identity-only ``==``: a lock, a handle) is
+      skipped: its identity says nothing about how the member runs.
 
     Args:
         reference: the first member's value.
@@ -278,28 +291,69 @@ def _difference(a: Any, b: Any, path: str, seen: set[int]) -> str | None:
         return None
     if a is b or id(a) in seen:
         return None
-    if callable(a) and hasattr(a, "__code__"):  # functions: the same code, the same cells
-        if getattr(b, "__code__", None) is not a.__code__:
+    if isinstance(a, functools.partial):  # rebuilt in each member: equal when its parts are
+        for part, x, y in [("func", a.func, b.func), ("args", a.args, b.args)]:
+            if (found := _difference(x, y, f"{path}.{part}", seen)) is not None:
+                return found
+        x, y = dict(sorted(a.keywords.items())), dict(sorted(b.keywords.items()))
+        return _difference(x, y, f"{path}.keywords", seen)
+    if isinstance(a, types.MethodType):  # the same function of an equal object
+        found = _difference(a.__func__, b.__func__, path, seen)
+        return found or _difference(a.__self__, b.__self__, f"{path}.__self__", seen)
+    if isinstance(a, types.FunctionType):  # the same code, defaults and cells
+        if b.__code__ is not a.__code__:
             return differs(a, b)
-        return _difference(_cells(a), _cells(b), f"{path} (its closure)", seen)
+        parts: list[tuple[Any, Any, str]] = [(a.__defaults__, b.__defaults__, "defaults")]
+        parts += [
+            (a.__kwdefaults__, b.__kwdefaults__, "defaults"),
+            (_cells(a), _cells(b), "closure"),
+        ]
+        for x, y, what in parts:
+            if (found := _difference(x, y, f"{path} (its {what})", seen)) is not None:
+                return found
+        return None
+    if isinstance(a, (enum.Enum, type)) or _is_dtype(a):  # singletons: identity is value
+        return None if a == b else differs(a, b)
+    if callable(a) and isinstance(_name(a)[1], str):  # a builtin, a ufunc, a jitted function
+        if _name(a) != _name(b):
+            return differs(a, b)
+        wrapped = getattr(a, "__wrapped__", None), getattr(b, "__wrapped__", None)
+        if wrapped[0] is not None or wrapped[1] is not None:
+            return _difference(*wrapped, f"{path} (the function it wraps)", seen)
+        if isinstance(a, types.BuiltinMethodType):  # one method of an equal object
+            owner = getattr(a, "__self__", None), getattr(b, "__self__", None)
+            if not isinstance(owner[0], (types.ModuleType, type)):
+                return _difference(*owner, f"{path}.__self__", seen)
+        return None
     attrs_a, attrs_b = getattr(a, "__dict__", None), getattr(b, "__dict__", None)
-    names: list[str] = []
-    if not isinstance(attrs_a, dict) or not isinstance(attrs_b, dict):
-        attrs_a = attrs_b = {}
-    else:
+    if isinstance(attrs_a, dict) and isinstance(attrs_b, dict):
+        # A plain object: its public attributes are its settings (none: nothing to differ).
+        seen.add(id(a))
         names = [k for k in attrs_a if not k.startswith("_")]
         names += [k for k in attrs_b if not k.startswith("_") and k not in attrs_a]
-    if names:  # a plain object: its public attributes are its settings
-        seen.add(id(a))
         for k in names:
             x, y = attrs_a.get(k, ABSENT), attrs_b.get(k, ABSENT)
             if (found := _difference(x, y, f"{path}.{k}", seen)) is not None:
                 return found
         return None
-    try:  # no public attributes (a ufunc, a builtin): equal only as == says
+    if getattr(type(a), "__eq__", None) is object.__eq__:
+        return None  # no settings and an identity-only ==: not a setting the batch copies
+    try:  # a value type: its == says
         return None if bool(a == b) else differs(a, b)
-    except Exception:  # an object without a usable ==: only itself is itself
-        return differs(a, b)
+    except Exception:  # an == that gives no answer: nothing to compare by
+        return None
+
+
+def _name(value: object) -> tuple[Any, Any]:
+    """A named callable's module and qualified name (None where it has none)."""
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    return getattr(value, "__module__", None), name
+
+
+def _is_dtype(value: object) -> bool:
+    """A torch dtype (a singleton with identity ``==``), named without importing torch."""
+    cls = type(value)
+    return cls.__module__ == "torch" and cls.__name__ == "dtype"
 
 
 def _is_array(value: object) -> bool:

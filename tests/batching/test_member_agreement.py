@@ -8,6 +8,8 @@ an ArgumentError naming the member, the place and both values, before anything i
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -49,9 +51,8 @@ def test_config_difference_ignores_arrays_and_compares_functions_by_code() -> No
 
     assert members.config_difference({"w": np.zeros(2)}, {"w": np.ones(2)}, "m") is None
     assert members.config_difference(adder(1), adder(1), "f") is None
-    assert "f (its closure)[0] is 2 there but 1" in members.config_difference(
-        adder(1), adder(2), "f"
-    )
+    found = members.config_difference(adder(1), adder(2), "f")
+    assert "f (its closure)[0] is 2 there but 1" in str(found)
     assert members.config_difference(np.tanh, np.sin, "f") is not None
 
 
@@ -134,7 +135,7 @@ def test_torch_frozen_in_every_member_is_taken() -> None:
     ],
     ids=["class", "setting", "mode", "hook", "buffer"],
 )
-def test_torch_members_that_run_otherwise_are_refused(change, message) -> None:
+def test_torch_members_that_run_otherwise_are_refused(change: Any, message: str) -> None:
     from dualtrain_torch import BatchModule
 
     a, b = _torch_pair()
@@ -246,3 +247,182 @@ def test_a_submodule_held_in_eval_stays_in_eval(shim: bool) -> None:
         want = torch.stack([model(xi) for xi in x])
         torch.testing.assert_close(bm(x).reshape(want.shape), want)
     assert bm.training
+
+
+# -- equal settings built separately are the same settings --------------------------------
+
+
+def _leaky(slope: float = 0.1) -> Any:
+    import functools
+
+    from torch.nn import functional
+
+    return functools.partial(functional.leaky_relu, negative_slope=slope)
+
+
+def test_config_difference_compares_partials_by_parts_and_skips_opaque_objects() -> None:
+    """A partial, a bound method or a builtin rebuilt per member used to differ by identity;
+    an object with no settings and an identity-only == is not compared at all."""
+    import functools
+    import threading
+
+    assert (
+        members.config_difference(functools.partial(max, 1), functools.partial(max, 1), "f") is None
+    )
+    found = members.config_difference(
+        functools.partial(round, ndigits=1), functools.partial(round, ndigits=2), "f"
+    )
+    assert found == "f.keywords['ndigits'] is 2 there but 1 in the first member"
+    assert "f.func is" in str(
+        members.config_difference(functools.partial(max, 1), functools.partial(min, 1), "f")
+    )
+    assert members.config_difference(Scaled(2.0).run, Scaled(2.0).run, "f") is None
+    assert "f.__self__.scale is 3.0" in str(
+        members.config_difference(Scaled(2.0).run, Scaled(3.0).run, "f")
+    )
+    assert members.config_difference([1, 2].index, [1, 2].index, "f") is None
+    assert members.config_difference(threading.Lock(), threading.Lock(), "lock") is None
+    # Two lambdas written apart are other code, even when they read the same.
+    assert members.config_difference(lambda x, k=1: x + k, lambda x, k=1: x + k, "f") is not None
+    make = [lambda k=k: lambda x, k=k: x + k for k in (1, 1, 2)]
+    assert members.config_difference(make[0](), make[1](), "f") is None
+    assert "f (its defaults)[0] is 2" in str(members.config_difference(make[0](), make[2](), "f"))
+
+
+@pytest.mark.parametrize("kind", ["weight_norm", "spectral_norm", "old_spectral_norm"])
+def test_torch_parametrized_members_are_taken_and_match_their_models(kind: str) -> None:
+    """parametrize gives every module its own generated class, so two weight-normed Linears
+    were refused as "a ParametrizedLinear there but a ParametrizedLinear"."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from dualtrain_torch import BatchModule
+
+    wrap: Any = {
+        "weight_norm": nn.utils.parametrizations.weight_norm,
+        "spectral_norm": nn.utils.parametrizations.spectral_norm,
+        "old_spectral_norm": nn.utils.spectral_norm,
+    }[kind]
+    torch.manual_seed(0)
+    members_ = [nn.Sequential(wrap(nn.Linear(3, 2)), nn.Tanh()).double().eval() for _ in range(3)]
+    bm = BatchModule.from_modules(members_, check_isolation=False).eval()
+    x = torch.randn(3, 4, 3, dtype=torch.float64)
+    with torch.no_grad():
+        want = torch.stack([m(xi) for m, xi in zip(members_, x, strict=True)])
+        torch.testing.assert_close(bm(x), want)
+    other = nn.Sequential(nn.Linear(3, 2), nn.Tanh()).double().eval()
+    with pytest.raises(ArgumentError, match=r"modules\[1\] must "):
+        BatchModule.from_modules([members_[0], other], check_isolation=False)
+
+
+def test_torch_parametrized_members_with_other_parametrization_settings_are_refused() -> None:
+    pytest.importorskip("torch")
+    from torch import nn
+
+    from dualtrain_torch import BatchModule
+
+    sn = nn.utils.parametrizations.spectral_norm
+    a, b = sn(nn.Linear(3, 2), eps=1e-12), sn(nn.Linear(3, 2), eps=1e-6)
+    with pytest.raises(ArgumentError, match=r"parametrizations\.weight\.0\.eps is 1e-06 there"):
+        BatchModule.from_modules([a, b], check_isolation=False)
+
+    class Mine(nn.Linear):
+        pass
+
+    wn = nn.utils.parametrizations.weight_norm
+    with pytest.raises(ArgumentError, match=r"Mine\) there but .*\(a parametrized Linear\)"):
+        BatchModule.from_modules(
+            [nn.Sequential(wn(nn.Linear(3, 2))), nn.Sequential(wn(Mine(3, 2)))],
+            check_isolation=False,
+        )
+
+
+@pytest.mark.parametrize("slope", [0.1, 0.2])
+def test_torch_partial_settings_are_equal_when_their_parts_are(slope: float) -> None:
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from dualtrain_torch import BatchModule
+
+    class Act(nn.Linear):
+        def forward(self, x):
+            return self.act(super().forward(x))
+
+    torch.manual_seed(0)
+    members_ = [Act(3, 2).double() for _ in range(2)]
+    members_[0].act, members_[1].act = _leaky(), _leaky(slope)
+    if slope != 0.1:
+        with pytest.raises(
+            ArgumentError, match=r"act\.keywords\['negative_slope'\] is 0\.2 there but 0\.1"
+        ):
+            BatchModule.from_modules(members_, check_isolation=False)
+        return
+    bm = BatchModule.from_modules(members_, check_isolation=False)
+    x = torch.randn(2, 4, 3, dtype=torch.float64)
+    with torch.no_grad():
+        want = torch.stack([m(xi) for m, xi in zip(members_, x, strict=True)])
+        torch.testing.assert_close(bm(x), want)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_torch_separately_built_equal_closure_hooks_are_the_same_hook(same: bool) -> None:
+    torch = pytest.importorskip("torch")
+
+    from dualtrain_torch import BatchModule
+
+    def scaler(k: float) -> Any:
+        return lambda module, inputs, output: output * k
+
+    a, b = _torch_pair()
+    a.register_forward_hook(scaler(2.0))
+    b.register_forward_hook(scaler(2.0 if same else 3.0))
+    if not same:
+        with pytest.raises(ArgumentError, match=r"forward hooks\[0\] \(its closure\)\[0\] is 3\.0"):
+            BatchModule.from_modules([a, b], check_isolation=False)
+        return
+    bm = BatchModule.from_modules([a, b], check_isolation=False).eval()
+    a.eval(), b.eval()
+    x = torch.randn(2, 4, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(bm(x), torch.stack([a(x[0]), b(x[1])]))
+
+
+def test_jax_partial_craft_settings_are_equal_when_their_parts_are() -> None:
+    pytest.importorskip("jax")
+    import functools
+
+    import dualtrain_jax
+    from dualtrain_jax.batching import BatchModule
+
+    def built(digits: int) -> Scaled:
+        craft = Scaled(1.0)
+        craft.rounding = functools.partial(round, ndigits=digits)
+        return craft
+
+    one = dualtrain_jax.realize(built(1), seed=0)
+    assert BatchModule.from_modules([one, dualtrain_jax.realize(built(1), seed=1)]).batch == 2
+    with pytest.raises(ArgumentError, match=r"craft\.rounding\.keywords\['ndigits'\] is 2"):
+        BatchModule.from_modules([one, dualtrain_jax.realize(built(2), seed=1)])
+
+
+@given(
+    st.dictionaries(st.sampled_from("abc"), st.integers(-2, 2), max_size=3),
+    st.dictionaries(st.sampled_from("abc"), st.integers(-2, 2), max_size=3),
+)
+def test_partials_differ_exactly_where_their_keywords_do(
+    ours: dict[str, int], theirs: dict[str, int]
+) -> None:
+    """Two partials of one function built apart are one setting iff their keywords are
+    equal (whatever order they were given in)."""
+    import functools
+
+    def f(**kw: int) -> dict[str, int]:
+        return kw
+
+    reordered = dict(reversed(list(theirs.items())))
+    found = members.config_difference(
+        functools.partial(f, **ours), functools.partial(f, **reordered), "act"
+    )
+    assert (found is None) == (ours == theirs)
+    if found is not None:
+        assert found.startswith("act.keywords")
