@@ -87,7 +87,17 @@ class JaxModule:
         """
         fold = None if rng is None else (lambda i: jax.random.fold_in(rng, i))
         table = self._layer_table()
-        bound = binding.FunctionalBinding(self.craft, table, params, state, train=train, rng=fold)
+        # canonical: without x64 JAX computes float64 as float32 (int64 as int32), so the
+        # dtype check compares the dtypes that will actually run.
+        bound = binding.FunctionalBinding(
+            self.craft,
+            table,
+            params,
+            state,
+            train=train,
+            rng=fold,
+            canonical=jax.dtypes.canonicalize_dtype,
+        )
         with binding.active(bound):
             out = self.craft.run(*inputs, **kwargs)
         return out, bound.new_state

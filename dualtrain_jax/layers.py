@@ -8,12 +8,14 @@ contractions take as they are (``(out, in)`` Dense weights, ``OIHW`` kernels, ``
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from dualtrain.craft import dock
@@ -138,7 +140,25 @@ def _reshape(spec: dock.Reshape, p: Any, x: jax.Array, shape: Any = None) -> jax
     return x.reshape(shape if shape is not None else spec.shape)
 
 
-LAYERS: dict[type, Callable[..., Any]] = {
+def _jax_input(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with a NumPy input made a JAX array first, after the binding's checks.
+
+    Without it, layers written with array methods (``x.mean``, ``x.reshape``, Dropout's
+    identity) computed a NumPy float64 input in NumPy, as float64, while Dense computed it
+    as float32 (JAX without x64): every layer now computes in the dtype JAX gives it. The
+    ids of an Embedding are range-checked before, so int64 -> int32 cannot wrap silently.
+    """
+
+    @functools.wraps(fn)
+    def run(spec: Any, p: Any, x: Any, *rest: Any, **kwargs: Any) -> Any:
+        if isinstance(x, (np.ndarray, np.generic)):
+            x = jnp.asarray(x)
+        return fn(spec, p, x, *rest, **kwargs)
+
+    return run
+
+
+_TABLE: dict[type, Callable[..., Any]] = {
     dock.Dense: _dense,
     dock.Conv: _conv,
     dock.ConvTranspose: _conv_transpose,
@@ -156,6 +176,7 @@ LAYERS: dict[type, Callable[..., Any]] = {
     dock.Dropout: _dropout,
     dock.Embedding: _embedding,
 }
+LAYERS: dict[type, Callable[..., Any]] = {kind: _jax_input(fn) for kind, fn in _TABLE.items()}
 
 OPS: dict[str, Callable[..., Any]] = {
     "relu": jax.nn.relu,

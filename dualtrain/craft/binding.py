@@ -98,7 +98,9 @@ class FunctionalBinding:
 
     The NumPy reference and JAX both run this way; each supplies `table`, which maps a dock
     layer class to ``fn(layer, view, *inputs, **kwargs) -> output``, and `rng`, which makes
-    a fresh generator or key from a counter.
+    a fresh generator or key from a counter, and may supply `canonical`, which maps a dtype
+    to the dtype it computes in (JAX without x64: float64 -> float32), so the dtype check
+    sees what will run; None checks dtypes as they are (NumPy).
     """
 
     def __init__(
@@ -110,8 +112,10 @@ class FunctionalBinding:
         *,
         train: bool,
         rng: Any,
+        canonical: Any = None,
     ) -> None:
         self.names = craft.layer_names()
+        self.canonical = canonical
         self.table, self.params, self.train = table, params, train
         self.new_state = dict(state)
         self._rng, self._count = rng, 0
@@ -132,8 +136,8 @@ class FunctionalBinding:
         view = LayerView(self, name)
         if inputs:
             layer.check_input(*inputs, train=self.train, **kwargs)
-            dtype = checks.params_dtype(layer, view.get)
-            layer.check_dtype(inputs[0], dtype, train=self.train)
+            dtype = checks.params_dtype(layer, view.get, self.canonical)
+            layer.check_dtype(inputs[0], dtype, train=self.train, canonical=self.canonical)
         return self.table[type(layer)](layer, view, *inputs, **kwargs)
 
     def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:

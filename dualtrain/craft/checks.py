@@ -48,6 +48,9 @@ def check(layer: Any, x: Any, *rest: Any, train: bool = False, **kwargs: Any) ->
 # What a layer's `input_dtypes` may say: the dtype rule of its first input.
 INPUT_DTYPES = ("params", "float", "float_in_train", "any")
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
+# What torch autocast (CPU and CUDA) casts or mixes into float32 parameters: float64 is
+# never eligible for an autocast cast, so it reaches the kernel as it is and fails there.
+_AUTOCAST = ("float32", "float16", "bfloat16")
 
 
 def dtype_name(x: Any) -> str:
@@ -55,21 +58,31 @@ def dtype_name(x: Any) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
-def params_dtype(layer: Any, get: Any) -> Any:
+def params_dtype(layer: Any, get: Any, canonical: Any = None) -> Any:
     """The dtype of `layer`'s first floating parameter or state, or None (only for "params").
 
     `get(local)` returns the array a binding holds under a local name (``weight``), or None.
+    `canonical` maps a dtype to the one the backend computes in (see `check_dtype`).
     """
     if layer.input_dtypes != "params":
         return None
     for local in layer.params():
         value = get(local)
-        if value is not None and dtype_name(value) in _FLOATS:
-            return dtype_name(value)
+        if value is not None and _computed(value, canonical) in _FLOATS:
+            return _computed(value, canonical)
     return None
 
 
-def check_dtype(layer: Any, x: Any, params_dtype: Any, *, train: bool = False) -> None:
+def _computed(x: Any, canonical: Any) -> str:
+    """The name of the dtype `x` is computed in: its own, or ``canonical(x.dtype)``."""
+    if canonical is None:
+        return dtype_name(x)
+    return str(canonical(x.dtype)).removeprefix("torch.")
+
+
+def check_dtype(
+    layer: Any, x: Any, params_dtype: Any, *, train: bool = False, canonical: Any = None
+) -> None:
     """Refuses an input whose dtype `layer` does not take: the same rule under every backend.
 
     The rule is the layer's ``input_dtypes``:
@@ -77,8 +90,10 @@ def check_dtype(layer: Any, x: Any, params_dtype: Any, *, train: bool = False) -
     * ``"params"`` (Dense, Conv, ConvTranspose, BatchNorm, LayerNorm): the dtype of the
       layer's parameters (the ``dtype`` it was realized with, or the dtype of the params
       passed to ``apply``). Nothing is promoted: torch refuses a mix, and JAX would compute
-      silently in another precision. Under torch autocast any floating input is taken, as
-      autocast casts it; a layer without parameters (LayerNorm(affine=False)) takes "float".
+      silently in another precision. Under torch autocast, float32 parameters take a
+      float32, float16 or bfloat16 input (autocast casts it, or the norm kernels mix it);
+      float64 is never cast by autocast, so it is refused there too. A layer without
+      parameters (LayerNorm(affine=False)) takes "float".
     * ``"float"`` (AvgPool, MaxPool, GlobalAvgPool): any floating dtype, kept in the output.
     * ``"float_in_train"`` (Dropout): any dtype in evaluation (identity), a floating one in
       training, where values are scaled by ``1/(1-p)``.
@@ -91,6 +106,9 @@ def check_dtype(layer: Any, x: Any, params_dtype: Any, *, train: bool = False) -
         params_dtype: the dtype of the layer's floating parameters or state, or None
             (`params_dtype`).
         train: training mode.
+        canonical: maps a dtype to the dtype the backend computes it in, or None (as it
+            is). JAX without x64 computes float64 as float32 and int64 as int32, so its
+            binding passes ``jax.dtypes.canonicalize_dtype``: the check sees what runs.
 
     Raises:
         DtypeError: naming the layer, the input's dtype and the dtypes it takes.
@@ -98,20 +116,34 @@ def check_dtype(layer: Any, x: Any, params_dtype: Any, *, train: bool = False) -
     rule = layer.input_dtypes
     if rule == "any" or (rule == "float_in_train" and not train):
         return
-    got = dtype_name(x)
+    got = _computed(x, canonical)
     name = type(layer).__name__
-    if rule == "params" and params_dtype is not None and not _autocast(x):
+    given = dtype_name(x)
+    shown = got if given == got else f"{given} (computed as {got})"
+    if rule == "params" and params_dtype is not None:
         expected = str(params_dtype).removeprefix("torch.")
+        autocast = _autocast(x)
+        if autocast and expected == "float32" and got in _AUTOCAST:
+            return
+        if autocast and expected == "float32":
+            # Autocast never casts float64 (nor ints): torch would fail with a raw
+            # dtype-mismatch error inside the kernel.
+            raise DtypeError(
+                f"{name} takes a float32, float16 or bfloat16 input under torch autocast (its "
+                f"parameters are float32); got dtype {shown}: cast the input to float32"
+            )
         if got != expected:
             fix = f"cast the input to {expected}"
-            if got in _FLOATS:
+            if got in _FLOATS and not autocast:
                 fix += f", or realize the Craft with dtype={got!r}"
+            where = " (under torch autocast too)" if autocast else ""
             raise DtypeError(
-                f"{name} takes inputs of its parameters' dtype {expected}; got dtype {got}: {fix}"
+                f"{name} takes inputs of its parameters' dtype {expected}{where}; got dtype "
+                f"{shown}: {fix}"
             )
         return
     if got not in _FLOATS:
-        raise DtypeError(f"{name} takes a floating input ({', '.join(_FLOATS)}); got dtype {got}")
+        raise DtypeError(f"{name} takes a floating input ({', '.join(_FLOATS)}); got dtype {shown}")
 
 
 def _autocast(x: Any) -> bool:

@@ -128,9 +128,105 @@ def test_dropout_in_training_takes_floats_only_but_passes_anything_in_evaluation
             run(layer, x, "float32", True)
 
 
-def test_torch_autocast_may_feed_any_float_to_a_layer():
+def test_torch_autocast_may_feed_float32_float16_or_bfloat16_to_a_layer():
     layer = dock.Dense(3, 2)
     module = tcraft.realize(One(layer), seed=0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = module(torch.ones(2, 3, dtype=torch.bfloat16))
     assert y.dtype is torch.bfloat16
+
+
+def test_torch_autocast_takes_what_it_casts_and_refuses_float64_with_a_house_error():
+    # Autocast never casts float64: torch raised "mat1 and mat2 must have the same dtype".
+    module = tcraft.realize(One(dock.Dense(3, 2)), seed=0)
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
+            for given in (torch.float32, torch.float16, torch.bfloat16):
+                assert module(torch.ones(2, 3, dtype=given)).dtype is dtype
+            pattern = (
+                "Dense takes a float32, float16 or bfloat16 input under torch autocast .*; "
+                "got dtype float64: cast the input to float32"
+            )
+            with pytest.raises(DtypeError, match=pattern):
+                module(torch.ones(2, 3, dtype=torch.float64))
+
+
+AUTOCAST_KINDS = ("Dense", "Conv", "ConvTranspose", "BatchNorm", "LayerNorm")
+
+
+@pytest.mark.parametrize("kind", AUTOCAST_KINDS)
+@FEW
+@given(data=st.data())
+def test_torch_autocast_runs_or_refuses_with_a_dtype_error_never_a_raw_one(kind, data):
+    # Every layer with parameters, every input and parameter dtype, under CPU autocast:
+    # it runs, or it raises the house DtypeError naming the layer and dtype.
+    layer, x = data.draw(dock_cases(kind))
+    name = data.draw(st.sampled_from(INPUT_DTYPES), label="input dtype")
+    params = data.draw(st.sampled_from(PARAM_DTYPES), label="param dtype")
+    to = data.draw(st.sampled_from((torch.bfloat16, torch.float16)), label="autocast dtype")
+    module = tcraft.realize(One(layer), seed=0, dtype=params)
+    module.train(data.draw(st.booleans(), label="train"))
+    t = torch.from_numpy(_cast(x, "float64" if name == "bfloat16" else name))
+    t = t.to(torch.bfloat16) if name == "bfloat16" else t
+    with torch.no_grad(), torch.autocast("cpu", dtype=to):
+        try:
+            module(t)
+        except DtypeError as exc:
+            assert str(exc).startswith(kind) and f"got dtype {name}" in str(exc), exc
+            assert name not in ("float32", "float16", "bfloat16") or params != "float32"
+        else:
+            bare = not module.state_dict()  # LayerNorm(affine=False) takes any float
+            assert name in ("float32", "float16", "bfloat16", params) or (
+                bare and name == "float64"
+            )
+
+
+@pytest.fixture
+def x64_off():
+    # JAX's default configuration; the laws above run with x64 on.
+    with jax.enable_x64(False):
+        yield
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@FEW
+@given(data=st.data())
+def test_jax_without_x64_takes_numpy_float64_as_the_float32_it_computes(kind, data):
+    # JAX canonicalizes float64 to float32 before computing; refusing it (as the check did)
+    # broke `net(np.random.randn(3, 4))`. The result equals the float32 one exactly.
+    if kind == "Embedding":
+        return  # integer ids
+    layer, x = data.draw(dock_cases(kind))
+    with jax.enable_x64(False):
+        module = jcraft.realize(One(layer), seed=0)
+        wide = module(x)  # a NumPy float64 array, as given
+        narrow = module(x.astype(np.float32))
+        applied, _ = module.apply(module.params, module.state, x)
+        # NumPy float64 params compute as float32 too.
+        params = {k: np.asarray(v, np.float64) for k, v in module.params.items()}
+        state = {k: np.asarray(v, np.float64) for k, v in module.state.items()}
+        from_wide_params, _ = module.apply(params, state, x.astype(np.float32))
+    assert wide.dtype == narrow.dtype == applied.dtype == from_wide_params.dtype
+    np.testing.assert_array_equal(np.asarray(wide), np.asarray(narrow))
+    np.testing.assert_array_equal(np.asarray(applied), np.asarray(narrow))
+    np.testing.assert_array_equal(np.asarray(from_wide_params), np.asarray(narrow))
+
+
+@pytest.mark.usefixtures("x64_off")
+@pytest.mark.parametrize("dtype", ["int64", "int32", "bool", "float16"])
+def test_jax_without_x64_still_refuses_what_is_not_the_parameters_dtype(dtype):
+    # int64 canonicalizes to int32: still not the float32 of the parameters.
+    module = jcraft.realize(One(dock.Dense(3, 2)), seed=0)
+    x = _cast(np.ones((2, 3)), dtype)
+    shown = "int64 \\(computed as int32\\)" if dtype == "int64" else dtype
+    pattern = f"Dense takes inputs of its parameters' dtype float32; got dtype {shown}"
+    with pytest.raises(DtypeError, match=pattern):
+        module(x)
+    with pytest.raises(DtypeError, match=pattern):
+        module.apply(module.params, module.state, x)
+
+
+def test_jax_with_x64_still_refuses_float64_into_float32_parameters():
+    module = jcraft.realize(One(dock.Dense(3, 2)), seed=0)
+    with jax.enable_x64(True), pytest.raises(DtypeError, match="got dtype float64"):
+        module(np.ones((2, 3)))

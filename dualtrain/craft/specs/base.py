@@ -59,16 +59,20 @@ class Layer:
             OutOfRangeError: concrete Embedding ids outside ``[0, num_embeddings)``.
         """
 
-    def check_dtype(self, x: Any, params_dtype: Any, *, train: bool = False) -> None:
+    def check_dtype(
+        self, x: Any, params_dtype: Any, *, train: bool = False, canonical: Any = None
+    ) -> None:
         """Refuses an input dtype this layer does not take (`input_dtypes`), naming both.
 
         Every binding calls it after `check_input` with the dtype of the layer's floating
-        parameters or state as they are in this run (None where it has none).
+        parameters or state as they are in this run (None where it has none), and, under
+        JAX, `canonical`: the map to the dtype JAX computes in (float64 -> float32 without
+        x64), so the check sees what will run.
 
         Raises:
             DtypeError: naming the layer, the input's dtype and what it takes.
         """
-        checks.check_dtype(self, x, params_dtype, train=train)
+        checks.check_dtype(self, x, params_dtype, train=train, canonical=canonical)
 
 
 def positive(spec: Any, *names: str) -> None:
