@@ -40,6 +40,7 @@ __all__ = [
     "CheckpointError",
     "check_extra",
     "header_length",
+    "numpy_scalars",
     "stage_anchor",
     "write_anchor",
 ]
@@ -48,6 +49,15 @@ __all__ = [
 # `Anchor` and, before anything is written, by the writers (`check_header`): a file one
 # writes is one the other reads.
 MAX_HEADER = 100_000_000
+
+
+def numpy_scalars(value: Any) -> Any:
+    """Json's `default` for a manifest: a NumPy scalar as its Python value, else TypeError."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON-serializable")
+
+
 # The header's own CRC-32 (8 hex digits), in its metadata beside the manifest: it covers the
 # whole header but itself (every tensor's dtype, shape and offsets, and the manifest), so a
 # flipped bit in the manifest (a learning rate, the step, a renamed key) is caught too.

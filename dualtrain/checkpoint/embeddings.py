@@ -19,9 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dualtrain import dtypes
-from dualtrain.checkpoint.anchor_file import Anchor, check_extra, check_header, write_anchor
+from dualtrain.checkpoint.anchor_file import (
+    Anchor,
+    check_extra,
+    check_header,
+    numpy_scalars,
+    write_anchor,
+)
 from dualtrain.checkpoint.anchor_names import _absent
-from dualtrain.checkpoint.manifest import _jsonable
 from dualtrain.checkpoint.vocabulary import (
     EMBEDDINGS_FORMAT,
     EMBEDDINGS_READS,
@@ -91,7 +96,7 @@ def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Pat
     session = _session(rows)
     # What TimeMachine.drop refuses (non-str keys, values JSON cannot hold), refused here
     # too before anything is written: a repr stored in their place would load as a string.
-    check_extra(extra, _jsonable)
+    check_extra(extra, numpy_scalars)
     # Held from the flush to the last byte written: a step of another thread (its fetch
     # waits) cannot change rows while they are written, or the CRCs would not match them.
     with session.owned():

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain.checkpoint.anchor_file import Anchor
+from dualtrain.checkpoint.anchor_file import (
+    Anchor,  # its old name
+)
 from dualtrain.checkpoint.vocabulary import CRAFT_FORMAT, CRAFT_READS, WITHOUT_CRC, upgrade
 from dualtrain.version import __version__
 
@@ -131,12 +133,6 @@ def _manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:
     )
 
     return upgrade(anchor.manifest(expected, EMBEDDING_LEGACY, EMBEDDING_OLDER))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON-serializable")
 
 
 def _version() -> str:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dualtrain.checkpoint.anchor_file import stage_anchor
+from dualtrain.checkpoint.anchor_file import numpy_scalars, stage_anchor
 from dualtrain.checkpoint.anchor_names import (
     _absent,
     _check_unnumbered,
@@ -26,7 +26,6 @@ from dualtrain.checkpoint.anchor_names import (
     next_set_number,
 )
 from dualtrain.checkpoint.fit import Restored
-from dualtrain.checkpoint.manifest import _jsonable
 from dualtrain.checkpoint.member_anchors import (
     batch_of,
     check_member,
@@ -137,7 +136,9 @@ class MemberSets:
                 if i:  # one member's copy at a time: memory stays one member's
                     payload = self._payload(member_of(bm, i), save_scope, None, step, extra, None)
                 tensors, manifest = payload
-                staged.append((stage_anchor(finals[i], tensors, manifest, _jsonable), finals[i]))
+                staged.append(
+                    (stage_anchor(finals[i], tensors, manifest, numpy_scalars), finals[i])
+                )
             del payload
             if not _absent(file):
                 commit_set(staged, replace=True)

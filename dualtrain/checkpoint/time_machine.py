@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from dualtrain import backends
-from dualtrain.checkpoint.anchor_file import Anchor, check_extra, check_header, write_anchor
+from dualtrain.checkpoint.anchor_file import (
+    Anchor,
+    check_extra,
+    check_header,
+    numpy_scalars,
+    write_anchor,
+)
 from dualtrain.checkpoint.anchor_names import (
     _absent,
     _check_unnumbered,
@@ -36,7 +42,6 @@ from dualtrain.checkpoint.manifest import (  # FORMAT and the readers: re-export
     LEGACY_FORMATS,
     OLDER_FORMATS,
     _checked,
-    _jsonable,
     _manifest,
     craft_manifest,
     is_plain,
@@ -150,13 +155,13 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
         )
         path, stem = target()
         if stem is None:
-            write_anchor(path, tensors, manifest, default=_jsonable)
+            write_anchor(path, tensors, manifest, default=numpy_scalars)
             return path.absolute()
         # A numbered anchor never replaces a file: another process numbering the same scope
         # in this folder may have taken n meanwhile, so the next free number is taken.
         for _ in range(1000):
             try:
-                write_anchor(path, tensors, manifest, default=_jsonable, replace=False)
+                write_anchor(path, tensors, manifest, default=numpy_scalars, replace=False)
                 break
             except FileExistsError:
                 path, _ = target()  # the same stem, the next number
@@ -188,7 +193,7 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
                     f"step must be an int JSON can hold; got one of {int(step).bit_length():,} "
                     f"bits ({err})"
                 ) from err
-        check_extra(extra, _jsonable)  # refused before anything is computed or written
+        check_extra(extra, numpy_scalars)  # refused before anything is computed or written
         everything = part.export_tensors(craft)
         tensors = _select(everything, save_scope)
         if not tensors:
@@ -210,7 +215,7 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
         manifest["tensors"] = sorted(tensors)
         # What `to` would refuse is refused here, before anything is written: the header
         # (manifest, extra and tensor table) over safetensors' limit.
-        check_header(tensors, manifest, _jsonable, extra)
+        check_header(tensors, manifest, numpy_scalars, extra)
         return tensors, manifest
 
     def _target(

@@ -15,8 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dualtrain import ArgumentError, CheckpointError, TimeMachine
-from dualtrain.checkpoint.anchor_file import MAX_HEADER, header_length
-from dualtrain.checkpoint.manifest import _jsonable
+from dualtrain.checkpoint.anchor_file import MAX_HEADER, header_length, numpy_scalars
 from tests.checkpoint.crafts import Net
 
 FRAMEWORKS = ("torch", "jax")
@@ -164,7 +163,7 @@ def largest_blob(module: Any) -> int:
 
     def length(k: int) -> int:
         manifest["extra"] = {"blob": "x" * k}
-        return header_length(tensors, manifest, _jsonable)
+        return header_length(tensors, manifest, numpy_scalars)
 
     # The header grows a byte a character, then is padded to 8: the unpadded length at k = 0
     # is where the padded length first grows.
