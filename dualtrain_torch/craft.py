@@ -69,8 +69,13 @@ class _TorchBinding:
             )
         if inputs:
             layer.check_input(*inputs, train=module.training, **kwargs)
-            dtype = checks.params_dtype(layer, lambda local: getattr(module, local, None))
-            layer.check_dtype(inputs[0], dtype, train=module.training)
+            weight = module._parameters.get("weight")  # not nn.Module.__getattr__: slower
+            # An input of the weight's own dtype is what every "params" rule takes (under
+            # autocast too): skipped, as this runs on every layer call.
+            same = weight is not None and inputs[0].dtype == weight.dtype
+            if not (same and layer.input_dtypes == "params"):
+                dtype = checks.params_dtype(layer, lambda local: getattr(module, local, None))
+                layer.check_dtype(inputs[0], dtype, train=module.training)
         return module(*inputs, **kwargs)
 
     def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,8 @@ def check(layer: Any, x: Any, *rest: Any, train: bool = False, **kwargs: Any) ->
 # What a layer's `input_dtypes` may say: the dtype rule of its first input.
 INPUT_DTYPES = ("params", "float", "float_in_train", "any")
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
+# `params_dtype`'s local names per spec (specs hash by identity and live as long as a Craft).
+_PARAM_NAMES: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
 # What torch autocast (CPU and CUDA) casts or mixes into float32 parameters: float64 is
 # never eligible for an autocast cast, so it reaches the kernel as it is and fails there.
 _AUTOCAST = ("float32", "float16", "bfloat16")
@@ -66,10 +69,17 @@ def params_dtype(layer: Any, get: Any, canonical: Any = None) -> Any:
     """
     if layer.input_dtypes != "params":
         return None
-    for local in layer.params():
+    # Called on every layer call under torch: the names are worked out once per spec (a
+    # spec is frozen), not by building its ParamSpecs again.
+    names = _PARAM_NAMES.get(layer)
+    if names is None:
+        names = _PARAM_NAMES[layer] = tuple(layer.params())
+    for local in names:
         value = get(local)
-        if value is not None and _computed(value, canonical) in _FLOATS:
-            return _computed(value, canonical)
+        if value is not None:
+            computed = _computed(value, canonical)
+            if computed in _FLOATS:
+                return computed
     return None
 
 
@@ -117,6 +127,8 @@ def check_dtype(
     if rule == "any" or (rule == "float_in_train" and not train):
         return
     got = _computed(x, canonical)
+    if rule == "params" and got == params_dtype:
+        return  # the common case, taken under autocast too: nothing to cast or refuse
     name = type(layer).__name__
     given = dtype_name(x)
     shown = got if given == got else f"{given} (computed as {got})"
