@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Four CPU devices for JAX's multi-device paths; must be set before jax is first imported.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The compile ladder's decision cache: never the user's ~/.cache from the tests (each test
-# that reads it back names its own folder).
-if "DUALTRAIN_CACHE_DIR" not in os.environ:
-    import atexit
-    import shutil
-    import tempfile
-
-    os.environ["DUALTRAIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="dualtrain-test-cache-")
-    atexit.register(shutil.rmtree, os.environ["DUALTRAIN_CACHE_DIR"], True)
-
+# The decision caches (the compile ladder's, model batching's): never the user's ~/.cache
+# from the tests, and one folder per process, so xdist workers never read each other's
+# decisions (a test that expects a decision to be measured would otherwise find it cached
+# by whichever worker ran first). Each test that reads one back names its own folder.
+os.environ["DUALTRAIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="dualtrain-test-cache-")
 import importlib.util
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+atexit.register(shutil.rmtree, os.environ["DUALTRAIN_CACHE_DIR"], True)
 
 # Two shared cores: no per-example deadline (timing is benchmarks' business), fewer
 # examples in CI. DUALTRAIN_HYPOTHESIS=thorough asks for more.

@@ -15,7 +15,6 @@ import functools
 import hashlib
 import inspect
 import json
-import os
 import platform
 import sys
 import types
@@ -24,6 +23,7 @@ from typing import Any
 
 from dualtrain.accelerate.report import Decision
 from dualtrain.atomic import atomic_target
+from dualtrain.caches import cache_folder
 from dualtrain.version import __version__
 
 __all__ = ["DecisionCache", "code_digest", "default_folder", "fingerprint", "function_digest"]
@@ -33,12 +33,7 @@ _FORMAT = 1  # bump when the file's fields change meaning
 
 def default_folder() -> Path:
     """Where decisions are kept when ``cache=True``."""
-    root = os.environ.get("DUALTRAIN_CACHE_DIR")
-    if root:
-        return Path(root) / "accelerate"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "dualtrain" / "accelerate"
+    return cache_folder("accelerate")
 
 
 def fingerprint(parts: dict[str, Any]) -> str:

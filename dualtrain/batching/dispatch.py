@@ -9,13 +9,21 @@ member count, chunk), so a second model of the same shape is not timed again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
+import platform
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+from dualtrain.atomic import atomic_target
+from dualtrain.caches import cache_folder
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.version import __version__
 
 __all__ = [
     "CACHE",
@@ -39,6 +47,9 @@ CHUNK = 8
 # would cost more than any training step saves.
 PRELIMINARY = 8
 PRUNE = 1.5
+# Strategies a backend offers only for some models (the adapter passes them as `extra`).
+OPTIONAL = frozenset({"stacked"})
+_FORMAT = 1  # bump when a stored decision's fields change meaning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,30 +77,96 @@ class Decision:
 
 
 class DecisionCache:
-    """Decisions by key; one process-wide instance, `CACHE`, shared by both adapters."""
+    """Decisions by key, in memory and on disk; `CACHE` is the one both adapters share.
 
-    def __init__(self) -> None:
+    A measured decision is also written to ``cache_folder("batching")`` (one small JSON
+    file per key, named by a hash of the key and of Python's, the machine's and
+    dualtrain's versions; the adapters put their framework's version in the key), so the
+    next process with the same key skips the timing. Files are written to a temporary
+    name and renamed; one that does not parse, or holds another key, is ignored. A folder
+    that cannot be written costs the next run its timing, nothing more. A cached decision
+    only picks among strategies that compute the same thing: whatever a strategy must
+    verify is verified again in each process.
+    """
+
+    def __init__(self, folder: Path | Callable[[], Path | None] | None = None) -> None:
         self._store: dict[tuple[Any, ...], Decision] = {}
         self._lock = threading.Lock()
+        self._folder = folder
+
+    def folder(self) -> Path | None:
+        """Where decisions are kept on disk (None: memory only)."""
+        return self._folder() if callable(self._folder) else self._folder
+
+    def _path(self, key: tuple[Any, ...]) -> tuple[Path, str] | None:
+        folder = self.folder()
+        if folder is None:
+            return None
+        text = json.dumps(
+            {
+                "format": _FORMAT,
+                "python": sys.version.split()[0],
+                "machine": platform.machine(),
+                "dualtrain": __version__,
+                "key": key,
+            },
+            sort_keys=True,
+            default=repr,
+        )
+        name = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return folder / f"{name}.json", text
 
     def get(self, key: tuple[Any, ...]) -> Decision | None:
+        """The decision for `key`: from memory, else from disk, else None."""
         with self._lock:
-            return self._store.get(key)
+            found = self._store.get(key)
+        if found is not None:
+            return found
+        where = self._path(key)
+        if where is None:
+            return None
+        path, text = where
+        try:
+            data = json.loads(path.read_text())
+            if data.get("key") != text:
+                return None
+            found = Decision(**data["decision"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        with self._lock:
+            self._store.setdefault(key, found)
+        return found
 
     def put(self, key: tuple[Any, ...], decision: Decision) -> None:
+        """Keeps `decision` for `key` in memory and on disk."""
         with self._lock:
             self._store[key] = decision
+        where = self._path(key)
+        if where is None:
+            return
+        path, text = where
+        data = {"key": text, "decision": dataclasses.asdict(decision)}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_target(path) as tmp:
+                Path(tmp).write_text(json.dumps(data, indent=1))
+        except OSError:
+            return
 
     def clear(self) -> None:
-        """Forgets every decision (after a change of machine load, say)."""
+        """Forgets every decision, in memory and on disk (after a change of machine load)."""
         with self._lock:
             self._store.clear()
+        folder = self.folder()
+        if folder is not None and folder.is_dir():
+            for path in folder.glob("*.json"):
+                path.unlink(missing_ok=True)
 
     def __len__(self) -> int:
         return len(self._store)
 
 
-CACHE = DecisionCache()
+CACHE = DecisionCache(lambda: cache_folder("batching"))
 
 
 def default_chunk(batch: int) -> int:
@@ -132,6 +209,8 @@ def plan(backend: str, strategy: str, batch: int, chunk: int) -> tuple[str, int 
     """
     if strategy == "loop":
         return "loop", None
+    if strategy == "stacked":  # every member at once, as vmap: under a budget, in chunks
+        return ("stacked", None) if chunk >= batch else ("chunked", min(chunk, batch))
     chunked = "chunked" if backend == "torch" else "map"
     if strategy == "vmap":
         return ("vmap", None) if chunk >= batch else (chunked, chunk)
@@ -140,10 +219,16 @@ def plan(backend: str, strategy: str, batch: int, chunk: int) -> tuple[str, int 
     return "map", chunk if chunk < batch else None
 
 
-def candidates(backend: str, batch: int, chunk: int) -> dict[str, int | None]:
-    """The strategies "auto" measures, with their chunks; duplicates are left out."""
+def candidates(
+    backend: str, batch: int, chunk: int, extra: tuple[str, ...] = ()
+) -> dict[str, int | None]:
+    """The strategies "auto" measures, with their chunks; duplicates are left out.
+
+    `extra` names strategies the model allows beyond the backend's general ones (torch's
+    "stacked", for a Sequential of the layers it runs), measured first.
+    """
     out: dict[str, int | None] = {}
-    for name in ("vmap", "chunked" if backend == "torch" else "map", "loop"):
+    for name in (*extra, "vmap", "chunked" if backend == "torch" else "map", "loop"):
         strategy, size = plan(backend, name, batch, chunk)
         if strategy == "chunked" and size is not None and size >= batch:
             continue  # one chunk of every member is vmap itself
@@ -207,6 +292,7 @@ def decide(
     key: tuple[Any, ...],
     make_runs: Callable[[dict[str, int | None], int | None], Mapping[str, Callable[[], object]]],
     *,
+    extra: tuple[str, ...] = (),
     clock: Callable[[], float] = time.perf_counter,
 ) -> Decision:
     """The strategy for one call: forced, cached under `key`, or measured now.
@@ -223,6 +309,8 @@ def decide(
         key: the cache key: backend, architecture, input shapes and dtypes, device, mode.
         make_runs: ``make_runs(options, members)`` builds one timed callable per candidate
             ``{strategy: chunk}``, running the first `members` members (None: all).
+        extra: strategies this model allows beyond the backend's general ones (see
+            `candidates`).
         clock: what `measure` times both rounds with (`time.perf_counter` by default).
 
     Raises:
@@ -233,9 +321,11 @@ def decide(
     if strategy != "auto":
         return Decision(*plan(backend, strategy, batch, chunk), reason="forced")
     cached = CACHE.get(key)
-    if cached is not None:
+    # A strategy only some models allow is taken from the cache only where this call
+    # allows it (torch's "stacked" after its check against vmap in this process).
+    if cached is not None and (cached.strategy not in OPTIONAL or cached.strategy in extra):
         return dataclasses.replace(cached, reason="cached")
-    options = candidates(backend, batch, chunk)
+    options = candidates(backend, batch, chunk, extra)
     dropped: dict[str, float] = {}
     errors: dict[str, BaseException] = {}
     if batch > PRELIMINARY and len(options) > 1:
