@@ -8,6 +8,7 @@ in `dualtrain.batching`; the execution strategies and the probe in `batching_run
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +53,9 @@ class BatchModule(nn.Module):
         seed: an int in [0, 2**64), or one seed per member.
         shared_input: every member reads the same ``[B, ...]`` inputs.
         strategy: ``"auto"`` (measure on the first call, keep the fastest), ``"vmap"``,
-            ``"chunked"`` or ``"loop"``.
+            ``"chunked"``, ``"loop"`` or ``"stacked"`` (an ``nn.Sequential`` of Linear,
+            Conv, pooling, Flatten, Dropout and activation layers: each layer runs once
+            over all members, as batched by hand; checked against vmap on first use).
         memory_budget: bytes one vmapped call may take; members are split into chunks that
             fit (estimated from one member's call).
         check_isolation: probe, on the first call of each strategy and mode, that no
@@ -104,6 +107,17 @@ class BatchModule(nn.Module):
         self._entries, self._kind = entries, kind_of(module)
         self._arch = members.architecture_key(self._kind, entries)  # built once, keyed often
         self._decisions: dict[tuple[Any, ...], dispatch.Decision] = {}
+        # The "stacked" strategy's plan (None: the model has a piece it cannot run), and
+        # its check against vmap by key (None: agreed; else what differed).
+        self._stacked = batching_run.stacked_plan(template)
+        self._stacked_checks: dict[tuple[Any, ...], str | None] = {}
+        if self.strategy == "stacked" and self._stacked is None:
+            raise bad_argument(
+                "strategy",
+                strategy,
+                '"stacked" only for an nn.Sequential of Linear, Conv1d/2d, pooling, '
+                'Flatten, Dropout and activation layers without hooks; use "auto" or "vmap"',
+            )
         self._decision: dispatch.Decision | None = None
         self._isolation: str | None = None  # the probe's verdict for the decision in use
         self._probed: dict[tuple[str, bool], str] = {}  # by (strategy, training)
@@ -287,6 +301,7 @@ class BatchModule(nn.Module):
                 self._template, params, buffers, inputs, self.shared_input
             )
             chunk = dispatch.chunk_size(self.batch, need, self.memory_budget)
+        extra, refused = self._stacked_allowed(key, params, buffers, inputs)
         decision = dispatch.decide(
             "torch",
             self.strategy,
@@ -296,7 +311,10 @@ class BatchModule(nn.Module):
             lambda options, members: batching_run.timed_runs(
                 self._template, options, params, buffers, inputs, self.shared_input, members
             ),
+            extra=extra,
         )
+        if refused and decision.reason == "measured":
+            decision = dataclasses.replace(decision, errors={**decision.errors, **refused})
         probe_key = (decision.strategy, self.training)
         if self.check_isolation and probe_key not in self._probed:
             # Once per strategy and mode: a module may mix members only in training
@@ -329,6 +347,35 @@ class BatchModule(nn.Module):
         self._decisions[key] = decision
         self._decision = decision
         return decision
+
+    def _stacked_allowed(
+        self,
+        key: tuple[Any, ...],
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        inputs: Sequence[Any],
+    ) -> tuple[tuple[str, ...], dict[str, str]]:
+        """Whether "stacked" may run these inputs: planned, and equal to vmap on them.
+
+        Checked once per key and BatchModule, in every process (a decision from the disk
+        cache is never trusted for correctness). Returns ``(extra, refused)``: the
+        strategies to offer beyond the general ones, and why "stacked" was refused.
+
+        Raises:
+            ArgumentError: ``strategy="stacked"`` and it differs from vmap here.
+        """
+        if self.strategy not in ("auto", "stacked") or self._stacked is None:
+            return (), {}
+        if key not in self._stacked_checks:
+            self._stacked_checks[key] = batching_run.check_stacked(
+                self._template, params, buffers, inputs, self.shared_input
+            )
+        found = self._stacked_checks[key]
+        if found is None:
+            return ("stacked",), {}
+        if self.strategy == "stacked":
+            raise ArgumentError(f'strategy="stacked" does not compute what vmap does here: {found}')
+        return (), {"stacked": f"refused: {found}"}
 
     def tune(self, *inputs: Any) -> str:
         """Chooses the strategy (and probes isolation) for these inputs now.

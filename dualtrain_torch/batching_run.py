@@ -10,6 +10,7 @@ updates land in each member's own row.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -18,9 +19,30 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.utils import _pytree as pytree
 
-__all__ = ["match_gradient_layout", "member_bytes", "run_members", "timed_runs"]
+from dualtrain_torch import batching_stacked
+
+__all__ = [
+    "match_gradient_layout",
+    "member_bytes",
+    "check_stacked",
+    "run_members",
+    "stacked_plan",
+    "timed_runs",
+]
 
 Tensors = dict[str, torch.Tensor]
+_PLANS: weakref.WeakKeyDictionary[nn.Module, batching_stacked.Plan | None] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def stacked_plan(template: nn.Module) -> batching_stacked.Plan | None:
+    """The stacked strategy's plan for `template` (worked out once per template)."""
+    try:
+        return _PLANS[template]
+    except KeyError:
+        found = _PLANS[template] = batching_stacked.plan(template)
+        return found
 
 
 def _rows(tensors: Tensors, index: Any) -> dict[str, torch.Tensor]:
@@ -67,6 +89,11 @@ def run_members(
 ) -> Any:
     """The members' outputs, ``[batch, ...]`` per output leaf, under `strategy`."""
     batch = next(iter(params.values())).shape[0]
+    if strategy == "stacked":
+        layers = stacked_plan(template)
+        if layers is not None and not batching_stacked.global_hooks():
+            return batching_stacked.run(layers, params, inputs, shared, batch)
+        strategy = "vmap"  # hooks for every module: only functional_call runs them
     if strategy == "loop":
         outs = [
             functional_call(template, (rows, _rows(buffers, i)), _member_inputs(inputs, i, shared))
@@ -162,6 +189,38 @@ def timed_runs(
         return run
 
     return {name: make(name, chunk) for name, chunk in options.items()}
+
+
+def check_stacked(
+    template: nn.Module, params: Tensors, buffers: Tensors, inputs: Sequence[Any], shared: bool
+) -> str | None:
+    """What the stacked strategy computes differently from vmap on these inputs, or None.
+
+    Outputs and parameter gradients (one random cotangent) are compared; dropout layers
+    are held in eval for the check (their draws differ between strategies by design).
+    """
+    device = next(iter(params.values())).device
+    dropouts = [m for m in template.modules() if isinstance(m, nn.Dropout) and m.training]
+    try:
+        for m in dropouts:
+            m.training = False
+        with _fixed_rng(device):
+
+            def compute(strategy: str) -> torch.Tensor:
+                copies = {k: v.clone() for k, v in buffers.items()}
+                out = run_members(template, strategy, None, params, copies, inputs, shared)
+                if not isinstance(out, torch.Tensor):
+                    raise TypeError(f"a Sequential returns one tensor; got {type(out).__name__}")
+                return out
+
+            return batching_stacked.verify(
+                lambda: compute("stacked"), lambda: compute("vmap"), params
+            )
+    except Exception as error:  # a shape this plan cannot run: the strategy is refused
+        return f"{type(error).__name__}: {error}".splitlines()[0][:200]
+    finally:
+        for m in dropouts:
+            m.training = True
 
 
 def match_gradient_layout(

@@ -44,7 +44,7 @@ __all__ = [
 INITS = ("independent", "identical")
 REDUCTIONS = ("mean", "sum", "none")
 # The ways each adapter runs the members; "auto" measures them and keeps the fastest.
-STRATEGIES = {"torch": ("vmap", "chunked", "loop"), "jax": ("vmap", "map", "loop")}
+STRATEGIES = {"torch": ("vmap", "chunked", "loop", "stacked"), "jax": ("vmap", "map", "loop")}
 
 # One tensor of an architecture: (name, per-member shape, dtype name, trainable).
 Entry = tuple[str, tuple[int, ...], str, bool]

@@ -44,7 +44,7 @@ def test_member_seeds_of_neighbouring_seeds_do_not_overlap_and_lists_pass_throug
         (lambda: members.check_batch(0), "batch must be a positive int; got batch=0"),
         (lambda: members.check_batch(2.0), "batch must be a positive int; got batch=2.0"),
         (lambda: members.check_init("copy"), "init must be one of ('independent', 'identical'); got init='copy'"),
-        (lambda: members.check_strategy("map", "torch"), "strategy must be one of ('auto', 'vmap', 'chunked', 'loop'); got strategy='map'"),
+        (lambda: members.check_strategy("map", "torch"), "strategy must be one of ('auto', 'vmap', 'chunked', 'loop', 'stacked'); got strategy='map'"),
         (lambda: members.check_strategy(None, "jax"), "strategy must be one of ('auto', 'vmap', 'map', 'loop'); got strategy=None"),
         (lambda: members.check_flag("shared_input", "yes"), "shared_input must be a bool; got shared_input='yes'"),
         (lambda: members.check_memory_budget(-5), "memory_budget must be a positive int; got memory_budget=-5"),

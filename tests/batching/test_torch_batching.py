@@ -206,7 +206,8 @@ def test_auto_measures_once_caches_by_key_and_explains():
     text = bm.explain()
     assert "(measured)" in text and "<- chosen" in text and "passed" in text
     decision = bm._decision
-    assert decision.strategy in STRATEGIES and set(decision.timings) <= set(STRATEGIES)
+    offered = {*STRATEGIES, "stacked"}  # a Sequential of Linear and Tanh: stacked too
+    assert decision.strategy in offered and set(decision.timings) == offered
     assert len(CACHE) == 1
     again = BatchModule(module, 4)
     again(x)
@@ -294,7 +295,7 @@ def test_isolation_holds_for_batchnorm_in_training():
     [
         (lambda m: BatchModule(m, 0), ArgumentError, r"batch must be a positive int; got batch=0"),
         (lambda m: BatchModule(m, True), ArgumentError, r"batch must be a positive int"),
-        (lambda m: BatchModule(m, 2, strategy="fast"), ArgumentError, r"strategy must be one of \('auto', 'vmap', 'chunked', 'loop'\); got strategy='fast'"),
+        (lambda m: BatchModule(m, 2, strategy="fast"), ArgumentError, r"strategy must be one of \('auto', 'vmap', 'chunked', 'loop', 'stacked'\); got strategy='fast'"),
         (lambda m: BatchModule(m, 2, init="same"), ArgumentError, r"init must be one of"),
         (lambda m: BatchModule(m, 2, seed=-1), ArgumentError, r"seed must be an int in \[0, 2\*\*64\)"),
         (lambda m: BatchModule(m, 2, seed=[1]), ArgumentError, r"seed must be an int or a sequence of batch=2 ints"),
