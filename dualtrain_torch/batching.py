@@ -278,6 +278,7 @@ class BatchModule(nn.Module):
         mode = (self.training, torch.is_grad_enabled())
         return (
             "torch",
+            torch.__version__,  # the disk cache outlives an upgrade
             self._arch,
             shapes,
             device,
@@ -312,6 +313,9 @@ class BatchModule(nn.Module):
                 self._template, options, params, buffers, inputs, self.shared_input, members
             ),
             extra=extra,
+            make_step_runs=lambda strategy, chunk: batching_run.step_runs(
+                self._template, strategy, chunk, params, buffers, inputs, self.shared_input
+            ),
         )
         if refused and decision.reason == "measured":
             decision = dataclasses.replace(decision, errors={**decision.errors, **refused})

@@ -27,6 +27,7 @@ __all__ = [
     "check_stacked",
     "run_members",
     "stacked_plan",
+    "step_runs",
     "timed_runs",
 ]
 
@@ -189,6 +190,71 @@ def timed_runs(
         return run
 
     return {name: make(name, chunk) for name, chunk in options.items()}
+
+
+def step_runs(
+    template: nn.Module,
+    strategy: str,
+    chunk: int | None,
+    params: Tensors,
+    buffers: Tensors,
+    inputs: Sequence[Any],
+    shared: bool,
+) -> dict[str, Callable[[], None]]:
+    """A whole training step, batched and as one member alone, for `dispatch.decide`.
+
+    "batched": every member's forward and backward under `strategy`, then a fused Adam
+    step over copies of the stacked parameters; "separate": member 0 alone on its own
+    contiguous copies (its inputs, a plain call of the template, a fused Adam of its own),
+    as one of N separate trainings runs. Nothing the caller holds changes. Empty outside
+    training (no gradients, or nothing trainable).
+    """
+    names = [k for k, p in params.items() if p.requires_grad]
+    if not torch.is_grad_enabled() or not names:
+        return {}
+    device = next(iter(params.values())).device
+    fused = {"fused": True} if device.type in ("cpu", "cuda") else {}
+
+    def adam(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+        copies = [t.detach().clone().requires_grad_(True) for t in tensors]
+        try:
+            return copies, torch.optim.Adam(copies, lr=1e-3, **fused)
+        except (RuntimeError, ValueError):  # a dtype the fused kernel does not take
+            return copies, torch.optim.Adam(copies, lr=1e-3)
+
+    stacked, batched_opt = adam([params[k] for k in names])
+    one = {k: v[0].detach().clone().requires_grad_(v.requires_grad) for k, v in params.items()}
+    alone, alone_opt = adam([one[k] for k in names])
+    mine = dict(zip(names, alone, strict=True))
+    member_inputs = _member_inputs(inputs, 0, shared)
+
+    def batched() -> None:
+        with _fixed_rng(device):
+            copies = {k: v.clone() for k, v in buffers.items()}
+            live = dict(params) | dict(zip(names, stacked, strict=True))
+            out = run_members(template, strategy, chunk, live, copies, inputs, shared)
+            _step(out, stacked, batched_opt)
+        _sync(device)
+
+    def separate() -> None:
+        with _fixed_rng(device):
+            copies = {k: v[0].clone() for k, v in buffers.items()}
+            out = functional_call(template, (one | mine, copies), member_inputs)
+            _step(out, alone, alone_opt)
+        _sync(device)
+
+    return {"batched": batched, "separate": separate}
+
+
+def _step(out: Any, tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+    leaves = _float_leaves(out)
+    if not leaves:
+        return
+    total = cast(torch.Tensor, sum(t.sum() for t in leaves))
+    grads = torch.autograd.grad(total, tensors, allow_unused=True)
+    for t, g in zip(tensors, grads, strict=True):
+        t.grad = g
+    optimizer.step()
 
 
 def check_stacked(

@@ -66,6 +66,11 @@ class Decision:
         errors: candidates that raised, with the error's text.
         preliminary: candidates dropped in the preliminary round, with their seconds per
             call on `PRELIMINARY` members.
+        step: seconds of one whole training step under the chosen strategy (forward,
+            backward and an Adam step over the stacked parameters); None when not measured
+            (forced, inference, or a backend that does not time it).
+        separate: seconds the same step takes as separate trainings: one member alone
+            (its own contiguous parameters and its own Adam) times the member count.
     """
 
     strategy: str
@@ -74,6 +79,8 @@ class Decision:
     timings: Mapping[str, float] = dataclasses.field(default_factory=dict)
     errors: Mapping[str, str] = dataclasses.field(default_factory=dict)
     preliminary: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    step: float | None = None
+    separate: float | None = None
 
 
 class DecisionCache:
@@ -293,6 +300,7 @@ def decide(
     make_runs: Callable[[dict[str, int | None], int | None], Mapping[str, Callable[[], object]]],
     *,
     extra: tuple[str, ...] = (),
+    make_step_runs: Callable[[str, int | None], Mapping[str, Callable[[], object]]] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Decision:
     """The strategy for one call: forced, cached under `key`, or measured now.
@@ -311,6 +319,10 @@ def decide(
             ``{strategy: chunk}``, running the first `members` members (None: all).
         extra: strategies this model allows beyond the backend's general ones (see
             `candidates`).
+        make_step_runs: ``make_step_runs(strategy, chunk)`` builds ``{"batched": ...,
+            "separate": ...}``: one whole training step of every member under the chosen
+            strategy, and one member's step alone; timed after the choice, so `explain`
+            can say whether separate trainings would be faster (None or ``{}``: skipped).
         clock: what `measure` times both rounds with (`time.perf_counter` by default).
 
     Raises:
@@ -343,7 +355,18 @@ def decide(
             raise next(iter(errors.values()))
     best = next(iter(timings), next(iter(options)))
     text = {k: f"{type(e).__name__}: {e}".splitlines()[0][:200] for k, e in errors.items()}
-    decision = Decision(best, options[best], "measured", timings, text, dropped)
+    step = separate = None
+    runs = make_step_runs(best, options[best]) if make_step_runs is not None else {}
+    if runs:
+        whole, failed = measure(runs, clock=clock)
+        if "batched" in whole and "separate" in whole:
+            step, separate = whole["batched"], whole["separate"] * batch
+        text |= {
+            f"{k} step": f"{type(e).__name__}: {e}".splitlines()[0][:200] for k, e in failed.items()
+        }
+    decision = Decision(
+        best, options[best], "measured", timings, text, dropped, step=step, separate=separate
+    )
     CACHE.put(key, decision)
     return decision
 
@@ -368,5 +391,26 @@ def explain_text(
             )
         for name, error in decision.errors.items():
             lines.append(f"    {name:<8} failed: {error}")
+        lines += _step_lines(decision, batch)
     lines.append(f"  isolation probe: {isolation or 'not run yet (runs on the first call)'}")
     return "\n".join(lines)
+
+
+def _step_lines(decision: Decision, batch: int) -> list[str]:
+    """What a whole training step costs batched, and as separate trainings."""
+    if decision.step is None or decision.separate is None:
+        return []
+    step, separate = decision.step, decision.separate
+    lines = [
+        f"  whole step (forward, backward, Adam): {step * 1e3:.3f} ms batched; "
+        f"{batch} separate trainings {separate * 1e3:.3f} ms "
+        f"(one member alone {separate / batch * 1e3:.3f} ms x {batch})"
+    ]
+    if separate < step:
+        lines.append(
+            f"  separate trainings are faster here ({step / separate:.2f}x): this model does "
+            "not batch well on this device (docs/batching.md, 'Which models batch well')"
+        )
+    else:
+        lines.append(f"  batched is {separate / step:.2f}x faster than separate trainings")
+    return lines

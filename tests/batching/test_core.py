@@ -358,3 +358,42 @@ def test_a_probe_that_fails_after_the_strategy_ran_every_member_is_a_coupling():
     assert not isinstance(info.value, IsolationError)
     with pytest.raises(IsolationError, match=r"strategy 'vmap': it ran every member, then"):
         isolation.run_probe(broken, "vmap", ran=True)
+
+
+@pytest.mark.parametrize(
+    ("batched", "alone", "verdict"),
+    [
+        (2.0, 1.0, "batched is 4.00x faster"),
+        (12.0, 1.0, "separate trainings are faster here (1.50x)"),
+    ],
+)
+def test_the_whole_step_is_timed_beside_separate_trainings(tmp_path, batched, alone, verdict):
+    """After the choice, one whole step (with the optimizer) is timed batched and for one
+    member alone; explain() says which wins, with both times, and the disk keeps them."""
+    clock = FakeClock()
+    asked = []
+
+    def make_step_runs(strategy, chunk):
+        asked.append((strategy, chunk))
+        return {"batched": clock.work(batched), "separate": clock.work(alone)}
+
+    make_runs, _ = _worker(clock, {None: {"vmap": 1.0, "chunked": 3.0, "loop": 2.0}})
+    key = ("whole-step", batched)
+    decision = dispatch.decide(
+        "torch", "auto", 8, 8, key, make_runs, make_step_runs=make_step_runs, clock=clock
+    )
+    assert asked == [("vmap", None)]
+    assert decision.step == batched and decision.separate == 8 * alone
+    text = dispatch.explain_text(decision, "torch", 8)
+    assert f"{batched * 1e3:.3f} ms batched; 8 separate trainings {8 * alone * 1e3:.3f} ms" in text
+    assert verdict in text
+    cache = dispatch.DecisionCache(tmp_path)
+    cache.put(key, decision)
+    assert dispatch.DecisionCache(tmp_path).get(key) == decision
+    # Forced or cached decisions are not timed again; inference has no step to time.
+    forced = dispatch.decide("torch", "loop", 8, 8, key, make_runs, make_step_runs=make_step_runs)
+    assert forced.step is None and len(asked) == 1
+    none = dispatch.decide(
+        "torch", "auto", 8, 8, ("no-step",), make_runs, make_step_runs=lambda s, c: {}, clock=clock
+    )
+    assert none.step is None and "whole step" not in dispatch.explain_text(none, "torch", 8)

@@ -294,3 +294,25 @@ def test_sweep_of_a_tiny_mlp_trains_like_the_plain_loop():
         loss.sum().backward()
         opt.step()
     assert bm._decision is not None and torch.isfinite(loss).all()
+
+
+def test_the_whole_step_timing_changes_nothing_and_is_explained():
+    """The decision's whole-step timing (an Adam on copies) leaves parameters, buffers and
+    gradients as they were, and explain() reports it; inference does not time a step."""
+    CACHE.clear()
+    net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2))
+    bm = BatchModule(net, 3, check_isolation=False)
+    before = {k: v.clone() for k, v in bm.state_dict().items()}
+    x = torch.randn(3, 5, 4)
+    bm.tune(x)
+    after = bm.state_dict()
+    for k, v in before.items():
+        torch.testing.assert_close(after[k], v, rtol=0, atol=0, msg=k)
+    assert all(p.grad is None for p in bm.parameters())
+    assert bm._decision.step is not None and bm._decision.separate is not None
+    assert "whole step (forward, backward, Adam)" in bm.explain()
+    with torch.no_grad():
+        CACHE.clear()
+        quiet = BatchModule(net, 3, check_isolation=False)
+        quiet.tune(x)
+    assert quiet._decision.step is None and "whole step" not in quiet.explain()
