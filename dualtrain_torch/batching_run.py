@@ -213,12 +213,12 @@ def step_runs(
     if not torch.is_grad_enabled() or not names:
         return {}
     device = next(iter(params.values())).device
-    fused = {"fused": True} if device.type in ("cpu", "cuda") else {}
+    fused = True if device.type in ("cpu", "cuda") else None
 
     def adam(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
         copies = [t.detach().clone().requires_grad_(True) for t in tensors]
         try:
-            return copies, torch.optim.Adam(copies, lr=1e-3, **fused)
+            return copies, torch.optim.Adam(copies, lr=1e-3, fused=fused)
         except (RuntimeError, ValueError):  # a dtype the fused kernel does not take
             return copies, torch.optim.Adam(copies, lr=1e-3)
 
