@@ -50,12 +50,52 @@ def batch_loss(
     members.check_leading("outputs", outputs.shape, batch, "[batch, B, ...]")
     targets, shared = _targets(outputs, targets, batch)
 
+    if loss_fn is None and _flat_cross_entropy(outputs, targets, shared):
+        return _cross_entropy(outputs, targets, batch, reduction)
     fn = F.cross_entropy if loss_fn is None else loss_fn
 
     def one(o: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return fn(o, t, reduction=reduction)
 
     return vmap(one, in_dims=(0, None if shared else 0))(outputs, targets)
+
+
+def _flat_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor, shared: bool) -> bool:
+    """Whether the default loss may run as one flat call over every member.
+
+    Scores ``[batch, B, classes]`` and class ids only: for small models vmap cost more
+    than the loss itself.
+    """
+    want = 1 if shared else 2
+    return (
+        outputs.ndim == 3
+        and outputs.is_floating_point()
+        and not targets.is_floating_point()
+        and not targets.is_complex()
+        and targets.ndim == want
+        and targets.shape[-1] == outputs.shape[1]
+    )
+
+
+def _cross_entropy(
+    outputs: torch.Tensor, targets: torch.Tensor, batch: int, reduction: str
+) -> torch.Tensor:
+    """``F.cross_entropy`` per member from one call over every member's samples.
+
+    A "mean" divides by each member's count of targets that are not ``ignore_index``
+    (-100), as torch's mean does.
+    """
+    rows = outputs.shape[1]
+    ids = targets.expand(batch, rows) if targets.ndim == 1 else targets
+    losses = F.cross_entropy(
+        outputs.reshape(batch * rows, -1), ids.reshape(-1), reduction="none"
+    ).view(batch, rows)
+    if reduction == "none":
+        return losses
+    total = losses.sum(1)
+    if reduction == "sum":
+        return total
+    return total / (ids != -100).sum(1).to(total.dtype)
 
 
 def batch_topk(outputs: torch.Tensor, targets: Any, batch: int, ks: Any = (1, 5)) -> torch.Tensor:

@@ -383,3 +383,28 @@ def test_parameters_take_their_gradients_layout_and_keep_their_values():
     plain(torch.randn(3, 2, 5)).sum().backward()
     torch.nn.utils.parameters_to_vector(plain.parameters())
     assert all(p.grad.view(-1) is not None for p in plain.parameters())
+
+
+@settings(max_examples=40)
+@given(
+    n=st.integers(1, 4),
+    b=st.integers(1, 5),
+    classes=st.integers(1, 5),
+    shared=st.booleans(),
+    reduction=st.sampled_from(["mean", "sum", "none"]),
+    ignored=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**16),
+)
+def test_the_default_loss_equals_cross_entropy_member_by_member(
+    n, b, classes, shared, reduction, ignored, seed
+):
+    """Law: batch_loss's one flat call is F.cross_entropy on each member alone, ignored
+    targets (-100) included (a member with every target ignored has torch's nan mean)."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.randn(n, b, classes, dtype=torch.float64, generator=g)
+    y = torch.randint(0, classes, (b,) if shared else (n, b), generator=g)
+    y[torch.rand(y.shape, generator=g) < ignored] = -100
+    got = batch_loss(out, y, n, reduction=reduction)
+    for i in range(n):
+        want = torch.nn.functional.cross_entropy(out[i], y if shared else y[i], reduction=reduction)
+        torch.testing.assert_close(got[i], want, rtol=1e-12, atol=1e-12, equal_nan=True)
