@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -145,7 +145,23 @@ class BatchModule(nn.Module):
     # -- members -------------------------------------------------------------------------
 
     def _tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        return dict(self.stack.named_parameters()), dict(self.stack.named_buffers())
+        """The stacked parameters and buffers by member name, read live from their holders.
+
+        The holders and names are found once (walking ``named_parameters`` costs more
+        than a small model's forward); each call reads the holders' dicts, so a tensor
+        replaced by ``.to()`` or by assignment is the one returned.
+        """
+        slots = self.__dict__.get("_slots")
+        if slots is None:
+            slots = self.__dict__["_slots"] = _slots(self.stack)
+        params: dict[str, torch.Tensor] = {}
+        buffers: dict[str, torch.Tensor] = {}
+        for name, holder, last, parameter in slots:
+            if parameter:
+                params[name] = cast(torch.Tensor, holder._parameters[last])
+            else:
+                buffers[name] = cast(torch.Tensor, holder._buffers[last])
+        return params, buffers
 
     @classmethod
     def from_modules(
@@ -260,12 +276,19 @@ class BatchModule(nn.Module):
         if self.shared_input:
             return
         for i, x in enumerate(inputs):
+            if isinstance(x, torch.Tensor):  # the common case, without a tree walk
+                members.check_leading(f"inputs[{i}]", x.shape, self.batch, "[batch, B, ...]")
+                continue
             for path, leaf in pytree.tree_flatten_with_path(x)[0]:
                 if isinstance(leaf, torch.Tensor):
                     name = f"inputs[{i}]{pytree.keystr(path)}"
                     members.check_leading(name, leaf.shape, self.batch, "[batch, B, ...]")
 
     def _key(self, params: dict[str, torch.Tensor], inputs: Sequence[Any]) -> tuple[Any, ...]:
+        shapes: tuple[Any, ...]
+        if all(type(x) is torch.Tensor for x in inputs):  # the common case: no tree walk
+            shapes = ("tensors", *((tuple(x.shape), str(x.dtype)) for x in inputs))
+            return self._key_of(params, shapes)
         leaves, spec = pytree.tree_flatten(list(inputs))
         shapes = (
             str(spec),
@@ -274,6 +297,9 @@ class BatchModule(nn.Module):
                 for x in leaves
             ),
         )
+        return self._key_of(params, shapes)
+
+    def _key_of(self, params: dict[str, torch.Tensor], shapes: tuple[Any, ...]) -> tuple[Any, ...]:
         device = str(next(iter(params.values())).device)
         mode = (self.training, torch.is_grad_enabled())
         return (
@@ -288,8 +314,12 @@ class BatchModule(nn.Module):
             self.memory_budget,
         )
 
-    def _decide(self, inputs: Sequence[Any]) -> dispatch.Decision:
-        params, buffers = self._tensors()
+    def _decide(
+        self,
+        inputs: Sequence[Any],
+        tensors: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None,
+    ) -> dispatch.Decision:
+        params, buffers = self._tensors() if tensors is None else tensors
         key = self._key(params, inputs)
         known = self._decisions.get(key)
         if known is not None:
@@ -393,8 +423,8 @@ class BatchModule(nn.Module):
     def forward(self, *inputs: Any) -> Any:
         """The members' outputs ``[batch, B, ...]`` for inputs ``[batch, B, ...]``."""
         self._check_inputs(inputs)
-        decision = self._decide(inputs)
-        params, buffers = self._tensors()
+        params, buffers = tensors = self._tensors()
+        decision = self._decide(inputs, tensors)
         return batching_run.run_members(
             self._template,
             decision.strategy,
@@ -421,6 +451,17 @@ _HOOKS = (
     "_state_dict_pre_hooks",
     "_load_state_dict_pre_hooks",
 )
+
+
+def _slots(stack: nn.Module) -> list[tuple[str, nn.Module, str, bool]]:
+    """(member name, holding module, attribute, is a parameter) of every stacked tensor."""
+    out: list[tuple[str, nn.Module, str, bool]] = []
+    for prefix, holder in stack.named_modules():
+        head = f"{prefix}." if prefix else ""
+        out += [(head + k, holder, k, True) for k, v in holder._parameters.items() if v is not None]
+        out += [(head + k, holder, k, False) for k, v in holder._buffers.items() if v is not None]
+    # named_parameters' order: every parameter, then every buffer
+    return [s for s in out if s[3]] + [s for s in out if not s[3]]
 
 
 def _check_submodules(first: nn.Module, module: nn.Module, name: str) -> None:
