@@ -358,7 +358,7 @@ def decide(
     step = separate = None
     runs = make_step_runs(best, options[best]) if make_step_runs is not None else {}
     if runs:
-        whole, failed = measure(runs, clock=clock)
+        whole, failed = measure(runs, repeats=2, clock=clock)
         if "batched" in whole and "separate" in whole:
             step, separate = whole["batched"], whole["separate"] * batch
         text |= {
