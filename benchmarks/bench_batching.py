@@ -42,9 +42,18 @@ Timing: after the build and the first step, every way of one case (both framewor
 round-robin, sample by sample, so machine noise hits all alike; median and p10-p90 of the
 samples. Slow cases (a step over 0.5 s) take 3 samples of one step.
 
+The optimizer step (torch): ``dualtrain_torch.member_optimizer`` Adam, one learning rate per
+member (a log-spaced sweep), against ``torch.optim.Adam`` (one learning rate) with
+``fused=True`` and with ``foreach=True``, each over its own copy of the same stacked
+parameters ``[16, ...]`` of an MLP 3072-64-4 (3.15M parameters) and of an MLP 64-64-4 (71k:
+per-call costs dominate), with fixed random gradients; ``step()`` alone is timed
+(`harness.compare`, alternating samples). ``--optimizer-step only`` runs just this case
+(results by default in ``results/batching-optimizer-step.json``, not the full run's file).
+
     ./dev bench batching [--threads 1] [--quick] [--models mlp cnn] [--frameworks torch jax]
                          [--members 8 32 128]
-                         [--image-batch 64] [--rss auto|yes|no] [--list]
+                         [--image-batch 64] [--rss auto|yes|no]
+                         [--optimizer-step yes|no|only] [--list]
 """
 
 from __future__ import annotations
@@ -78,6 +87,12 @@ def _options(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[st
     parser.add_argument("--members", nargs="+", type=int, default=None)
     parser.add_argument("--image-batch", type=int, default=64)
     parser.add_argument("--rss", choices=("auto", "yes", "no"), default="auto")
+    parser.add_argument(
+        "--optimizer-step",
+        choices=("yes", "no", "only"),
+        default="yes",
+        help="the member_optimizer Adam step against torch.optim.Adam (only: nothing else)",
+    )
     parser.add_argument("--list", action="store_true", help="print the cases and exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # the RSS subprocess
     own, rest = parser.parse_known_args(argv)
@@ -85,6 +100,8 @@ def _options(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[st
         parser.print_help()
     if own.image_batch <= 0 or any(n <= 0 for n in own.members or ()):
         parser.error("--image-batch and --members must be positive ints")
+    if own.optimizer_step == "only" and "torch" not in own.frameworks:
+        parser.error("--optimizer-step only times torch's optimizers: keep torch in --frameworks")
     return own, rest
 
 
@@ -93,13 +110,22 @@ args = harness.parse_args("batching", REST)  # pins threads before torch and JAX
 MEMBERS = OWN.members or ([8] if args.quick else [8, 32, 128])
 RSS = OWN.rss == "yes" or (OWN.rss == "auto" and not args.quick)
 
+OPTIMIZER_STEP = OWN.optimizer_step != "no" and "torch" in OWN.frameworks
+OPT_MEMBERS = 16
+OPT_MLPS = {"3072-64-4": (3072, 64, 4), "64-64-4": (64, 64, 4)}  # in, hidden, out
+
 if OWN.list:
-    for model in OWN.models:
+    for model in OWN.models if OWN.optimizer_step != "only" else ():
         for n in MEMBERS:
             print(
                 f"{model} N={n} image batch {OWN.image_batch}: {', '.join(WAYS)} "
                 f"x {', '.join(OWN.frameworks)}"
             )
+    for label in OPT_MLPS if OPTIMIZER_STEP else ():
+        print(
+            f"Adam step MLP {label} N={OPT_MEMBERS}: member_optimizer x torch.optim.Adam "
+            "fused, foreach"
+        )
     print(f"peak RSS per way in a subprocess: {'yes' if RSS else 'no'}")
     sys.exit(0)
 
@@ -114,7 +140,11 @@ if "torch" in _NEED:
     from torch import nn
     from torch.func import functional_call, grad, stack_module_state, vmap
 
-    from dualtrain_torch import BatchModule as TorchBatch, batch_loss as torch_batch_loss
+    from dualtrain_torch import (
+        BatchModule as TorchBatch,
+        batch_loss as torch_batch_loss,
+        member_optimizer,
+    )
 
     harness.set_torch_threads(args.threads)
 if "jax" in _NEED:
@@ -530,6 +560,44 @@ def run_case(model: str, n: int, cpu_roof: float) -> list[dict[str, Any]]:
     return ways
 
 
+# -- the optimizer step ----------------------------------------------------------------
+
+
+def optimizer_rows() -> list[harness.Row]:
+    """member_optimizer Adam against torch.optim.Adam fused and foreach (module docstring)."""
+    rows = []
+    n = OPT_MEMBERS
+    lrs = np.logspace(-4, -1, n).tolist()
+    for label, (fan_in, hidden, out) in OPT_MLPS.items():
+        shapes = [(n, hidden, fan_in), (n, hidden), (n, out, hidden), (n, out)]
+
+        def stacked(shapes: list[tuple[int, ...]] = shapes) -> list[Any]:
+            gen = torch.Generator().manual_seed(0)  # the same values for every optimizer
+            params = [torch.randn(s, generator=gen).requires_grad_() for s in shapes]
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen) * 0.01
+            return params
+
+        ours = member_optimizer(stacked(), "adam", n, lr=lrs)
+        count = sum(int(np.prod(s)) for s in shapes)
+        for kind in ("fused", "foreach"):
+            theirs = torch.optim.Adam(
+                stacked(), lr=1e-3, fused=kind == "fused", foreach=kind == "foreach"
+            )
+            rows.append(
+                harness.compare(
+                    f"Adam step MLP {label} N={n}",
+                    baseline=theirs.step,
+                    ours=ours.step,
+                    baseline_name=f"torch Adam {kind}",
+                    quick=args.quick,
+                    params=f"{count / 1e6:.2f}M",
+                )
+            )
+            print(f"  {rows[-1].case} vs {rows[-1].baseline}: {rows[-1].ratio:.2f}x", flush=True)
+    return rows
+
+
 # -- reporting -------------------------------------------------------------------------
 
 
@@ -599,6 +667,13 @@ def main() -> None:
         run_child(_CHILD)
         return
     started = time.perf_counter()
+    if OWN.optimizer_step == "only":
+        if args.json == harness.RESULTS / "batching.json":  # never replace the full results
+            args.json = harness.RESULTS / "batching-optimizer-step.json"
+        harness.report(
+            "batching", optimizer_rows(), args, torch=torch.__version__, optimizer_step_only=True
+        )
+        return
     cpu_roof = roof()
     print(
         f"CPU roof: {cpu_roof / 1e9:.1f} GFLOP/s ({ROOF_N}x{ROOF_N} float32 torch.mm)", flush=True
@@ -613,7 +688,7 @@ def main() -> None:
             print(f"{w['model'].upper()} N={w['members']} {w['framework']}: {w['explain']}")
     harness.report(
         "batching",
-        rows_of(ways),
+        rows_of(ways) + (optimizer_rows() if OPTIMIZER_STEP else []),
         args,
         torch=torch.__version__,
         jax=jax.__version__,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import math
+from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -11,9 +15,10 @@ from hypothesis import given, settings, strategies as st
 
 torch = pytest.importorskip("torch")
 
-from torch import nn  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
 
 from dualtrain.errors import ArgumentError, ShapeError  # noqa: E402
+from dualtrain_torch import batching_optim  # noqa: E402
 from dualtrain_torch.batching import BatchModule  # noqa: E402
 from dualtrain_torch.batching_optim import MemberOptimizer, member_optimizer  # noqa: E402
 from tests.batching.member_cases import hyper_cases, member_value  # noqa: E402
@@ -28,24 +33,24 @@ def batched(n: int, seed: int = 1) -> BatchModule:
     return BatchModule(net, n, seed=seed, strategy="vmap", check_isolation=False)
 
 
-def data(n: int, seed: int = 0) -> torch.Tensor:
+def data(n: int, seed: int = 0) -> Tensor:
     return torch.as_tensor(np.random.default_rng(seed).standard_normal((n, 5, 3)))
 
 
-def backward(bm: BatchModule, x: torch.Tensor) -> None:
+def backward(bm: BatchModule, x: Tensor) -> None:
     for p in bm.parameters():
         p.grad = None
     bm(x).pow(2).sum().backward()
 
 
-def reference(name: str, module: nn.Module, keywords: dict, i: int):
+def reference(name: str, module: nn.Module, keywords: dict, i: int) -> tuple[Any, Any]:
     """torch's own optimizer for member i, and its clipping norm (or None)."""
     own = {k: member_value(v, i) for k, v in keywords.items() if k != "max_grad_norm"}
     clip = keywords.get("max_grad_norm")
     return TORCH[name](module.parameters(), **own), None if clip is None else clip[i]
 
 
-def step_reference(module: nn.Module, opt, clip, x: torch.Tensor) -> torch.Tensor | None:
+def step_reference(module: nn.Module, opt: Any, clip: Any, x: Tensor) -> Tensor | None:
     opt.zero_grad()
     module(x).pow(2).sum().backward()
     norm = None
@@ -303,6 +308,277 @@ def test_bad_parameters_and_changes_are_refused():
     np.testing.assert_array_equal(opt.hyper.weight_decay, before.weight_decay)  # nothing moved
 
 
+# -- the vectorized step: every path against torch.optim, member by member -----------------
+
+MEMBER_SHAPES = ((3, 5), (5,), (2, 3), ())  # each parameter's shape for one member
+CLOSE = {torch.float64: TIGHT, torch.float32: {"rtol": 1e-5, "atol": 1e-6}}
+SLOTS = ("exp_avg", "exp_avg_sq", "momentum_buffer")
+
+
+@dataclasses.dataclass
+class Turn:
+    """One step of a schedule: who is active, and what changes just before the step."""
+
+    active: list[bool]
+    change: dict  # set_hyper keywords ({} for none)
+    factor: float | None  # a new group "lr" (what an LR scheduler writes)
+    reload: bool  # state_dict -> torch.save/load -> a fresh optimizer's load_state_dict
+
+
+@st.composite
+def changes(draw: st.DrawFn, name: str, n: int, nesterov: bool, clipped: bool) -> dict:
+    def per(low: float, high: float) -> Any:
+        one = st.floats(low, high)
+        return draw(one | st.lists(one, min_size=n, max_size=n))
+
+    keys = ["lr", "weight_decay"] + (["momentum"] if name == "sgd" else ["betas", "eps"])
+    keys += ["max_grad_norm"] if clipped else []
+    out = {}
+    for key in draw(st.lists(st.sampled_from(keys), unique=True, max_size=3)):
+        if key == "lr":
+            out[key] = per(0.0, 0.5)
+        elif key == "weight_decay":
+            out[key] = per(0.0, 0.3)
+        elif key == "momentum":
+            out[key] = per(0.05 if nesterov else 0.0, 0.95)
+        elif key == "betas":
+            out[key] = (per(0.0, 0.95), per(0.5, 0.999))
+        elif key == "eps":
+            out[key] = per(1e-8, 1e-3)
+        else:
+            out[key] = draw(
+                st.lists(st.floats(0.01, 2.0) | st.just(math.inf), min_size=n, max_size=n)
+            )
+    return out
+
+
+@st.composite
+def schedules(draw: st.DrawFn, max_batch: int = 4) -> tuple:
+    """``(name, batch, keywords, dtype, turns)``: a run with pauses, changes and reloads."""
+    name, n, keywords = draw(hyper_cases(max_batch=max_batch))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    clipped = keywords["max_grad_norm"] is not None
+    turns = [
+        Turn(
+            active=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+            change=draw(st.just({}) | changes(name, n, keywords.get("nesterov", False), clipped)),
+            factor=draw(st.none() | st.floats(0.1, 2.0)),
+            reload=draw(st.booleans()),
+        )
+        for _ in range(draw(st.integers(1, 4)))
+    ]
+    return name, n, keywords, dtype, turns
+
+
+def stacked(n: int, dtype: Any, seed: int) -> list[Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn((n, *shape), generator=gen, dtype=dtype).requires_grad_()
+        for shape in MEMBER_SHAPES
+    ]
+
+
+def run_members(name, n, keywords, dtype, turns, seed=0, blocks=False):
+    """The stacked parameters and optimizer after `turns` (random gradients each step).
+
+    With `blocks`, Adam's CPU update runs in blocks of two columns: large parameters'
+    path, on small ones.
+    """
+    params = stacked(n, dtype, seed)
+    opt = member_optimizer(params, name, n, **keywords)
+    gen = torch.Generator().manual_seed(seed + 1)
+    sizes = {"_BLOCK_BYTES": 1, "_MIN_COLUMNS": 2}
+    with mock.patch.multiple(batching_optim, **sizes) if blocks else contextlib.nullcontext():
+        for turn in turns:
+            if turn.reload:
+                buffer = io.BytesIO()
+                torch.save(opt.state_dict(), buffer)
+                buffer.seek(0)
+                opt = member_optimizer(params, name, n, **keywords)
+                opt.load_state_dict(torch.load(buffer))
+            opt.set_hyper(active=turn.active, **turn.change)
+            if turn.factor is not None:
+                opt.param_groups[0]["lr"] = turn.factor
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen, dtype=dtype)
+            opt.step()
+    return params, opt
+
+
+def run_reference(name, n, keywords, dtype, turns, i, seed=0):
+    """Member i alone under torch.optim: steps only while active, same changes and grads."""
+    own = [p[i].detach().clone().requires_grad_() for p in stacked(n, dtype, seed)]
+    values = {k: member_value(v, i) for k, v in keywords.items() if k != "max_grad_norm"}
+    clip = member_value(keywords["max_grad_norm"], i)
+    ref = TORCH[name](own, **values)
+    rate, factor = values["lr"], 1.0
+    gen = torch.Generator().manual_seed(seed + 1)
+    for turn in turns:
+        for key, value in turn.change.items():
+            if key == "max_grad_norm":
+                clip = value[i]
+            elif key == "lr":
+                rate = member_value(value, i)
+            else:
+                ref.param_groups[0][key] = member_value(value, i)
+        factor = factor if turn.factor is None else turn.factor
+        ref.param_groups[0]["lr"] = rate * factor
+        for q in own:
+            q.grad = torch.randn((n, *q.shape), generator=gen, dtype=dtype)[i]
+        if turn.active[i]:
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(own, clip)
+            ref.step()
+    return own, ref
+
+
+@settings(max_examples=40)
+@given(run=schedules(), blocks=st.booleans())
+def test_law_every_member_steps_as_torch_optim_alone(run, blocks):
+    """Pauses, set_hyper, LR factors and state_dict reloads between steps, float32 and
+    float64, per-member and shared values, whole or blocked: member i equals torch.optim
+    run on member i alone (its parameters, its state, its step count)."""
+    name, n, keywords, dtype, turns = run
+    params, opt = run_members(name, n, keywords, dtype, turns, blocks=blocks)
+    for i in range(n):
+        own, ref = run_reference(name, n, keywords, dtype, turns, i)
+        stepped = sum(turn.active[i] for turn in turns)
+        for p, q in zip(params, own, strict=True):
+            np.testing.assert_allclose(p[i].detach(), q.detach(), **CLOSE[dtype])
+            mine, theirs = opt.state[p], ref.state[q]
+            assert mine["step"].dtype == torch.float64 and mine["step"].shape == (n,)
+            assert float(mine["step"][i]) == stepped
+            if "step" in theirs:
+                assert float(theirs["step"]) == stepped
+            for slot in SLOTS:
+                if theirs.get(slot) is not None:
+                    np.testing.assert_allclose(mine[slot][i], theirs[slot], **CLOSE[dtype])
+
+
+@settings(max_examples=40)
+@given(run=schedules(), blocks=st.booleans())
+def test_law_pausing_members_changes_no_other_member_bit_for_bit(run, blocks):
+    """The masked path (some member inactive) against the fast one (all active): a member
+    active throughout is bit for bit the same in both; one never active is bit for bit
+    where it started, its state zero."""
+    name, n, keywords, dtype, turns = run
+    everyone = [dataclasses.replace(t, active=[True] * n) for t in turns]
+    masked, opt = run_members(name, n, keywords, dtype, turns, blocks=blocks)
+    fast, fast_opt = run_members(name, n, keywords, dtype, everyone, blocks=blocks)
+    start = stacked(n, dtype, 0)
+    for i in range(n):
+        always = all(t.active[i] for t in turns)
+        never = not any(t.active[i] for t in turns)
+        for p, q, p0 in zip(masked, fast, start, strict=True):
+            mine, theirs = opt.state[p], fast_opt.state[q]
+            if always:
+                assert torch.equal(p[i], q[i])
+                assert all(torch.equal(mine[k][i], theirs[k][i]) for k in mine)
+            if never:
+                assert torch.equal(p[i], p0[i]) and torch.equal(
+                    torch.signbit(p[i]), torch.signbit(p0[i])
+                )
+                assert all(not mine[k][i].any() for k in mine)
+
+
+def test_a_step_count_changed_by_hand_is_read_back():
+    """Adam keeps the step counts on the host between steps; a count changed in place
+    (or a loaded state) is read again, as torch.optim.Adam reads its own."""
+    params = stacked(2, torch.float64, 0)
+    opt = member_optimizer(params, "adam", 2, lr=[0.1, 0.01])
+    own = [[p[i].detach().clone().requires_grad_() for p in params] for i in range(2)]
+    refs = [torch.optim.Adam(o, lr=lr) for o, lr in zip(own, [0.1, 0.01], strict=True)]
+    gen = torch.Generator().manual_seed(0)
+    for turn in range(3):
+        grads = [torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in params]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        for i, (o, ref) in enumerate(zip(own, refs, strict=True)):
+            for q, g in zip(o, grads, strict=True):
+                q.grad = g[i]
+            if turn == 2:  # both forget their first two steps' bias corrections
+                for q in o:
+                    ref.state[q]["step"].zero_()
+        if turn == 2:
+            for p in params:
+                opt.state[p]["step"].zero_()
+        opt.step()
+        for ref in refs:
+            ref.step()
+    for i, o in enumerate(own):
+        for p, q in zip(params, o, strict=True):
+            np.testing.assert_allclose(p[i].detach(), q.detach(), **TIGHT)
+            assert float(opt.state[p]["step"][i]) == 1.0
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_starts_each_members_buffer_as_torch_does_signed_zeros_too(nesterov):
+    """torch's first momentum step copies d_p into the buffer (a -0.0 stays -0.0); later
+    steps decay and add. Member 1 starts a step later than member 0 (it was paused)."""
+    params = [torch.tensor([[-0.0, 0.0, 1.0], [-0.0, 0.0, 1.0]]).requires_grad_()]
+    opt = member_optimizer(params, "sgd", 2, lr=0.5, momentum=[0.9, 0.5], nesterov=nesterov)
+    own = [params[0][i].detach().clone().requires_grad_() for i in range(2)]
+    refs = [
+        torch.optim.SGD([q], lr=0.5, momentum=m, nesterov=nesterov)
+        for q, m in zip(own, [0.9, 0.5], strict=True)
+    ]
+    for active in ([True, False], [True, True], [True, True]):
+        opt.set_active(active)
+        params[0].grad = torch.tensor([[-0.0, -0.0, 0.5]] * 2)
+        opt.step()
+        for i, (q, ref) in enumerate(zip(own, refs, strict=True)):
+            q.grad = torch.tensor([-0.0, -0.0, 0.5])
+            if active[i]:
+                ref.step()
+    for i, q in enumerate(own):
+        mine, theirs = params[0][i].detach(), q.detach()
+        assert torch.equal(mine, theirs) and torch.equal(mine.signbit(), theirs.signbit())
+        buf = opt.state[params[0]]["momentum_buffer"][i]
+        assert torch.equal(buf.signbit(), refs[i].state[q]["momentum_buffer"].signbit())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_on_cuda_members_step_as_on_the_cpu_without_host_syncs(name):
+    """Off the CPU: one bucket of whole tensors, factors uploaded from pinned memory; after
+    the first step (which builds the plan) a step never waits for the device."""
+    keywords = {"lr": [0.1, 0.01, 0.2], "weight_decay": 0.1, "max_grad_norm": [1.0, math.inf, 0.5]}
+    if name == "sgd":
+        keywords["momentum"] = [0.9, 0.0, 0.5]
+    runs = []
+    for device in ("cpu", "cuda"):
+        params = [p.detach().to(device).requires_grad_() for p in stacked(3, torch.float64, 0)]
+        opt = member_optimizer(params, name, 3, active=[True, False, True], **keywords)
+        gen = torch.Generator().manual_seed(1)
+        for turn in range(3):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gen, dtype=torch.float64).to(device)
+            if device == "cuda" and turn:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                opt.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        runs.append([p.detach().cpu() for p in params])
+    for cpu, cuda in zip(*runs, strict=True):
+        np.testing.assert_allclose(cuda, cpu, rtol=1e-10, atol=1e-12)
+
+
+def test_members_all_paused_leave_everything_as_it_was():
+    params = stacked(3, torch.float32, 0)
+    opt = member_optimizer(params, "adamw", 3, lr=0.1, weight_decay=0.1)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    states = [{k: v.clone() for k, v in opt.state[p].items()} for p in params]
+    opt.set_active([False] * 3)
+    opt.step()
+    for p, old, state in zip(params, before, states, strict=True):
+        assert torch.equal(p, old)
+        assert all(torch.equal(opt.state[p][k], v) for k, v in state.items())
+
+
 # -- plain torch optimizers over bm.parameters(): which keep members isolated -----------------
 
 OPT = torch.optim
@@ -336,7 +612,7 @@ MIXING = {
 }
 
 
-def trajectory(make, scale: float, clip: bool = False, closure: bool = False):
+def trajectory(make: Any, scale: float, clip: bool = False, closure: bool = False) -> list:
     """Member 1's parameters after 3 steps when member 0's loss is scaled by `scale`."""
     bm = batched(2)
     bm.match_gradient_layout = False  # LBFGS flattens gradients with .view(-1)
@@ -392,3 +668,55 @@ def test_grad_scaler_skips_every_member_when_one_overflows():
 def test_muon_refuses_stacked_members():
     with pytest.raises(ValueError, match="only supports 2D parameters"):
         OPT.Muon([p for p in batched(2).parameters() if p.dim() == 3])
+
+
+@settings(max_examples=12)
+@given(
+    name=st.sampled_from(["adam", "adamw"]),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+    transposed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_large_members_step_as_each_alone_with_torch_adam(name, dtype, transposed, seed):
+    """Law: members of 40k elements and more (stepped member by member by torch's fused
+    kernel) follow torch.optim.Adam/AdamW on each member alone, with per-member lr, betas,
+    eps and weight decay, in any dense layout of the member's block (vmap's transposed
+    gradients), over steps with a scheduler factor change."""
+    assert batching_optim._FUSED_MIN <= 40_000
+    g = torch.Generator().manual_seed(seed)
+    n = 3
+    raw = torch.randn(n, 200, 200, dtype=dtype, generator=g)
+    stacked = raw.transpose(1, 2).contiguous().transpose(1, 2) if transposed else raw.clone()
+    bias = torch.randn(n, 7, dtype=dtype, generator=g)
+    params = [nn.Parameter(stacked), nn.Parameter(bias)]
+    lrs, wds = [1e-3, 3e-3, 1e-2], [0.0, 0.01, 0.1]
+    betas = ([0.9, 0.8, 0.95], [0.999, 0.99, 0.9])
+    eps = [1e-8, 1e-6, 1e-4]
+    opt = member_optimizer(params, name, n, lr=lrs, betas=betas, eps=eps, weight_decay=wds)
+    alone = [[nn.Parameter(p.detach()[i].clone()) for p in params] for i in range(n)]
+    kind = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    plain = [
+        kind(ps, lr=lrs[i], betas=(betas[0][i], betas[1][i]), eps=eps[i], weight_decay=wds[i])
+        for i, ps in enumerate(alone)
+    ]
+    for step in range(3):
+        grads = [torch.randn(p.shape, dtype=dtype, generator=g) for p in params]
+        for p, grad in zip(params, grads, strict=True):
+            p.grad = torch.empty_like(p).copy_(grad)  # laid out as autograd lays it: like p
+        if step == 2:  # a scheduler's factor scales every member's rate
+            opt.param_groups[0]["lr"] = 0.5
+            for o, lr in zip(plain, lrs, strict=True):
+                o.param_groups[0]["lr"] = 0.5 * lr
+        opt.step()
+        for i, (ps, o) in enumerate(zip(alone, plain, strict=True)):
+            for q, grad in zip(ps, grads, strict=True):
+                q.grad = grad[i].clone()
+            o.step()
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-13}
+    for i, ps in enumerate(alone):
+        for p, q in zip(params, ps, strict=True):
+            torch.testing.assert_close(p.detach()[i], q.detach(), **tol)
+    assert params[0].stride() == stacked.stride()  # updated in place, layout kept
+    torch.testing.assert_close(
+        opt.state[params[0]]["step"], torch.full((n,), 3.0, dtype=torch.float64)
+    )
