@@ -138,6 +138,44 @@ class MemberOptimizer(torch.optim.Optimizer):
         group = self.param_groups[0]
         group.update(_group_values(new, group["active"].device))
 
+    # torch.optim.Optimizer's add_param_group and zero_grad import torch._dynamo on their
+    # first call (2-3 s of a job's first step on a CPU); these do what torch's do for this
+    # optimizer's one group, without it.
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Torch's `add_param_group` for the one group `member_optimizer` builds.
+
+        Raises:
+            ArgumentError: a second group (every member's tensors are in the first; the
+                step reads only it), or a tensor listed twice.
+        """
+        if self.param_groups:
+            raise ArgumentError(
+                "member_optimizer holds one group, every member's [batch, ...] tensors; "
+                "got a second with add_param_group: build another optimizer for those"
+            )
+        tensors = list(param_group["params"])
+        if len({id(t) for t in tensors}) != len(tensors):
+            raise bad_argument("params", [tuple(t.shape) for t in tensors], "no tensor twice")
+        for name, default in self.defaults.items():
+            param_group.setdefault(name, default)
+        param_group["params"] = tensors
+        self.param_groups.append(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Torch's `zero_grad`: every gradient set to None (or zeroed in place)."""
+        for p in self.param_groups[0]["params"]:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+                continue
+            if p.grad.grad_fn is not None:
+                p.grad.detach_()
+            else:
+                p.grad.requires_grad_(False)
+            p.grad.zero_()
+
     def set_active(self, active: object) -> None:
         """Which members step (``[batch]`` bools; None: all). Same as ``set_hyper(active=)``."""
         self.set_hyper(active=active)

@@ -19,7 +19,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.utils import _pytree as pytree
 
-from dualtrain_torch import batching_stacked
+from dualtrain_torch import batching_optim, batching_stacked
 
 __all__ = [
     "match_gradient_layout",
@@ -203,28 +203,25 @@ def step_runs(
 ) -> dict[str, Callable[[], None]]:
     """A whole training step, batched and as one member alone, for `dispatch.decide`.
 
-    "batched": every member's forward and backward under `strategy`, then a fused Adam
-    step over copies of the stacked parameters; "separate": member 0 alone on its own
-    contiguous copies (its inputs, a plain call of the template, a fused Adam of its own),
-    as one of N separate trainings runs. Nothing the caller holds changes. Empty outside
+    "batched": every member's forward and backward under `strategy`, then
+    `member_optimizer`'s Adam over copies of the stacked parameters; "separate": member 0
+    alone on its own contiguous copies (its inputs, a plain call of the template, the fused
+    Adam kernel of ``torch.optim.Adam(fused=True)``), as one of N separate trainings runs.
+    Nothing the caller holds changes. Empty outside
     training (no gradients, or nothing trainable).
     """
     names = [k for k, p in params.items() if p.requires_grad]
     if not torch.is_grad_enabled() or not names:
         return {}
     device = next(iter(params.values())).device
-    fused = True if device.type in ("cpu", "cuda") else None
-
-    def adam(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
-        copies = [t.detach().clone().requires_grad_(True) for t in tensors]
-        try:
-            return copies, torch.optim.Adam(copies, lr=1e-3, fused=fused)
-        except (RuntimeError, ValueError):  # a dtype the fused kernel does not take
-            return copies, torch.optim.Adam(copies, lr=1e-3)
-
-    stacked, batched_opt = adam([params[k] for k in names])
+    batch = next(iter(params.values())).shape[0]
+    # Neither side builds a torch.optim optimizer: torch's import of torch._dynamo on
+    # their first call would cost this first call seconds.
+    stacked = [params[k].detach().clone().requires_grad_(True) for k in names]
+    batched_opt = batching_optim.member_optimizer(stacked, "adam", batch, lr=1e-3)
     one = {k: v[0].detach().clone().requires_grad_(v.requires_grad) for k, v in params.items()}
-    alone, alone_opt = adam([one[k] for k in names])
+    alone = [one[k] for k in names]
+    alone_opt = _PlainAdam(alone)
     mine = dict(zip(names, alone, strict=True))
     member_inputs = _member_inputs(inputs, 0, shared)
 
@@ -233,20 +230,45 @@ def step_runs(
             copies = {k: v.clone() for k, v in buffers.items()}
             live = dict(params) | dict(zip(names, stacked, strict=True))
             out = run_members(template, strategy, chunk, live, copies, inputs, shared)
-            _step(out, stacked, batched_opt)
+            _step(out, stacked, batched_opt.step)
         _sync(device)
 
     def separate() -> None:
         with _fixed_rng(device):
             copies = {k: v[0].clone() for k, v in buffers.items()}
             out = functional_call(template, (one | mine, copies), member_inputs)
-            _step(out, alone, alone_opt)
+            _step(out, alone, alone_opt.step)
         _sync(device)
 
     return {"batched": batched, "separate": separate}
 
 
-def _step(out: Any, tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+class _PlainAdam:
+    """One model's Adam step as ``torch.optim.Adam(fused=True)`` runs it (its kernel)."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
+        self.avgs = [torch.zeros_like(t) for t in tensors]
+        self.squares = [torch.zeros_like(t) for t in tensors]
+        self.steps = [torch.zeros((), dtype=torch.float32, device=t.device) for t in tensors]
+
+    def step(self) -> None:
+        grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in self.tensors]
+        torch._foreach_add_(self.steps, 1.0)
+        try:
+            torch._fused_adam_(
+                self.tensors, grads, self.avgs, self.squares, [], self.steps,
+                lr=1e-3, beta1=0.9, beta2=0.999, weight_decay=0.0, eps=1e-8,
+                amsgrad=False, maximize=False,
+            )  # fmt: skip
+        except (RuntimeError, NotImplementedError):  # a device or dtype without the kernel
+            for t, g, m, v in zip(self.tensors, grads, self.avgs, self.squares, strict=True):
+                m.lerp_(g, 0.1)
+                v.mul_(0.999).addcmul_(g, g, value=0.001)
+                t.data.addcdiv_(m, v.sqrt().add_(1e-8), value=-1e-3)
+
+
+def _step(out: Any, tensors: list[torch.Tensor], update: Callable[[], Any]) -> None:
     leaves = _float_leaves(out)
     if not leaves:
         return
@@ -254,7 +276,7 @@ def _step(out: Any, tensors: list[torch.Tensor], optimizer: torch.optim.Optimize
     grads = torch.autograd.grad(total, tensors, allow_unused=True)
     for t, g in zip(tensors, grads, strict=True):
         t.grad = g
-    optimizer.step()
+    update()
 
 
 def check_stacked(

@@ -720,3 +720,49 @@ def test_large_members_step_as_each_alone_with_torch_adam(name, dtype, transpose
     torch.testing.assert_close(
         opt.state[params[0]]["step"], torch.full((n,), 3.0, dtype=torch.float64)
     )
+
+
+def test_zero_grad_and_groups_do_what_torchs_do_for_the_one_group():
+    """zero_grad as torch's (None, or zeros in place); a second group is refused: the step
+    reads only the first (a second group's tensors would silently never move)."""
+    params = [nn.Parameter(torch.randn(2, 3)), nn.Parameter(torch.randn(2))]
+    opt = member_optimizer(params, "adam", 2, lr=1e-3)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    kept = params[0].grad
+    opt.zero_grad(set_to_none=False)
+    assert params[0].grad is kept and torch.equal(kept, torch.zeros_like(kept))
+    opt.zero_grad()
+    assert all(p.grad is None for p in params)
+    with pytest.raises(ArgumentError, match="member_optimizer holds one group"):
+        opt.add_param_group({"params": [nn.Parameter(torch.randn(2, 4))]})
+    with pytest.raises(ArgumentError, match="no tensor twice"):
+        member_optimizer([params[0], params[0]], "sgd", 2, lr=0.1)
+
+
+def test_a_batched_training_step_never_imports_torch_dynamo(tmp_path):
+    """torch.optim's add_param_group and zero_grad import torch._dynamo (seconds on a CPU)
+    on first use; a BatchModule sweep step, its strategy timing included, does not."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys, torch\n"
+        "from torch import nn\n"
+        "from dualtrain_torch import BatchModule, member_optimizer, batch_loss\n"
+        "bm = BatchModule(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), 4,"
+        " shared_input=True)\n"
+        "opt = member_optimizer(bm, 'adam', 4, lr=[1e-3, 1e-2, 1e-1, 1.0])\n"
+        "for _ in range(2):\n"
+        "    loss = batch_loss(bm(torch.randn(5, 4)), torch.randint(0, 3, (5,)), 4)\n"
+        "    opt.zero_grad()\n"
+        "    loss.sum().backward()\n"
+        "    opt.step()\n"
+        "assert 'whole step' in bm.explain(), bm.explain()\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    env = {**__import__("os").environ, "DUALTRAIN_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "False"
