@@ -9,6 +9,8 @@ parts live in `dualtrain.batching`; the strategies and the probe in `batching_ru
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +30,7 @@ from dualtrain_jax.batching_members import (
     pair_member,
     pair_values,
     row,
+    row_shapes,
 )
 from dualtrain_jax.craft import JaxModule
 
@@ -93,7 +96,7 @@ class BatchModule:
             raise bad_argument(
                 "module", module, "a realized Craft (dualtrain_jax.realize) or (params, apply_fn)"
             )
-        entries = entries_of(row(params, 0), row(state, 0))
+        entries = entries_of(row_shapes(params), row_shapes(state))
         if not entries or not any(t for *_, t in entries):
             raise bad_argument("module", module, "a module that holds at least one parameter")
         self.params, self.state, self.train = params, state, train
@@ -280,10 +283,14 @@ class BatchModule:
             spec.batch,
             spec.shared_input,
             spec.memory_budget,
+            # what a timing depends on beyond the model: JAX's version and XLA's threads
+            jax.__version__,
+            os.environ.get("XLA_FLAGS", ""),
         )
         for known_key, known in spec.decisions.items():
             if known_key == key or (traced and known_key[:3] + known_key[4:] == key[:3] + key[4:]):
                 spec.decision = known
+                spec.notes = spec.all_notes.get(known_key, ())
                 spec.isolation = spec.probed.get((known.strategy, train), spec.isolation)
                 return known
         chunk = spec.batch
@@ -296,45 +303,138 @@ class BatchModule:
             # Nothing can be timed under a trace: vmap (in chunks under a budget), unless
             # tune() measured these shapes before.
             return dispatch.Decision(*dispatch.plan("jax", "vmap", spec.batch, chunk), "default")
-        decision = dispatch.decide(
-            "jax",
-            spec.strategy,
-            spec.batch,
-            chunk,
-            key,
-            lambda options, members: batching_run.timed_runs(
-                spec.one, options, params, state, inputs, spec.shared_input, keys, train, members
-            ),
-        )
+        found: batching_probe.Findings | None = None
+        if spec.strategy != "auto":
+            decision = dispatch.Decision(*dispatch.plan("jax", spec.strategy, spec.batch, chunk))
+            notes: tuple[str, ...] = ()
+        else:
+            decision, notes, found = self._choose(key, chunk, params, state, inputs, keys, train)
         probe_key = (decision.strategy, train)
         # Once per strategy and mode: a module may mix members only in training (a batch
         # statistic), or only under one strategy.
         if spec.check_isolation and probe_key not in spec.probed and not traced:
-            culprit = (
-                f"the Craft {type(spec.template.craft).__name__}'s run"
-                if spec.template is not None
-                else f"apply_fn {getattr(spec.apply_fn, '__qualname__', spec.apply_fn)!r}"
-            )
-            spec.probed[probe_key] = isolation.run_probe(
-                lambda: batching_probe.probe(
-                    spec.one,
-                    decision.strategy,
-                    decision.chunk,
-                    params,
-                    state,
-                    inputs,
-                    spec.shared_input,
-                    keys,
-                    train,
-                    culprit,
-                ),
-                decision.strategy,
-                ran=decision.reason == "measured",
+            if found is None:
+                found = batching_probe.inspect(
+                    spec.one, params, state, inputs, spec.shared_input, keys, train, vmapped=False
+                )
+            spec.probed[probe_key] = self._isolation(
+                decision, found, params, state, inputs, keys, train
             )
         spec.isolation = spec.probed.get(probe_key)
         spec.decisions[key] = decision
-        spec.decision = decision
+        spec.all_notes[key] = notes
+        spec.decision, spec.notes = decision, notes
         return decision
+
+    def _choose(
+        self,
+        key: tuple[Any, ...],
+        chunk: int,
+        params: Any,
+        state: Any,
+        inputs: Sequence[Any],
+        keys: Any,
+        train: bool,
+    ) -> tuple[dispatch.Decision, tuple[str, ...], batching_probe.Findings | None]:
+        """The "auto" decision outside a trace: cached, by rule (nothing compiled), or timed."""
+        spec = self._spec
+        cached = dispatch.CACHE.get(key)
+        if cached is not None:
+            notes = _NOTES.get(key, ())
+            return dataclasses.replace(cached, reason=f"cached, {cached.reason}"), notes, None
+        found = batching_probe.inspect(
+            spec.one, params, state, inputs, spec.shared_input, keys, train
+        )
+        vmap_form = dispatch.plan("jax", "vmap", spec.batch, chunk)
+        if spec.batch == 1 or (not found.regrouped and found.vmap_error is None):
+            # vmap runs each op of one member once, batched over the members: it does the
+            # members' work in the fewest calls, so timing another strategy could not pay
+            # for its own compile (seconds on a cold cache).
+            decision = dispatch.Decision(*vmap_form, reason="rule")
+            notes = (
+                f"not timed: the members' vmapped forward and backward (traced in "
+                f"{found.seconds:.2f} s, nothing compiled) run each op of one member once, "
+                f"batched over the {spec.batch} members; no conv becomes a grouped conv, so "
+                "no other strategy is expected to be faster, and timing one would cost a "
+                "compile",
+            )
+            dispatch.CACHE.put(key, decision)
+            _NOTES[key] = notes
+            return decision, notes, found
+        options = dispatch.candidates("jax", spec.batch, chunk)
+        # The loop first: each member's own program, the yardstick vmap is timed against
+        # (a candidate far slower than the best is called once).
+        first = vmap_form[0]
+        names = ["loop", first] + [n for n in ("map",) if n in options and n != first]
+        errors: dict[str, str] = {}
+        if found.vmap_error is not None and first == "vmap":
+            names.remove("vmap")
+            errors["vmap"] = found.vmap_error
+        outcome = batching_run.within_budget(
+            batching_run.candidates(
+                spec.one, options, params, state, inputs, spec.shared_input, keys, train
+            ),
+            names,
+            spec.batch,
+        )
+        if outcome.best is None:
+            raise next(iter(outcome.errors.values()))
+        errors |= {
+            k: f"{type(e).__name__}: {e}".splitlines()[0][:200] for k, e in outcome.errors.items()
+        }
+        timings = {n: t.step(spec.batch) for n, t in outcome.trials.items()}
+        decision = dispatch.Decision(
+            outcome.best,
+            options[outcome.best],
+            "measured",
+            dict(sorted(timings.items(), key=lambda kv: kv[1])),
+            errors,
+        )
+        notes = _measured_notes(outcome, found, spec.batch)
+        dispatch.CACHE.put(key, decision)
+        _NOTES[key] = notes
+        return decision, notes, found
+
+    def _isolation(
+        self,
+        decision: dispatch.Decision,
+        found: batching_probe.Findings,
+        params: Any,
+        state: Any,
+        inputs: Sequence[Any],
+        keys: Any,
+        train: bool,
+    ) -> str:
+        """The isolation verdict: from the trace when it shows only JAX's own primitives."""
+        spec = self._spec
+        if not found.foreign:
+            return (
+                f"passed without a run ({decision.strategy}): the member's forward and "
+                "backward, traced, use only JAX's own primitives, which cannot mix members "
+                "(a host callback, FFI call or custom batching rule would be probed)"
+            )
+        culprit = (
+            f"the Craft {type(spec.template.craft).__name__}'s run"
+            if spec.template is not None
+            else f"apply_fn {getattr(spec.apply_fn, '__qualname__', spec.apply_fn)!r}"
+        )
+        verdict = isolation.run_probe(
+            lambda: batching_probe.probe(
+                spec.one,
+                decision.strategy,
+                decision.chunk,
+                params,
+                state,
+                inputs,
+                spec.shared_input,
+                keys,
+                train,
+                culprit,
+            ),
+            decision.strategy,
+            ran=decision.reason == "measured",
+        )
+        return f"{verdict}; probed for {', '.join(found.foreign)}"
 
     def apply(
         self,
@@ -381,9 +481,15 @@ class BatchModule:
         return self.explain()
 
     def explain(self) -> str:
-        """The strategy in use, why, the measured timings, and the isolation probe's result."""
+        """The strategy in use, why, what was timed (or why not), and the isolation verdict."""
         spec = self._spec
-        return dispatch.explain_text(spec.decision, "jax", spec.batch, spec.isolation)
+        text = dispatch.explain_text(spec.decision, "jax", spec.batch, spec.isolation)
+        if not spec.notes or spec.decision is None:
+            return text
+        lines = text.splitlines()
+        keep = [lines[0], lines[1]]  # the header and the strategy line
+        keep += ["    " + note for note in spec.notes]
+        return "\n".join(keep + [line for line in lines if line.startswith("  isolation")])
 
     def __repr__(self) -> str:
         return (
@@ -393,3 +499,61 @@ class BatchModule:
 
 def _mode(train: object) -> str:
     return "training" if train else "eval"
+
+
+# The explanation of each decision made in this process, by key (a decision read from the
+# disk cache has none: explain() shows its timings).
+_NOTES: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+
+def _measured_notes(
+    outcome: batching_run.Outcome, found: batching_probe.Findings, batch: int
+) -> tuple[str, ...]:
+    """One line per candidate (timed, failed or skipped) and one for the decision's cost."""
+    lines = []
+    best = outcome.best
+    for name, trial in sorted(outcome.trials.items(), key=lambda kv: kv[1].step(batch)):
+        on = "all" if trial.members == batch else str(trial.members)
+        line = (
+            f"{name:<5} {trial.call * 1e3:10.3f} ms per call on {on} of {batch} members "
+            f"({trial.step(batch) * 1e3:.3f} ms on all, estimated), compiled in "
+            f"{trial.compile:.2f} s"
+        )
+        if trial.unrolled and trial.members < batch:
+            line += f" (about {trial.compile_all(batch):.1f} s on all: one program per member)"
+        slower = trial.step(batch) / outcome.trials[best].step(batch) if best else 1.0
+        if name == best:
+            line += "  <- chosen"
+        elif name == "vmap" and found.regrouped and slower > 1:
+            line += (
+                f": {slower:.2f}x {best}'s time; vmap turns {found.regrouped} of the convs' "
+                f"forward and backward into grouped convs (group count up to {found.group}), "
+                f"which XLA:{jax.default_backend().upper()} runs slower than one conv per member"
+            )
+        elif best is not None:
+            horizon = batching_run.HORIZON
+            line += (
+                f": {horizon} steps and the compile estimated at "
+                f"{trial.job(batch, horizon):.1f} s, {best}'s at "
+                f"{outcome.trials[best].job(batch, horizon):.1f} s"
+            )
+        lines.append(line)
+    if found.vmap_error is not None:
+        lines.append(f"vmap  failed: {found.vmap_error}")
+    for name, error in outcome.errors.items():
+        lines.append(f"{name:<5} failed: {type(error).__name__}: {error}".splitlines()[0][:240])
+    for name, why in outcome.skipped.items():
+        lines.append(f"{name:<5} {why}")
+    if best is not None:
+        why = (
+            f"vmap makes {found.regrouped} convs grouped"
+            if found.regrouped
+            else "vmap could not be traced"
+        )
+        lines.append(
+            f"timing cost {outcome.spent:.2f} s (compiles included) of a {outcome.budget:.2f} s "
+            f"budget: {batching_run.SHARE:.0%} of {batching_run.HORIZON} steps of {best} "
+            f"(about {outcome.trials[best].step(batch) * 1e3:.1f} ms a step); timed because "
+            f"{why}"
+        )
+    return tuple(lines)

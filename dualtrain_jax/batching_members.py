@@ -24,16 +24,21 @@ __all__ = [
     "pair_member",
     "pair_values",
     "row",
+    "row_shapes",
 ]
 
 
 def entries_of(params: dict[str, Any], state: dict[str, Any]) -> list[members.Entry]:
     """Every param, then state array: (name, shape, dtype name, trainable)."""
     return [
-        (name, tuple(v.shape), jnp.asarray(v).dtype.name, trainable)
+        (name, tuple(np.shape(v)), np.dtype(_dtype(v)).name, trainable)
         for tree, trainable in ((params, True), (state, False))
         for name, v in _flat(tree).items()
     ]
+
+
+def _dtype(value: Any) -> Any:
+    return value.dtype if hasattr(value, "dtype") else jnp.asarray(value).dtype
 
 
 def _flat(tree: Any) -> dict[str, Any]:
@@ -63,6 +68,8 @@ class Spec:
     decision: dispatch.Decision | None = None
     isolation: str | None = None  # the probe's verdict for the decision in use
     probed: dict[tuple[str, bool], str] = dataclasses.field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what explain() says about the decision in use
+    all_notes: dict[tuple[Any, ...], tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.arch = members.architecture_key(self.kind, self.entries)  # built once, keyed often
@@ -102,17 +109,14 @@ def _keys(seeds: Sequence[int]) -> jax.Array:
     return jnp.asarray(words)
 
 
-def _stack(trees: Sequence[Any]) -> Any:
-    return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *trees)
-
-
 def craft_values(
     module: JaxModule, batch: int, init: str, seeds: Sequence[int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stacked params and state of a Craft's members, drawn as `realize` draws them."""
     if init == "identical":
-        grow = lambda v: jnp.broadcast_to(v, (batch, *v.shape)).copy()  # noqa: E731
-        return _map(grow, module.params), _map(grow, module.state)
+        return _map(lambda v: _copies(v, batch), module.params), _map(
+            lambda v: _copies(v, batch), module.state
+        )
     dtype = next(iter(module.params.values())).dtype.name
     draws = [module.craft.init(s, dtype) for s in seeds]  # NumPy, as realize draws them
     stacked = {name: np.stack([d[name] for d in draws]) for name in draws[0]}
@@ -127,7 +131,7 @@ def pair_values(first: Any, batch: int, init: str, seeds: Sequence[int]) -> Any:
     if callable(first):
         keys = _keys(seeds)
         if init == "identical":
-            return _stack([first(keys[0])] * batch)
+            return jax.tree_util.tree_map(lambda v: _copies(v, batch), first(keys[0]))
         return jax.vmap(first)(keys)  # one vmapped init
     if init == "independent":
         raise bad_argument(
@@ -136,9 +140,23 @@ def pair_values(first: Any, batch: int, init: str, seeds: Sequence[int]) -> Any:
             "'identical' for a (params, apply_fn) pair, or pass (init_fn, apply_fn) so "
             "each member draws its own params",
         )
-    return jax.tree_util.tree_map(
-        lambda v: jnp.broadcast_to(jnp.asarray(v), (batch, *jnp.shape(v))).copy(), first
-    )
+    return jax.tree_util.tree_map(lambda v: _copies(v, batch), first)
+
+
+def _copies(value: Any, batch: int) -> Any:
+    """`batch` copies of `value` stacked, where `value` lives.
+
+    Stacked in NumPy and transferred once: an eager ``broadcast_to(...).copy()`` compiled
+    two XLA programs per shape, about a second for a small MLP on a cold cache.
+    """
+    if isinstance(value, jax.core.Tracer):
+        return jnp.broadcast_to(value, (batch, *value.shape))
+    host = np.asarray(value)
+    stacked = np.ascontiguousarray(np.broadcast_to(host, (batch, *host.shape)))
+    sharding = getattr(value, "sharding", None)
+    if isinstance(value, jax.Array) and getattr(value, "committed", False):
+        return jax.device_put(stacked, sharding)
+    return jnp.asarray(stacked)
 
 
 def kind_of(module: Any) -> str:
@@ -155,3 +173,8 @@ def _map(fn: Callable[[Any], Any], tree: dict[str, Any]) -> dict[str, Any]:
 def row(tree: Any, index: int) -> Any:
     """Member `index` of a stacked pytree."""
     return jax.tree_util.tree_map(lambda a: a[index], tree)
+
+
+def row_shapes(tree: Any) -> Any:
+    """One member's shapes and dtypes (``jax.ShapeDtypeStruct``): no slicing, no compile."""
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), tree)

@@ -1,17 +1,21 @@
 """Per-member training under JAX: optax SGD, Adam and AdamW with ``[batch]`` hyper-parameters.
 
 `member_optimizer` returns an ``optax.GradientTransformation`` for a `BatchModule`'s stacked
-params (every leaf ``[batch, ...]``). Underneath, ``optax.inject_hyperparams`` of optax's
-``sgd``/``adam``/``adamw`` is initialized and updated under ``jax.vmap`` over the members,
-so each member's hyper-parameters are the entries of ``[batch]`` arrays in the state and
-member i steps exactly as that optax optimizer steps member i alone. Inactive members get
-``-0.0`` updates (``p + -0.0`` is ``p`` bit for bit, signed zeros included) and keep their
-state. docs/batching.md, "Per-member hyper-parameters".
+params (every leaf ``[batch, ...]``). Its state is the state ``optax.inject_hyperparams`` of
+optax's ``sgd``/``adam``/``adamw`` has, with a leading ``[batch]`` on every leaf, so each
+member's hyper-parameters are the entries of ``[batch]`` arrays; the update is optax's
+formulas written once over the stacked leaves (each hyper-parameter broadcast along its
+member's row), so member i steps as that optax optimizer steps member i alone, in one
+elementwise pass per leaf as ``optax.adam`` over the stack. Inactive members get ``-0.0``
+updates (``p + -0.0`` is ``p`` bit for bit, signed zeros included) and keep their state.
+docs/batching.md, "Per-member hyper-parameters".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 from typing import Any
 
 import jax
@@ -36,31 +40,6 @@ _OPTAX_NAMES = {
 }
 
 
-def _sgd(
-    learning_rate: Any, momentum: Any, weight_decay: Any, nesterov: bool
-) -> optax.GradientTransformation:
-    # torch's coupled weight decay: the decay joins the gradient before the momentum.
-    return optax.chain(
-        optax.add_decayed_weights(weight_decay), optax.sgd(learning_rate, momentum, nesterov)
-    )
-
-
-def _adam(
-    learning_rate: Any, b1: Any, b2: Any, eps: Any, weight_decay: Any
-) -> optax.GradientTransformation:
-    # torch.optim.Adam's weight decay is coupled L2, added to the gradient first.
-    return optax.chain(
-        optax.add_decayed_weights(weight_decay), optax.adam(learning_rate, b1, b2, eps)
-    )
-
-
-def _adamw(
-    learning_rate: Any, b1: Any, b2: Any, eps: Any, weight_decay: Any
-) -> optax.GradientTransformation:
-    return optax.adamw(learning_rate, b1, b2, eps, weight_decay=weight_decay)
-
-
-_FACTORIES = {"sgd": _sgd, "adam": _adam, "adamw": _adamw}
 _READS = {
     "sgd": ("lr", "momentum", "weight_decay"),
     "adam": ("lr", "beta1", "beta2", "eps", "weight_decay"),
@@ -98,14 +77,6 @@ class MemberState:
         inner, active, clip = children
         name, nesterov = aux
         return cls(inner, active, clip, name, nesterov)
-
-
-def _transform(name: str, nesterov: bool, values: dict[str, Any]) -> Any:
-    """Optax's injected transformation for `name`, with `values` under our names."""
-    numbers = {_OPTAX_NAMES[k]: values[k] for k in _READS[name]}
-    if name == "sgd":
-        numbers["nesterov"] = nesterov
-    return optax.inject_hyperparams(_FACTORIES[name])(**numbers)
 
 
 def _lead(values: Any, like: Any) -> Any:
@@ -173,43 +144,140 @@ def member_optimizer(
         max_grad_norm=max_grad_norm,
         active=active,
     )
-    stepper = _transform(hyper.name, hyper.nesterov, dict.fromkeys(_OPTAX_NAMES, 0.0))
 
     def init(params: Any) -> MemberState:
         _check_params(params, hyper.batch)
-        numbers = {k: jnp.asarray(v) for k, v in hyper.arrays().items() if k in _OPTAX_NAMES}
-
-        def one(p: Any, values: dict[str, Any]) -> Any:
-            return _transform(hyper.name, hyper.nesterov, values).init(p)
-
-        clip = hyper.max_grad_norm
         state = MemberState(
-            inner=jax.vmap(one)(params, numbers),
-            active=jnp.asarray(hyper.active),
-            max_grad_norm=None if clip is None else jnp.asarray(clip),
+            inner=_initial(hyper.name, hyper.arrays(), params, hyper.batch),
+            active=np.asarray(hyper.active),
+            max_grad_norm=None if hyper.max_grad_norm is None else np.asarray(hyper.max_grad_norm),
             name=hyper.name,
             nesterov=hyper.nesterov,
         )
-        return _placed(state, jax.tree_util.tree_leaves(params)[0])
+        # NumPy until here: building the state compiles nothing; one transfer places it.
+        return _placed(jax.tree.map(jnp.asarray, state), jax.tree_util.tree_leaves(params)[0])
 
     def update(grads: Any, state: MemberState, params: Any = None) -> tuple[Any, MemberState]:
-        def one(g: Any, s: Any, p: Any, clip: Any) -> Any:
-            if clip is not None:
-                g, _ = optax.clip_by_global_norm(clip).update(g, optax.EmptyState())
-            return stepper.update(g, s, p)
-
-        updates, inner = jax.vmap(one)(grads, state.inner, params, state.max_grad_norm)
-        active = state.active
-        # -0.0 is the identity of addition for every float, +0.0 and -0.0 included.
-        updates = jax.tree.map(
-            lambda u: jnp.where(_lead(active, u), u, jnp.asarray(-0.0, u.dtype)), updates
-        )
-        inner = jax.tree.map(
-            lambda new, old: jnp.where(_lead(active, new), new, old), inner, state.inner
-        )
+        if params is None:
+            raise bad_argument("params", params, "the stacked params (weight decay reads them)")
+        updates, inner = _step(state, grads, params)
         return updates, dataclasses.replace(state, inner=inner)
 
     return optax.GradientTransformation(init, update)
+
+
+def _initial(name: str, values: dict[str, Any], params: Any, batch: int) -> Any:
+    """The state ``jax.vmap(inject_hyperparams(...).init)`` builds, in NumPy."""
+    dtype = np.dtype(optax.tree.dtype(params, "highest"))
+    hyper = {_OPTAX_NAMES[k]: np.asarray(values[k], dtype) for k in _READS[name]}
+    zeros = lambda: jax.tree.map(  # noqa: E731
+        lambda p: np.zeros(np.shape(p), np.dtype(p.dtype)), params
+    )
+    count = np.zeros(batch, np.int32)
+    empty = optax.EmptyState()
+    if name == "sgd":
+        inner: Any = (empty, (optax.TraceState(trace=zeros()), empty))
+    else:
+        moments = optax.ScaleByAdamState(count=count.copy(), mu=zeros(), nu=zeros())
+        inner = (moments, empty, empty) if name == "adamw" else (empty, (moments, empty))
+    return optax.InjectStatefulHyperparamsState(
+        count=count, hyperparams=hyper, hyperparams_states={}, inner_state=inner
+    )
+
+
+def _safe_increment(count: Any) -> Any:
+    """``count + 1``, staying at the dtype's maximum (optax's safe_increment)."""
+    top = jnp.asarray(jnp.iinfo(count.dtype).max, count.dtype)
+    return jnp.where(count < top, count + jnp.asarray(1, count.dtype), top)
+
+
+def _clip(grads: Any, max_norm: Any) -> Any:
+    """Each member's gradient clipped by its own global norm, as optax.clip_by_global_norm."""
+    squares = [
+        jnp.sum(jnp.square(g), axis=tuple(range(1, jnp.ndim(g)))) for g in jax.tree.leaves(grads)
+    ]
+    norm = jnp.sqrt(functools.reduce(operator.add, squares, 0))
+    keep = norm < max_norm
+
+    def clip(t: Any) -> Any:
+        scaled = (t / _lead(norm.astype(t.dtype), t)) * _lead(max_norm, t)
+        return jnp.where(_lead(keep, t), t, scaled.astype(t.dtype))
+
+    return jax.tree.map(clip, grads)
+
+
+def _step(state: MemberState, grads: Any, params: Any) -> tuple[Any, Any]:
+    """Optax's update of every member at once: ``(updates, inner state)``.
+
+    The formulas and their order of operations are optax's (``add_decayed_weights``,
+    ``trace``, ``scale_by_adam``, ``scale_by_learning_rate`` inside
+    ``inject_hyperparams``), with each ``[batch]`` hyper-parameter broadcast along its
+    member's rows, so member i gets what optax computes for member i alone. An inactive
+    member keeps its state and gets ``-0.0`` updates. The update is computed from the
+    state as kept (the same values for active members), so XLA reads the new moments it
+    writes instead of recomputing them from the old ones (one pass fewer over them).
+    """
+    inner, active = state.inner, state.active
+    dtype = optax.tree.dtype(params, "highest")
+    # inject_hyperparams hands its factory the values in the params' dtype
+    hp = {
+        k: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
+        for k, v in inner.hyperparams.items()
+    }
+    if state.max_grad_norm is not None:
+        grads = _clip(grads, state.max_grad_norm)
+    at = lambda name, like: _lead(hp[name], like)  # noqa: E731
+    keep = lambda new, old: jnp.where(_lead(active, new), new, old)  # noqa: E731
+    decay = lambda g, p: g + at("weight_decay", g) * p  # noqa: E731
+    if state.name == "sgd":
+        empty, (trace, last) = inner.inner_state
+        grads = jax.tree.map(decay, grads, params)
+        momentum = lambda g, t: g + at("momentum", g) * t  # noqa: E731
+        new_trace = jax.tree.map(keep, jax.tree.map(momentum, grads, trace.trace), trace.trace)
+        out = jax.tree.map(momentum, grads, new_trace) if state.nesterov else new_trace
+        inner_state: Any = (empty, (optax.TraceState(trace=new_trace), last))
+    else:
+        if state.name == "adamw":
+            moments, *rest = inner.inner_state
+        else:
+            empty, (moments, last) = inner.inner_state
+            grads = jax.tree.map(decay, grads, params)
+        count = _safe_increment(moments.count)
+        mu = jax.tree.map(
+            lambda g, t: (1 - at("b1", g)) * (g**1) + at("b1", g) * t, grads, moments.mu
+        )
+        nu = jax.tree.map(
+            lambda g, t: (1 - at("b2", g)) * (g**2) + at("b2", g) * t, grads, moments.nu
+        )
+        nu = jax.tree.map(lambda new, old: new.astype(old.dtype), nu, moments.nu)
+        mu, nu = jax.tree.map(keep, mu, moments.mu), jax.tree.map(keep, nu, moments.nu)
+
+        def corrected(t: Any, decay_rate: str) -> Any:
+            bias = 1 - hp[decay_rate] ** count
+            return t / _lead(bias.astype(t.dtype), t)
+
+        out = jax.tree.map(
+            lambda m, v: corrected(m, "b1") / (jnp.sqrt(corrected(v, "b2") + 0.0) + at("eps", m)),
+            mu,
+            nu,
+        )
+        moments = optax.ScaleByAdamState(count=keep(count, moments.count), mu=mu, nu=nu)
+        if state.name == "adamw":
+            out = jax.tree.map(decay, out, params)
+            inner_state = (moments, *rest)
+        else:
+            inner_state = (empty, (moments, last))
+    # -0.0 is the identity of addition for every float, +0.0 and -0.0 included.
+    updates = jax.tree.map(
+        lambda u: keep(_lead(-1 * hp["learning_rate"], u) * u, jnp.asarray(-0.0, u.dtype)), out
+    )
+    new_inner = optax.InjectStatefulHyperparamsState(
+        count=keep(_safe_increment(inner.count), inner.count),
+        hyperparams=hp,
+        hyperparams_states=inner.hyperparams_states,
+        inner_state=inner_state,
+    )
+    return updates, new_inner
 
 
 def hyper_of(state: MemberState) -> hyper_checks.MemberHyper:

@@ -1,28 +1,188 @@
-"""The isolation probe under JAX: does perturbing one member move another?
+"""What the members' traced step shows, and the isolation probe under JAX.
 
-Split from `batching_run` (the strategies); the neutral verdict is in
+`inspect` traces (never compiles) one member's forward and backward, and the vmapped
+members': which primitives run (only JAX's own cannot mix members), and which convs vmap
+turns into grouped convs (slow on XLA:CPU). `probe` runs the members when a primitive
+could mix them. Split from `batching_run` (the strategies); the neutral verdict is in
 `dualtrain.batching.isolation`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend import core as jax_core
 
 from dualtrain.batching import isolation
 from dualtrain_jax.batching_run import (
     Member,
     _is_array,
     _row,
+    abstract_members,
     is_mapped,
+    members_loss,
     run_members,
 )
 
-__all__ = ["probe"]
+__all__ = ["Findings", "inspect", "probe"]
+
+# Public JAX primitives that can carry values from one member to another: mutable refs,
+# collectives over a named axis, and the stateful RNG and tokens.
+_SHARED_STATE = frozenset(
+    {
+        "get",
+        "swap",
+        "psum",
+        "pmax",
+        "pmin",
+        "ppermute",
+        "all_gather",
+        "all_to_all",
+        "ragged_all_to_all",
+        "axis_index",
+        "rng_uniform",
+        "create_token",
+        "after_all",
+    }
+)
+# JAX's own primitives that are not in `jax.extend.core.primitives` (and keep members apart).
+# A debug callback returns nothing, so it cannot carry a value into a member's outputs.
+_MORE_PURE = frozenset(
+    {
+        "stack",
+        "unstack",
+        "split",
+        "pjit",
+        "random_wrap",
+        "random_unwrap",
+        "optimization_barrier",
+        "custom_vjp_call_jaxpr",
+        "mesh_cast",
+        "reshard",
+        "debug_callback",
+        "square",
+    }
+)
+
+
+@functools.cache
+def _pure() -> frozenset[str]:
+    """Names of the primitives that keep members apart: JAX's own, run per member."""
+    from jax.extend.core import primitives
+
+    names = {
+        getattr(primitives, n).name
+        for n in dir(primitives)
+        if isinstance(getattr(primitives, n), jax_core.Primitive)
+    }
+    return frozenset(names - _SHARED_STATE) | _MORE_PURE
+
+
+@dataclasses.dataclass(frozen=True)
+class Findings:
+    """What tracing the members' forward and backward showed (nothing was compiled).
+
+    Attributes:
+        foreign: primitives that are not JAX's own pure ones (host callbacks, FFI calls,
+            custom batching rules, collectives): only these can mix members, so only with
+            them is the isolation probe run.
+        regrouped: convs that vmap made grouped (``feature_group_count`` or
+            ``batch_group_count`` above one member's own), forward and backward.
+        group: the largest such group count (0 if none).
+        vmap_error: why the members could not be traced under vmap, or None.
+        seconds: the time the traces took.
+    """
+
+    foreign: tuple[str, ...]
+    regrouped: int = 0
+    group: int = 0
+    vmap_error: str | None = None
+    seconds: float = 0.0
+
+
+def _equations(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of `jaxpr` and of the jaxprs inside it (jit, scan, cond, custom rules)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, jax_core.ClosedJaxpr):
+                    yield from _equations(sub.jaxpr)
+                elif isinstance(sub, jax_core.Jaxpr):
+                    yield from _equations(sub)
+
+
+def _traced(
+    one: Member,
+    strategy: str,
+    members: int,
+    params: Any,
+    state: Any,
+    inputs: Sequence[Any],
+    shared: bool,
+    keys: Any,
+    train: bool,
+) -> list[Any]:
+    """The equations of `members` members' forward and parameter gradient, traced."""
+    loss = members_loss(one, strategy, None, inputs, shared, train)
+    args = abstract_members(members, params, state, inputs, shared, keys)
+    closed = jax.make_jaxpr(jax.grad(loss, allow_int=True))(*args)
+    return list(_equations(closed.jaxpr))
+
+
+def _groups(eqns: list[Any]) -> list[int]:
+    return [
+        max(int(e.params["feature_group_count"]), int(e.params["batch_group_count"]))
+        for e in eqns
+        if e.primitive.name == "conv_general_dilated"
+    ]
+
+
+def inspect(
+    one: Member,
+    params: Any,
+    state: Any,
+    inputs: Sequence[Any],
+    shared: bool,
+    keys: Any,
+    train: bool,
+    *,
+    vmapped: bool = True,
+) -> Findings:
+    """Traces one member's step (and, with `vmapped`, every member's under vmap).
+
+    Tens of milliseconds for small models; no XLA compile. Errors of the member's own
+    trace propagate (the first call would raise them too); a vmap trace that fails is
+    recorded in `vmap_error`.
+    """
+    start = time.perf_counter()
+    alone = _traced(one, "loop", 1, params, state, inputs, shared, keys, train)
+    pure = _pure()
+    foreign = tuple(sorted({e.primitive.name for e in alone} - pure))
+    if not vmapped:
+        return Findings(foreign, seconds=time.perf_counter() - start)
+    batch = jax.tree_util.tree_leaves(params)[0].shape[0]
+    try:
+        together = _traced(one, "vmap", batch, params, state, inputs, shared, keys, train)
+    except Exception as error:
+        text = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        return Findings(foreign, vmap_error=text, seconds=time.perf_counter() - start)
+    own = sorted(g for g in _groups(alone) if g > 1)
+    grouped = sorted(g for g in _groups(together) if g > 1)
+    regrouped = max(len(grouped) - len(own), 0)
+    return Findings(
+        foreign,
+        regrouped,
+        max(grouped) if regrouped else 0,
+        seconds=time.perf_counter() - start,
+    )
 
 
 def probe(

@@ -1,22 +1,59 @@
-"""How a JAX BatchModule runs its members: the strategies, their timing, the probe.
+"""How a JAX BatchModule runs its members: the strategies, and their timing within a budget.
 
 Every strategy calls one member function ``one(params, state, key, train, *inputs) ->
 (outputs, new_state)`` on member i's slice of the stacked arrays: "vmap" maps it over all
 members, "map" runs it member by member (or chunk by chunk under a memory budget) inside
 one ``lax.map``, "loop" calls a jitted member function once per member.
+
+Timing a candidate means compiling it, which on a cold cache costs far more than a call
+(seconds for a small CNN on XLA:CPU), so `within_budget` times candidates on `SMALL`
+members and only while the time spent stays within `SHARE` of `HORIZON` steps of the best
+strategy found so far.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable, Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["is_mapped", "is_traced", "member_bytes", "run_members", "timed_runs"]
+__all__ = [
+    "HORIZON",
+    "SHARE",
+    "SMALL",
+    "Candidate",
+    "Outcome",
+    "Trial",
+    "abstract_members",
+    "candidates",
+    "is_mapped",
+    "is_traced",
+    "member_bytes",
+    "run_members",
+    "within_budget",
+]
+
+# The training steps a decision is planned for, and the share of their estimated time the
+# decision may spend compiling and timing candidates (a cold cache pays every compile).
+HORIZON = 150
+SHARE = 0.10
+# Members the candidates are timed on: compile time hardly depends on the member count
+# (except the loop's, which unrolls the members), call time does, and XLA:CPU's grouped
+# convs grow faster than linearly in it, so a small round is both cheap and telling.
+SMALL = 2
+# Calls timed per candidate at most; its time is the fastest.
+REPEATS = 3
+# Candidates within this factor of the best on SMALL members are timed again on all of
+# them, when the budget allows.
+CLOSE = 1.5
+# A call at most this share of its compile is repeated once whatever the budget.
+CHEAP = 0.1
 
 Member = Callable[..., tuple[Any, Any]]
 
@@ -28,6 +65,23 @@ def is_traced(*trees: Any) -> bool:
 
 def _row(tree: Any, index: Any) -> Any:
     return jax.tree_util.tree_map(lambda a: a[index], tree)
+
+
+def _rows(tree: Any, batch: int) -> list[Any]:
+    """The `batch` members of a stacked pytree, split by one ``unstack`` per leaf.
+
+    Its gradient is one ``stack``; indexing member by member made each member's gradient a
+    padded full-size array, summed N times (for 16 MLPs 3072-64-4 the loop took twice
+    vmap's time, most of it in those sums).
+    """
+    leaves, tree_def = jax.tree_util.tree_flatten(tree)
+    split = [
+        list(jnp.unstack(a))
+        if jnp.issubdtype(a.dtype, jnp.number)
+        else [a[i] for i in range(batch)]
+        for a in leaves
+    ]
+    return [jax.tree_util.tree_unflatten(tree_def, [s[i] for s in split]) for i in range(batch)]
 
 
 def _is_array(x: Any) -> bool:
@@ -65,15 +119,14 @@ def run_members(
     mapped = [is_mapped(x, shared) for x in inputs]
     if strategy == "loop":
         f = _jitted(one, train)
-        results = [
-            f(
-                _row(params, i),
-                _row(state, i),
-                None if keys is None else keys[i],
-                *(_row(x, i) if m else x for x, m in zip(inputs, mapped, strict=True)),
-            )
-            for i in range(batch)
-        ]
+        rows = zip(
+            _rows(params, batch),
+            _rows(state, batch),
+            [None] * batch if keys is None else _rows(keys, batch),
+            *(_rows(x, batch) if m else [x] * batch for x, m in zip(inputs, mapped, strict=True)),
+            strict=True,
+        )
+        results = [f(p, s, k, *x) for p, s, k, *x in rows]
         return jax.tree_util.tree_map(lambda *leaves: jnp.stack(leaves), *results)
 
     def call(p: Any, s: Any, k: Any, xs: Sequence[Any]) -> tuple[Any, Any]:
@@ -97,38 +150,281 @@ def _total(out: Any) -> Any:
     return sum(leaves) if leaves else jnp.zeros(())
 
 
-def timed_runs(
+def abstract_members(
+    members: int,
+    params: Any,
+    state: Any,
+    inputs: Sequence[Any],
+    shared: bool,
+    keys: Any,
+) -> tuple[Any, Any, Any, list[Any]]:
+    """Shapes and dtypes of the first `members` members: ``(params, state, keys, batched)``.
+
+    `batched` holds the inputs split per member (`is_mapped`), in order. Abstract
+    (``jax.ShapeDtypeStruct``), so tracing or lowering with them computes nothing, on
+    concrete arrays and under a trace alike.
+    """
+    rows = lambda a: jax.ShapeDtypeStruct((members, *a.shape[1:]), a.dtype)  # noqa: E731
+    batched = [jax.tree_util.tree_map(rows, x) for x in inputs if is_mapped(x, shared)]
+    return (
+        jax.tree_util.tree_map(rows, params),
+        jax.tree_util.tree_map(rows, state),
+        None if keys is None else rows(keys),
+        batched,
+    )
+
+
+def members_loss(
     one: Member,
-    options: dict[str, int | None],
+    strategy: str,
+    chunk: int | None,
+    inputs: Sequence[Any],
+    shared: bool,
+    train: bool,
+) -> Callable[[Any, Any, Any, list[Any]], Any]:
+    """``loss(params, state, keys, batched)``: the sum of every member's float outputs.
+
+    `batched` replaces the inputs split per member, in order; the others are used as
+    given. Its gradient in `params` is what a training step computes.
+    """
+    mapped = [is_mapped(x, shared) for x in inputs]
+
+    def loss(p: Any, s: Any, k: Any, xs: list[Any]) -> Any:
+        it = iter(xs)
+        full = [next(it) if m else x for x, m in zip(inputs, mapped, strict=True)]
+        out, _ = run_members(one, strategy, chunk, p, s, full, shared, k, train)
+        return _total(out)
+
+    return loss
+
+
+class Candidate:
+    """One strategy's forward and backward on the first `members` members, compiled ahead.
+
+    `compile()` lowers and compiles (timed apart from the calls); each call runs the
+    compiled step and waits for it.
+    """
+
+    def __init__(
+        self,
+        one: Member,
+        strategy: str,
+        chunk: int | None,
+        members: int,
+        params: Any,
+        state: Any,
+        inputs: Sequence[Any],
+        shared: bool,
+        keys: Any,
+        train: bool,
+    ) -> None:
+        batch = jax.tree_util.tree_leaves(params)[0].shape[0]
+        head = lambda a: a if members >= batch else a[:members]  # noqa: E731
+        mapped = [is_mapped(x, shared) for x in inputs]
+        self.args = (
+            jax.tree_util.tree_map(head, params),
+            jax.tree_util.tree_map(head, state),
+            None if keys is None else head(keys),
+            [jax.tree_util.tree_map(head, x) for x, m in zip(inputs, mapped, strict=True) if m],
+        )
+        loss = members_loss(one, strategy, chunk, inputs, shared, train)
+        # allow_int: a pair's params may hold integer leaves (they get float0 gradients).
+        self._step = jax.jit(jax.grad(loss, allow_int=True))
+        self._compiled: Any = None
+
+    def compile(self) -> None:
+        self._compiled = self._step.lower(*self.args).compile()
+
+    def __call__(self) -> None:
+        if self._compiled is None:
+            self.compile()
+        jax.block_until_ready(self._compiled(*self.args))
+
+
+def candidates(
+    one: Member,
+    options: Mapping[str, int | None],
     params: Any,
     state: Any,
     inputs: Sequence[Any],
     shared: bool,
     keys: Any,
     train: bool,
-    members: int | None = None,
-) -> dict[str, Callable[[], None]]:
-    """One callable per candidate: the jitted forward and backward.
+) -> Callable[[str, int], Candidate]:
+    """``make(strategy, members)``: the `Candidate` of one of `options` on that many members."""
 
-    As a training step runs it; the untimed first call compiles. `members` runs only the
-    first that many.
+    def make(strategy: str, members: int) -> Candidate:
+        return Candidate(
+            one, strategy, options[strategy], members, params, state, inputs, shared, keys, train
+        )
+
+    return make
+
+
+class Runnable(Protocol):
+    """What `within_budget` times: a compile, then calls."""
+
+    def compile(self) -> None: ...
+
+    def __call__(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One candidate timed: on `members` members, its compile and its fastest call (s)."""
+
+    strategy: str
+    members: int
+    compile: float
+    call: float
+    calls: int
+    unrolled: bool = False
+
+    def step(self, batch: int) -> float:
+        """Seconds per call on all `batch` members, scaled from `members` (linear)."""
+        return self.call * batch / self.members
+
+    def compile_all(self, batch: int) -> float:
+        """Seconds to compile the step on all `batch` members (the loop unrolls them)."""
+        return self.compile * batch / self.members if self.unrolled else self.compile
+
+    def job(self, batch: int, horizon: int) -> float:
+        """Estimated seconds of `horizon` steps on all members, their compile included."""
+        return self.compile_all(batch) + horizon * self.step(batch)
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What `within_budget` timed, skipped, and spent.
+
+    Attributes:
+        trials: each candidate's last timing (on all members if it reached that round).
+        skipped: candidates not timed (or not timed on all members), with why.
+        errors: candidates that raised, with the error.
+        spent: seconds spent compiling and timing.
+        budget: `SHARE` of `HORIZON` steps of the best candidate (s); 0 before any timing.
+        best: the candidate whose `HORIZON` steps on all members, compile included, are
+            estimated to take least, or None.
     """
-    if members is not None:
-        params, state = _row(params, slice(0, members)), _row(state, slice(0, members))
-        keys = None if keys is None else keys[:members]
-        if not shared:
-            inputs = [_row(x, slice(0, members)) if is_mapped(x, shared) else x for x in inputs]
 
-    def make(strategy: str, chunk: int | None) -> Callable[[], None]:
-        def loss(p: Any) -> Any:
-            out, _ = run_members(one, strategy, chunk, p, state, inputs, shared, keys, train)
-            return _total(out)
+    batch: int
+    trials: dict[str, Trial] = dataclasses.field(default_factory=dict)
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    errors: dict[str, BaseException] = dataclasses.field(default_factory=dict)
+    spent: float = 0.0
+    budget: float = 0.0
+    best: str | None = None
 
-        # allow_int: a pair's params may hold integer leaves (they get float0 gradients).
-        fn = jax.jit(jax.grad(loss, allow_int=True))
-        return lambda: jax.block_until_ready(fn(params))
+    def settle(self, horizon: int, share: float) -> None:
+        if self.trials:
+            jobs = {n: t.job(self.batch, horizon) for n, t in self.trials.items()}
+            self.best = min(jobs, key=lambda n: jobs[n])  # ties: the earlier candidate
+            self.budget = share * horizon * self.trials[self.best].step(self.batch)
 
-    return {name: make(name, chunk) for name, chunk in options.items()}
+
+def within_budget(
+    make: Callable[[str, int], Runnable],
+    names: Sequence[str],
+    batch: int,
+    *,
+    small: int = SMALL,
+    horizon: int = HORIZON,
+    share: float = SHARE,
+    unrolled: Sequence[str] = ("loop",),
+    clock: Callable[[], float] = time.perf_counter,
+) -> Outcome:
+    """Times `names` in order on `small` members while it pays; returns the `Outcome`.
+
+    The first candidate is always timed (compile, then one call). Then the budget is
+    `share` of `horizon` steps of the best so far, estimated on all members (a call on
+    `small` members scaled by ``batch / small``), and time spent compiling counts: a
+    candidate is timed only if about a compile (the dearest so far) and one call (the
+    best's so far) still fit in what is left; another call of a candidate only if it fits
+    too and the candidate is within `CLOSE` of the best (at most `REPEATS` calls), except
+    that a second call is always taken when the first cost at most `CHEAP` of the compile
+    (a first call carries one-time costs).
+    Candidates within `CLOSE` of the best on `small` members are timed again on all
+    `batch` members where that fits.
+
+    The best is the candidate whose `horizon` steps and compile on all members are
+    estimated to cost least: a step's compile is the candidate's own, except for
+    `unrolled` candidates (the loop, which repeats the member's program once per member),
+    whose compile is scaled like their calls.
+
+    `clock` reads seconds; tests pass a fake one that moves only with each candidate's
+    declared compile and call times, so a verdict does not depend on machine load.
+    """
+    out = Outcome(batch)
+    small = max(1, min(small, batch))
+
+    def fits(cost: float) -> bool:
+        return out.spent + cost <= out.budget
+
+    def time_one(name: str, members: int) -> None:
+        start = clock()
+        try:
+            run = make(name, members)
+            run.compile()
+            compiled = clock()
+            calls: list[float] = []
+            while len(calls) < REPEATS:
+                begun = clock()
+                run()
+                calls.append(clock() - begun)
+                trial = Trial(
+                    name, members, compiled - start, min(calls), len(calls), name in unrolled
+                )
+                # A first call carries one-time costs (allocation, thread start: 35 ms
+                # before a 0.2 ms step); a second is always taken while cheap next to
+                # the compile. Beyond that, another call only for a contender, and only
+                # within the budget as it stands with this candidate counted.
+                if len(calls) == 1 and calls[0] <= CHEAP * trial.compile:
+                    continue
+                rivals = [
+                    t.call for n, t in out.trials.items() if n != name and t.members == members
+                ]
+                if rivals and trial.call > CLOSE * min(rivals):
+                    break
+                best = min([t.step(batch) for t in out.trials.values()] + [trial.step(batch)])
+                if out.spent + (clock() - start) + calls[-1] > share * horizon * best:
+                    break
+        except Exception as error:
+            out.errors[name] = error
+            out.trials.pop(name, None)
+        else:
+            out.trials[name] = trial
+        out.spent += clock() - start
+        out.settle(horizon, share)
+
+    for name in names:
+        if out.trials:
+            guess = max(t.compile for t in out.trials.values()) + out.trials[out.best or name].call
+            if not fits(guess):
+                out.skipped[name] = (
+                    f"not timed: about {guess:.2f} s to compile and call once, more than the "
+                    f"{max(out.budget - out.spent, 0.0):.2f} s left of the budget"
+                )
+                continue
+        time_one(name, small)
+    if small < batch and len(out.trials) > 1 and out.best is not None:
+        fastest = out.trials[out.best].call
+        close = [n for n, t in out.trials.items() if t.call <= CLOSE * fastest]
+        if len(close) > 1:
+            guess = sum(
+                out.trials[n].compile_all(batch) + out.trials[n].step(batch) * 2 for n in close
+            )
+            if fits(guess):
+                for name in close:
+                    time_one(name, batch)
+            else:
+                for name in close:
+                    out.skipped.setdefault(
+                        name,
+                        f"not timed on all {batch} members: about {guess:.2f} s for "
+                        f"{', '.join(close)}, more than the "
+                        f"{max(out.budget - out.spent, 0.0):.2f} s left of the budget",
+                    )
+    return out
 
 
 def member_bytes(
@@ -145,23 +441,8 @@ def member_bytes(
     From XLA's memory analysis of the compiled step (arguments, outputs, temporaries); a
     coarser sum where XLA has none.
     """
-    # Abstract shapes of one member: works on concrete arrays and under a trace alike.
-    one_row = lambda a: jax.ShapeDtypeStruct((1, *a.shape[1:]), a.dtype)  # noqa: E731
-    p1 = jax.tree_util.tree_map(one_row, params)
-    s1 = jax.tree_util.tree_map(one_row, state)
-    k1 = None if keys is None else one_row(keys)
-    mapped = [is_mapped(x, shared) for x in inputs]
-    x1 = [
-        jax.tree_util.tree_map(one_row, x) if m else x for x, m in zip(inputs, mapped, strict=True)
-    ]
-    batched = [x for x, m in zip(x1, mapped, strict=True) if m]
-
-    def loss(p: Any, s: Any, k: Any, xs: list[Any]) -> Any:
-        it = iter(xs)
-        full = [next(it) if m else x for x, m in zip(x1, mapped, strict=True)]
-        out, _ = run_members(one, "vmap", None, p, s, full, shared, k, train)
-        return _total(out)
-
+    p1, s1, k1, batched = abstract_members(1, params, state, inputs, shared, keys)
+    loss = members_loss(one, "vmap", None, inputs, shared, train)
     size = lambda tree: sum(  # noqa: E731
         int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(tree)
     )

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -16,7 +18,7 @@ import jax.numpy as jnp  # noqa: E402
 import dualtrain_jax  # noqa: E402
 from dualtrain.batching import CACHE, member_seeds  # noqa: E402
 from dualtrain.errors import ArgumentError, IsolationError, ShapeError  # noqa: E402
-from dualtrain_jax import Rudder  # noqa: E402
+from dualtrain_jax import Rudder, batching_probe, batching_run  # noqa: E402
 from dualtrain_jax.batching import BatchModule, batch_loss, batch_topk  # noqa: E402
 from dualtrain_jax.batching_loss import cross_entropy  # noqa: E402
 from tests.batching.builders import Recipe, RecipeNet, recipes  # noqa: E402
@@ -214,19 +216,290 @@ def test_batchnorm_statistics_are_per_member():
     np.testing.assert_allclose(means[1], 0.1 * (x[1] @ np.asarray(w).T + b).mean(0), rtol=1e-5)
 
 
-def test_auto_measures_outside_a_trace_and_caches():
+def test_auto_decides_outside_a_trace_by_rule_and_caches():
+    """An MLP: vmap by rule (nothing compiled, not timed), isolation passed from the trace,
+    the decision cached for a second module of the same key."""
     CACHE.clear()
     craft = RecipeNet(Recipe("mlp", 3, 4, 2, norm=False, dropout=False))
     bm = BatchModule(dualtrain_jax.realize(craft), 3)
     x = jnp.ones((3, 2, 3))
-    traced = jax.jit(lambda m, x: m(x))(bm, x)  # under a trace: vmap, not measured
+    traced = jax.jit(lambda m, x: m(x))(bm, x)  # under a trace: vmap, not decided
     assert "not chosen yet" in bm.explain()
     text = bm.tune(x)
-    assert "(measured)" in text and "<- chosen" in text and "passed" in text
+    assert "strategy: vmap (rule)" in text and "not timed" in text
+    assert "passed without a run" in text
     np.testing.assert_allclose(bm(x), traced, rtol=1e-6)
     again = BatchModule(dualtrain_jax.realize(craft), 3)
     again(x)
-    assert "(cached)" in again.explain()
+    assert "(cached, rule)" in again.explain()
+
+
+def test_the_rule_compiles_no_candidate_and_runs_no_probe(monkeypatch):
+    """No conv made grouped, only JAX's own primitives: vmap is chosen and the members'
+    isolation passed without compiling a candidate or the probe."""
+    CACHE.clear()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled a candidate or ran the probe")
+
+    monkeypatch.setattr(batching_run.Candidate, "compile", refuse)
+    monkeypatch.setattr(batching_probe, "probe", refuse)
+    craft = RecipeNet(Recipe("cnn", 4, 3, 2, norm=True, dropout=False))
+    bm = BatchModule(dualtrain_jax.realize(craft), 3, shared_input=True)
+    bm.tune(jnp.ones((2, 1, 4, 4)))  # a shared input: vmap's conv is one conv, not grouped
+    assert bm._spec.decision.strategy == "vmap" and bm._spec.decision.reason == "rule"
+
+
+def test_inspect_finds_the_convs_vmap_groups_and_foreign_primitives():
+    craft = RecipeNet(Recipe("cnn", 4, 3, 2, norm=False, dropout=False))
+    bm = BatchModule(dualtrain_jax.realize(craft), 3, check_isolation=False)
+    x = jnp.ones((3, 2, 1, 4, 4))
+    found = batching_probe.inspect(bm._spec.one, bm.params, bm.state, [x], False, None, False)
+    assert found.regrouped >= 2 and found.group == 3 and found.foreign == ()
+    mlp = BatchModule(dualtrain_jax.realize(RecipeNet(Recipe("mlp", 3, 4, 2, False, False))), 3)
+    found = batching_probe.inspect(
+        mlp._spec.one, mlp.params, {}, [jnp.ones((3, 2, 3))], False, None, False
+    )
+    assert found.regrouped == 0 and found.foreign == ()
+
+    def apply(p, x):
+        return (
+            jax.pure_callback(
+                np.tanh, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="sequential"
+            )
+            @ p["w"]
+        )
+
+    pair = BatchModule(({"w": jnp.ones((3, 2))}, apply), 2, init="identical")
+    found = batching_probe.inspect(
+        pair._spec.one, pair.params, {}, [jnp.ones((2, 4, 3))], False, None, False
+    )
+    assert found.foreign == ("pure_callback",)
+
+
+class FakeClock:
+    """Seconds that move only when a fake candidate compiles or runs."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class FakeCandidate:
+    def __init__(self, clock, compile_s, call_s, log, name):
+        self.clock, self.compile_s, self.call_s, self.log, self.name = (
+            clock,
+            compile_s,
+            call_s,
+            log,
+            name,
+        )
+
+    def compile(self):
+        if self.compile_s is None:
+            raise RuntimeError(f"{self.name} cannot be batched")
+        self.clock.now += self.compile_s
+        self.log.append(("compile", self.name))
+
+    def __call__(self):
+        self.clock.now += self.call_s
+        self.log.append(("call", self.name))
+
+
+def fake_make(clock, costs, log, batch):
+    """``make(name, members)``: calls linear in the members; compiles as declared for 2
+    members, the loop's growing with the members (it compiles each member's program)."""
+
+    def make(name, members):
+        compile_s, call_s = costs[name]
+        if name == "loop" and compile_s is not None:
+            compile_s *= members / 2
+        return FakeCandidate(clock, compile_s, call_s * members / batch, log, name)
+
+    return make
+
+
+def test_a_short_job_times_only_the_first_candidate():
+    """A step of 1 ms on all members: 150 of them are 0.15 s, 10% of that 15 ms, less than
+    the 0.5 s a compile costs, so after the first candidate nothing more is timed."""
+    clock, log = FakeClock(), []
+    costs = {"loop": (0.5, 1e-3), "vmap": (0.5, 1e-4), "map": (0.5, 2e-3)}
+    out = batching_run.within_budget(
+        fake_make(clock, costs, log, 16), ["loop", "vmap", "map"], 16, clock=clock
+    )
+    assert list(out.trials) == ["loop"] and set(out.skipped) == {"vmap", "map"}
+    # a second call, cheap next to the compile, is taken (a first call carries one-time
+    # costs); a third would not fit
+    assert log.count(("call", "loop")) == 2
+    assert "more than the 0.00 s left of the budget" in out.skipped["vmap"]
+    assert out.best == "loop" and out.spent == pytest.approx(0.5 + 2e-3 / 8)
+
+
+def test_a_long_job_times_every_candidate_and_chooses_the_fastest():
+    """A conv step of seconds: the budget (10% of 150 steps) pays for every compile; a
+    candidate far slower than the best is called once; the fastest per step is chosen."""
+    clock, log = FakeClock(), []
+    costs = {"loop": (3.0, 1.2), "vmap": (3.5, 3.2), "map": (3.0, 6.0)}
+    out = batching_run.within_budget(
+        fake_make(clock, costs, log, 16), ["loop", "vmap", "map"], 16, clock=clock
+    )
+    assert set(out.trials) == {"loop", "vmap", "map"} and not out.skipped
+    assert out.best == "loop" and out.budget == pytest.approx(0.1 * 150 * 1.2)
+    assert log.count(("call", "loop")) == 3 and log.count(("call", "vmap")) == 1
+    assert out.trials["vmap"].step(16) == pytest.approx(3.2)
+    assert out.spent < out.budget
+
+
+def test_close_candidates_are_timed_again_on_all_members_when_it_fits():
+    clock, log = FakeClock(), []
+    costs = {"loop": (1.0, 1.0), "vmap": (1.0, 0.9)}
+    out = batching_run.within_budget(
+        fake_make(clock, costs, log, 4), ["loop", "vmap"], 4, clock=clock
+    )
+    assert out.best == "vmap" and {t.members for t in out.trials.values()} == {4}
+    clock, log = FakeClock(), []
+    costs = {"loop": (6.0, 2.0), "vmap": (6.0, 1.9), "map": (6.0, 20.0)}  # no room to confirm
+    out = batching_run.within_budget(
+        fake_make(clock, costs, log, 64), ["loop", "vmap", "map"], 64, clock=clock
+    )
+    assert out.best == "vmap" and {t.members for t in out.trials.values()} == {2}
+    assert "not timed on all 64 members" in out.skipped["loop"]
+
+
+def test_the_loops_compile_grows_with_the_members_and_counts():
+    """The loop compiles one program per member: on 64 members, 150 steps 1% faster do not
+    pay for compiling 32 times what map compiles."""
+    clock, log = FakeClock(), []
+    costs = {"loop": (2.0, 1.0), "map": (2.0, 1.01)}
+    out = batching_run.within_budget(
+        fake_make(clock, costs, log, 64), ["loop", "map"], 64, clock=clock
+    )
+    assert out.trials["loop"].compile_all(64) == pytest.approx(64.0)
+    assert out.best == "map"
+
+
+def test_a_candidate_that_raises_is_reported_and_the_others_still_decide():
+    clock, log = FakeClock(), []
+    costs = {"loop": (1.0, 2.0), "vmap": (None, 0.0), "map": (1.0, 4.0)}
+    out = batching_run.within_budget(
+        fake_make(clock, costs, log, 8), ["vmap", "loop", "map"], 8, clock=clock
+    )
+    assert "cannot be batched" in str(out.errors["vmap"]) and out.best == "loop"
+    clock = FakeClock()
+    out = batching_run.within_budget(
+        fake_make(clock, {"vmap": (None, 0.0)}, [], 8), ["vmap"], 8, clock=clock
+    )
+    assert out.best is None and out.trials == {}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    compiles=st.lists(st.floats(0.01, 20.0), min_size=3, max_size=3),
+    calls=st.lists(st.floats(1e-5, 10.0), min_size=3, max_size=3),
+    batch=st.integers(1, 64),
+)
+def test_the_decision_spends_at_most_its_budget_beyond_the_first_candidate(compiles, calls, batch):
+    """Law: the chosen strategy is the cheapest timed (150 steps and the compile, on all
+    members); every
+    candidate is timed, skipped or failed; after the first candidate, a candidate starts
+    only while the time spent is within the budget (10% of 150 steps of the best then),
+    so the whole spend is at most the first candidate's, the largest budget and one more
+    candidate's cost (each fake call is linear in the members, as the estimate assumes)."""
+    names = ["loop", "vmap", "map"]
+    clock, log = FakeClock(), []
+    costs = dict(zip(names, zip(compiles, calls, strict=True), strict=True))
+    out = batching_run.within_budget(fake_make(clock, costs, log, batch), names, batch, clock=clock)
+    jobs = {n: t.job(batch, 150) for n, t in out.trials.items()}
+    assert out.best == min(jobs, key=lambda n: jobs[n])
+    assert set(names) <= set(out.trials) | set(out.skipped) | set(out.errors)
+    first = compiles[0] + 3 * calls[0]
+    biggest = max(c * batch + 3 * t for c, t in zip(compiles, calls, strict=True))
+    assert out.spent <= first + 0.1 * 150 * calls[0] + 2 * biggest + 1e-9
+
+
+def test_vmap_losing_to_the_loop_is_explained_with_the_numbers(monkeypatch):
+    """A CNN with per-member inputs: vmap groups its convs, so the candidates are timed
+    (here with a fake clock: vmap 3x the loop's time); explain() gives each candidate's
+    time, compile and why vmap lost, and the decision's cost against its budget."""
+    CACHE.clear()
+    clock, log = FakeClock(), []
+    costs = {"loop": (2.0, 1.0), "vmap": (2.0, 3.0), "map": (2.0, 2.0)}
+
+    def candidates(one, options, *args):
+        return fake_make(clock, costs, log, 4)
+
+    monkeypatch.setattr(batching_run, "candidates", candidates)
+    monkeypatch.setattr(
+        batching_run, "within_budget", functools.partial(batching_run.within_budget, clock=clock)
+    )
+    craft = RecipeNet(Recipe("cnn", 4, 3, 2, norm=False, dropout=False))
+    bm = BatchModule(dualtrain_jax.realize(craft), 4)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 2, 1, 4, 4)), jnp.float32)
+    text = bm.tune(x)
+    assert "strategy: loop (measured)" in text
+    assert "vmap" in text and "3.00x loop's time" in text and "grouped convs" in text
+    assert "compiled in 2.00 s" in text and "budget" in text
+    assert "passed without a run" in text
+    with jax.enable_x64(False):
+        np.testing.assert_allclose(
+            bm(x),
+            BatchModule(dualtrain_jax.realize(craft), 4, strategy="vmap")(x),
+            rtol=1e-5,
+            atol=1e-6,
+        )
+
+
+def test_a_leaking_callback_is_probed_under_auto():
+    """A host callback is foreign to the trace: "auto" probes the strategy it chose (vmap by
+    rule here), and the leak is caught."""
+    CACHE.clear()
+    seen = []
+
+    def remember(x):
+        seen.append(float(np.sum(x)))
+        return np.asarray(x + sum(seen[:-1]), dtype=np.float32)
+
+    @jax.custom_jvp
+    def leak(y):
+        return jax.pure_callback(
+            remember, jax.ShapeDtypeStruct(y.shape, y.dtype), y, vmap_method="sequential"
+        )
+
+    @leak.defjvp
+    def leak_jvp(primals, tangents):
+        return leak(primals[0]), tangents[0]
+
+    bm = BatchModule(({"w": jnp.ones((3, 2))}, lambda p, x: leak(x @ p["w"])), 2, init="identical")
+    with pytest.raises(IsolationError, match=r"strategy 'vmap'"):
+        bm(jnp.ones((2, 4, 3)))
+
+
+@settings(max_examples=3, deadline=None)
+@given(recipe=recipes, n=st.integers(2, 3), seed=st.integers(0, 99), shared=st.booleans())
+def test_the_strategy_auto_chooses_gives_vmaps_results(recipe, n, seed, shared):
+    """Whatever "auto" picks (rule or timing), outputs and gradients are vmap's (float64)."""
+    CACHE.clear()
+    with jax.enable_x64(True):
+        module = dualtrain_jax.realize(RecipeNet(recipe), dtype="float64")
+        x, _ = _data(recipe, n, 2, seed)
+        x = x[0] if shared else x
+        results = []
+        for strategy in ("auto", "vmap"):
+            bm = BatchModule(module, n, seed=seed, shared_input=shared, strategy=strategy)
+            if strategy == "auto":
+                bm.tune(x)
+
+            def total(params, bm=bm):
+                out, _ = bm.apply(params, bm.state, x)
+                return jnp.sum(out * out), out
+
+            (_, out), grads = jax.jit(jax.value_and_grad(total, has_aux=True))(bm.params)
+            results.append((out, grads))
+        np.testing.assert_allclose(results[0][0], results[1][0], **TIGHT)
+        for k in results[0][1]:
+            np.testing.assert_allclose(results[0][1][k], results[1][1][k], **TIGHT)
 
 
 def test_a_memory_budget_runs_the_members_in_chunks():

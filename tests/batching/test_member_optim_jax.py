@@ -216,3 +216,71 @@ def test_a_jitted_step_compiles_once_across_steps_and_set_active():
         params, state = step(params, state)
         state = set_active(state, [True, i != 1, True])
     assert step._cache_size() == 1  # one executable (2 when the state was uncommitted)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_the_state_is_laid_out_as_vmapped_inject_hyperparams_and_init_compiles_nothing(name):
+    """The state is what ``jax.vmap`` of optax.inject_hyperparams(...).init builds (the layout
+    of earlier releases, so saved states load): same tree, shapes and dtypes. It is built in
+    NumPy: init compiles no XLA program."""
+    params = stacked(3, dtype=np.float32)
+    tx = member_optimizer(name, 3, lr=[0.1, 0.2, 0.3], weight_decay=0.01)
+
+    def sgd(learning_rate, momentum, weight_decay):
+        return optax.chain(
+            optax.add_decayed_weights(weight_decay), optax.sgd(learning_rate, momentum)
+        )
+
+    def adam(learning_rate, b1, b2, eps, weight_decay):
+        return optax.chain(
+            optax.add_decayed_weights(weight_decay), optax.adam(learning_rate, b1, b2, eps)
+        )
+
+    def adamw(learning_rate, b1, b2, eps, weight_decay):
+        return optax.adamw(learning_rate, b1, b2, eps, weight_decay=weight_decay)
+
+    factory = {"sgd": sgd, "adam": adam, "adamw": adamw}[name]
+    values = {"learning_rate": jnp.asarray([0.1, 0.2, 0.3]), "weight_decay": jnp.full(3, 0.01)}
+    if name == "sgd":
+        values["momentum"] = jnp.zeros(3)
+    else:
+        values |= {"b1": jnp.full(3, 0.9), "b2": jnp.full(3, 0.999), "eps": jnp.full(3, 1e-8)}
+    want = jax.vmap(lambda p, v: optax.inject_hyperparams(factory)(**v).init(p))(params, values)
+    with jax.log_compiles(True):
+        import logging
+
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger("jax")
+        logger.addHandler(handler)
+        try:
+            got = tx.init(params).inner
+        finally:
+            logger.removeHandler(handler)
+    assert not [r for r in records if "Compiling" in r.getMessage()]
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+
+
+@settings(max_examples=4, deadline=None)
+@given(case=hyper_cases(4, 4), seed=st.integers(0, 2**16))
+def test_a_jitted_float32_update_equals_optax_member_by_member(case, seed):
+    """Under jit in float32 (as a training step runs it), member i's update and state equal
+    optax's for member i alone, to float32 rounding."""
+    name, n, keywords = case
+    params, x = stacked(n, seed, np.float32), data(n, seed, np.float32)
+    tx = member_optimizer(name, n, **keywords)
+    state = tx.init(params)
+    refs = [reference(name, keywords, i) for i in range(n)]
+    states = [r.init(member(params, i)) for i, r in enumerate(refs)]
+    step = jax.jit(tx.update)
+    for _ in range(2):
+        grads = jax.vmap(jax.grad(loss))(params, x)
+        updates, state = step(grads, state, params)
+        for i, r in enumerate(refs):
+            u, states[i] = jax.jit(r.update)(member(grads, i), states[i], member(params, i))
+            for key in u:
+                np.testing.assert_allclose(updates[key][i], u[key], rtol=2e-5, atol=1e-6)
+        params = optax.apply_updates(params, updates)
