@@ -340,8 +340,11 @@ class BatchModule:
         spec = self._spec
         cached = dispatch.CACHE.get(key)
         if cached is not None:
-            notes = _NOTES.get(key, ())
-            return dataclasses.replace(cached, reason=f"cached, {cached.reason}"), notes, None
+            return (
+                dataclasses.replace(cached, reason=f"cached, {cached.reason}"),
+                cached.notes,
+                None,
+            )
         found = batching_probe.inspect(
             spec.one, params, state, inputs, spec.shared_input, keys, train
         )
@@ -350,7 +353,6 @@ class BatchModule:
             # vmap runs each op of one member once, batched over the members: it does the
             # members' work in the fewest calls, so timing another strategy could not pay
             # for its own compile (seconds on a cold cache).
-            decision = dispatch.Decision(*vmap_form, reason="rule")
             notes = (
                 f"not timed: the members' vmapped forward and backward (traced in "
                 f"{found.seconds:.2f} s, nothing compiled) run each op of one member once, "
@@ -358,8 +360,8 @@ class BatchModule:
                 "no other strategy is expected to be faster, and timing one would cost a "
                 "compile",
             )
+            decision = dispatch.Decision(*vmap_form, reason="rule", notes=notes)
             dispatch.CACHE.put(key, decision)
-            _NOTES[key] = notes
             return decision, notes, found
         options = dispatch.candidates("jax", spec.batch, chunk)
         # The loop first: each member's own program, the yardstick vmap is timed against
@@ -389,11 +391,10 @@ class BatchModule:
             "measured",
             dict(sorted(timings.items(), key=lambda kv: kv[1])),
             errors,
+            notes=_measured_notes(outcome, found, spec.batch),
         )
-        notes = _measured_notes(outcome, found, spec.batch)
         dispatch.CACHE.put(key, decision)
-        _NOTES[key] = notes
-        return decision, notes, found
+        return decision, decision.notes, found
 
     def _isolation(
         self,
@@ -499,11 +500,6 @@ class BatchModule:
 
 def _mode(train: object) -> str:
     return "training" if train else "eval"
-
-
-# The explanation of each decision made in this process, by key (a decision read from the
-# disk cache has none: explain() shows its timings).
-_NOTES: dict[tuple[Any, ...], tuple[str, ...]] = {}
 
 
 def _measured_notes(

@@ -71,6 +71,8 @@ class Decision:
             (forced, inference, or a backend that does not time it).
         separate: seconds the same step takes as separate trainings: one member alone
             (its own contiguous parameters and its own Adam) times the member count.
+        notes: sentences `explain` prints: why a strategy was chosen without timing
+            (JAX's rule), what a timing cost.
     """
 
     strategy: str
@@ -81,6 +83,7 @@ class Decision:
     preliminary: Mapping[str, float] = dataclasses.field(default_factory=dict)
     step: float | None = None
     separate: float | None = None
+    notes: tuple[str, ...] = ()
 
 
 class DecisionCache:
@@ -137,7 +140,9 @@ class DecisionCache:
             data = json.loads(path.read_text())
             if data.get("key") != text:
                 return None
-            found = Decision(**data["decision"])
+            fields = dict(data["decision"])
+            fields["notes"] = tuple(fields.get("notes", ()))  # JSON keeps a list
+            found = Decision(**fields)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
         with self._lock:
@@ -377,7 +382,7 @@ def explain_text(
     """The report `BatchModule.explain()` returns: choice, reason, timings, probe."""
     lines = [f"BatchModule ({backend}, {batch} members)"]
     if decision is None:
-        lines.append("  strategy: not chosen yet; the first call measures the candidates")
+        lines.append("  strategy: not chosen yet; the first call chooses it")
     else:
         size = f", chunks of {decision.chunk}" if decision.chunk else ""
         lines.append(f"  strategy: {decision.strategy}{size} ({decision.reason})")
@@ -392,6 +397,7 @@ def explain_text(
         for name, error in decision.errors.items():
             lines.append(f"    {name:<8} failed: {error}")
         lines += _step_lines(decision, batch)
+        lines += [f"    {note}" for note in decision.notes]
     lines.append(f"  isolation probe: {isolation or 'not run yet (runs on the first call)'}")
     return "\n".join(lines)
 

@@ -397,3 +397,13 @@ def test_the_whole_step_is_timed_beside_separate_trainings(tmp_path, batched, al
         "torch", "auto", 8, 8, ("no-step",), make_runs, make_step_runs=lambda s, c: {}, clock=clock
     )
     assert none.step is None and "whole step" not in dispatch.explain_text(none, "torch", 8)
+
+
+def test_a_decisions_notes_survive_the_disk_and_are_explained(tmp_path):
+    """Why a strategy was chosen (JAX's rule) is kept with the decision, so a decision read
+    back in another process still says why."""
+    decision = dispatch.Decision("vmap", None, "rule", notes=("not timed: no grouped conv",))
+    dispatch.DecisionCache(tmp_path).put(("notes",), decision)
+    back = dispatch.DecisionCache(tmp_path).get(("notes",))
+    assert back == decision and isinstance(back.notes, tuple)
+    assert "    not timed: no grouped conv" in dispatch.explain_text(back, "jax", 4)
