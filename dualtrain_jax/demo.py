@@ -72,7 +72,7 @@ def train_sweep(
         return optax.apply_updates(params, updates), state, opt_state, losses
 
     bm.train = True  # the sweep trains: BatchNorm uses batch statistics, per member
-    bm.tune(inputs)  # outside jit: the isolation probe runs here
+    bm.tune(inputs)  # outside jit: the strategy and the isolation verdict are settled here
     params, state, opt_state = bm.params, bm.state, tx.init(bm.params)
     losses = []
     for _ in range(steps):
