@@ -118,12 +118,18 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dualtrain' has no attribute {name!r}")
     import importlib
+    import importlib.util
 
-    value = getattr(importlib.import_module(module), name)
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"dualtrain.{name}") is not None:
+        # A part by its module name (`dualtrain.fuel.Tank` after `import dualtrain`), as
+        # when every part was loaded up front.
+        value = importlib.import_module(f"dualtrain.{name}")
+    else:
+        raise AttributeError(f"module 'dualtrain' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip this function
     return value
 

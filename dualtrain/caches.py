@@ -14,11 +14,18 @@ from pathlib import Path
 __all__ = ["cache_folder"]
 
 
-def cache_folder(kind: str) -> Path:
-    """The folder for `kind`'s cached decisions (not created here)."""
+def cache_folder(kind: str) -> Path | None:
+    """The folder for `kind`'s cached decisions (not created here).
+
+    None where there is none to name: no variable set and no home directory (a container
+    run under a user id without a passwd entry); decisions are then kept in memory only.
+    """
     root = os.environ.get("DUALTRAIN_CACHE_DIR")
     if root:
         return Path(root) / kind
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
+    try:
+        base = Path(xdg) if xdg else Path.home() / ".cache"
+    except (RuntimeError, KeyError, OSError):
+        return None
     return base / "dualtrain" / kind

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
+from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_jax import batching_probe, batching_run
 from dualtrain_jax.batching_loss import batch_loss, batch_topk
@@ -286,6 +290,7 @@ class BatchModule:
             # what a timing depends on beyond the model: JAX's version and XLA's threads
             jax.__version__,
             os.environ.get("XLA_FLAGS", ""),
+            _code_of(spec),  # the disk cache outlives an edit of the model's code
         )
         for known_key, known in spec.decisions.items():
             if known_key == key or (traced and known_key[:3] + known_key[4:] == key[:3] + key[4:]):
@@ -453,6 +458,11 @@ class BatchModule:
         self._check_inputs(inputs)
         keys = self._member_keys(rng)
         decision = self._decide(params, state, inputs, keys, bool(train))
+        if decision.strategy != "loop" and _concrete((params, state, inputs, keys)):
+            # Outside a trace every op would compile on its own (about 0.1 s each on a
+            # CPU): one jitted program per strategy runs the call, compiled once.
+            run = _eager(self._spec.one, decision.strategy, decision.chunk)
+            return run(params, state, tuple(inputs), keys, self.shared_input, bool(train))
         return batching_run.run_members(
             self._spec.one,
             decision.strategy,
@@ -496,6 +506,68 @@ class BatchModule:
         return (
             f"BatchModule(batch={self.batch}, module={self._spec.kind}, strategy={self.strategy!r})"
         )
+
+
+# Jitted runs of the members for calls outside a trace, by member function (weakly: a
+# BatchModule's member function lives as long as it does) and (strategy, chunk).
+_EAGER: weakref.WeakKeyDictionary[Any, dict[tuple[str, int | None], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _eager(one: Any, strategy: str, chunk: int | None) -> Any:
+    runs = _EAGER.setdefault(one, {})
+    run = runs.get((strategy, chunk))
+    if run is None:
+
+        def members(
+            params: Any, state: Any, inputs: Any, keys: Any, shared: bool, train: bool
+        ) -> tuple[Any, Any]:
+            return batching_run.run_members(
+                one, strategy, chunk, params, state, inputs, shared, keys, train
+            )
+
+        run = runs[strategy, chunk] = jax.jit(members, static_argnums=(4, 5))
+    return run
+
+
+_CODES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _code_of(spec: Spec) -> str:
+    """A digest of the code the members run: every Craft class's ``run``, or ``apply_fn``."""
+    found = _CODES.get(spec.one)
+    if found is None:
+        if spec.template is not None:
+            runs: dict[Any, None] = {}
+            _craft_runs(spec.template.craft, runs, set())
+            found = code_digest(tuple(runs))
+        else:
+            found = code_digest(spec.apply_fn)
+        _CODES[spec.one] = found
+    return found
+
+
+def _craft_runs(craft: Any, runs: dict[Any, None], seen: set[int]) -> None:
+    if id(craft) in seen or len(seen) > 10_000:
+        return
+    seen.add(id(craft))
+    runs[getattr(type(craft), "run", type(craft))] = None
+    for value in vars(craft).values():
+        items = value if isinstance(value, list | tuple) else (value,)
+        for item in items:
+            if isinstance(item, Craft):
+                _craft_runs(item, runs, seen)
+
+
+def _concrete(tree: Any) -> bool:
+    """Every leaf an array with a value (no tracer, no Python number or object)."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    return all(
+        isinstance(x, np.ndarray)
+        or (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer))
+        for x in leaves
+    )
 
 
 def _mode(train: object) -> str:

@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.utils import _pytree as pytree
 
+from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch import batching_probe, batching_run
@@ -106,6 +107,9 @@ class BatchModule(nn.Module):
         object.__setattr__(self, "_template", template)
         self._entries, self._kind = entries, kind_of(module)
         self._arch = members.architecture_key(self._kind, entries)  # built once, keyed often
+        # The decision is cached on disk: a model whose code changed is another key (a
+        # strategy measured for the old forward may not run the new one).
+        self._code = code_digest(tuple(dict.fromkeys(type(m).forward for m in module.modules())))
         self._decisions: dict[tuple[Any, ...], dispatch.Decision] = {}
         # The "stacked" strategy's plan (None: the model has a piece it cannot run), and
         # its check against vmap by key (None: agreed; else what differed).
@@ -156,7 +160,10 @@ class BatchModule(nn.Module):
             slots = self.__dict__["_slots"] = _slots(self.stack)
         params: dict[str, torch.Tensor] = {}
         buffers: dict[str, torch.Tensor] = {}
-        for name, holder, last, parameter in slots:
+        for name, path, last, parameter in slots:
+            holder: nn.Module = self.stack  # followed by name each call: a holder may be replaced
+            for part in path:
+                holder = holder._modules[part]  # type: ignore[assignment]
             if parameter:
                 params[name] = cast(torch.Tensor, holder._parameters[last])
             else:
@@ -306,6 +313,7 @@ class BatchModule(nn.Module):
             "torch",
             torch.__version__,  # the disk cache outlives an upgrade
             self._arch,
+            self._code,
             shapes,
             device,
             mode,
@@ -453,13 +461,14 @@ _HOOKS = (
 )
 
 
-def _slots(stack: nn.Module) -> list[tuple[str, nn.Module, str, bool]]:
-    """(member name, holding module, attribute, is a parameter) of every stacked tensor."""
-    out: list[tuple[str, nn.Module, str, bool]] = []
+def _slots(stack: nn.Module) -> list[tuple[str, tuple[str, ...], str, bool]]:
+    """(member name, path to its holder, attribute, is a parameter) of each stacked tensor."""
+    out: list[tuple[str, tuple[str, ...], str, bool]] = []
     for prefix, holder in stack.named_modules():
         head = f"{prefix}." if prefix else ""
-        out += [(head + k, holder, k, True) for k, v in holder._parameters.items() if v is not None]
-        out += [(head + k, holder, k, False) for k, v in holder._buffers.items() if v is not None]
+        path = tuple(prefix.split(".")) if prefix else ()
+        out += [(head + k, path, k, True) for k, v in holder._parameters.items() if v is not None]
+        out += [(head + k, path, k, False) for k, v in holder._buffers.items() if v is not None]
     # named_parameters' order: every parameter, then every buffer
     return [s for s in out if s[3]] + [s for s in out if not s[3]]
 

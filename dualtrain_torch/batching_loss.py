@@ -69,9 +69,11 @@ def _flat_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor, shared: bo
     want = 1 if shared else 2
     return (
         outputs.ndim == 3
+        and outputs.shape[1] > 0  # no rows: each member's mean is torch's nan, per member
+        and outputs.shape[2] > 0
         and outputs.is_floating_point()
-        and not targets.is_floating_point()
-        and not targets.is_complex()
+        # the ids F.cross_entropy takes itself; others (int32) keep vmap's handling of them
+        and targets.dtype in (torch.int64, torch.uint8)
         and targets.ndim == want
         and targets.shape[-1] == outputs.shape[1]
     )

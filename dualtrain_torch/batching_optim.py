@@ -12,7 +12,12 @@ member's own global norm, as ``clip_grad_norm_`` clips one model. docs/batching.
 `MemberOptimizer.step` updates all members at once, with no loop over them: the operations
 of torch's single-tensor SGD/Adam, in its order, each with ``[batch, 1, ...]`` per-member
 values (a Python float, as torch passes it, where all members share a value); Adam's bias
-corrections are computed in Python floats, as torch computes them.
+corrections are computed in Python floats, as torch computes them. Adam and AdamW members
+of `_FUSED_MIN` elements or more (on a CPU or CUDA device, in a dense layout) step instead
+by torch's fused kernel, one call per active member over its rows: each steps exactly as
+``torch.optim.Adam(fused=True)`` steps it alone. Which of the two a member takes depends
+on its size alone, never on the other members (paused, clipped), so a member's arithmetic
+is its own either way.
 """
 
 from __future__ import annotations
@@ -362,9 +367,11 @@ class MemberOptimizer(torch.optim.Optimizer):
         decoupled: bool,
         counts: list[tuple[float, ...]],
     ) -> None:
+        # Which formula a member steps by depends on its own size only, never on which
+        # other members are paused or clipped: a member's arithmetic is its own.
         per_member = sum(p[0].numel() for p in params)
-        if coef is None and plan.inactive is None and per_member >= _FUSED_MIN:
-            rows = _member_rows(params, grads, states)
+        if per_member >= _FUSED_MIN:
+            rows = _member_rows(params, grads, states, coef)
             if rows is not None:
                 _fused_members(rows, plan, decoupled, counts)
                 return
@@ -431,11 +438,25 @@ def _dense_rows(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def _member_rows(
-    params: list[torch.Tensor], grads: list[torch.Tensor], states: list[dict[str, Any]]
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    states: list[dict[str, Any]],
+    coef: _Lead | None,
 ) -> list[tuple[torch.Tensor, ...]] | None:
-    """``(p, g, m, v)`` rows of each parameter for the fused kernels, or None (not all fit)."""
+    """``(p, g, m, v)`` rows of each parameter for the fused kernels, or None (not all fit).
+
+    A gradient laid out unlike its parameter, or clipped (`coef`: each member's clipping
+    factor, multiplied as ``clip_grad_norm_`` multiplies), is first written to a tensor
+    laid out like the parameter; ``.grad`` itself is left as it was.
+    """
     out = []
     for p, g, s in zip(params, grads, states, strict=True):
+        if p.device.type not in ("cpu", "cuda") or _dense_rows(p) is None:
+            return None
+        if coef is not None:
+            g = torch.mul(g, coef.of(g), out=torch.empty_like(p))
+        elif g.stride() != p.stride() and g.shape == p.shape and g.dtype == p.dtype:
+            g = torch.empty_like(p).copy_(g)
         four = (p, g, s["exp_avg"], s["exp_avg_sq"])
         if (
             p.device.type not in ("cpu", "cuda")
@@ -457,7 +478,7 @@ def _fused_members(
     decoupled: bool,
     counts: list[tuple[float, ...]],
 ) -> None:
-    """Every member's Adam (AdamW) step by torch's fused kernel, member by member.
+    """Every active member's Adam (AdamW) step by torch's fused kernel, member by member.
 
     Member i's call is the one ``torch.optim.Adam(fused=True)`` makes for a model of its
     own: its learning rate (times the schedulers' factor), betas, eps, weight decay and
@@ -469,6 +490,8 @@ def _fused_members(
         [[c + 1 for c in member] for member in counts], dtype=torch.float32, device=device
     )
     for i in range(plan.batch):
+        if not plan.host_active[i]:
+            continue  # a paused member: its rows are not touched
         kernel(
             [r[0][i] for r in rows],
             [r[1][i] for r in rows],

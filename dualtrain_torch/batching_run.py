@@ -92,9 +92,16 @@ def run_members(
     batch = next(iter(params.values())).shape[0]
     if strategy == "stacked":
         layers = stacked_plan(template)
-        if layers is not None and not batching_stacked.global_hooks():
+        device = next(iter(params.values())).device.type
+        if (
+            layers is not None
+            and not batching_stacked.global_hooks()
+            and not torch.is_autocast_enabled(device)
+        ):
             return batching_stacked.run(layers, params, inputs, shared, batch)
-        strategy = "vmap"  # hooks for every module: only functional_call runs them
+        # Hooks for every module run only under functional_call; autocast casts each
+        # layer's call as the module's own call is cast: vmap keeps both as they are.
+        strategy = "vmap"
     if strategy == "loop":
         outs = [
             functional_call(template, (rows, _rows(buffers, i)), _member_inputs(inputs, i, shared))

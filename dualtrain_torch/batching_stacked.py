@@ -18,6 +18,7 @@ mistake here costs speed, never a wrong answer.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,14 +109,24 @@ def global_hooks() -> bool:
     )
 
 
-def _step(module: nn.Module, prefix: str) -> list[Step] | None:
+def _step(module: nn.Module, prefix: str, seen: set[int]) -> list[Step] | None:
     cls = type(module)
     if _has_hooks(module) or module._buffers:
         return None
+    if module._parameters:
+        # A layer used twice shares its weights (tied): its stacked tensors are found under
+        # its first name only. Refused; parameter-free layers may repeat.
+        if id(module) in seen:
+            return None
+        seen.add(id(module))
     if cls is nn.Sequential:
         steps: list[Step] = []
-        for name, child in module.named_children():
-            more = _step(child, f"{prefix}{name}.")
+        # Sequential.forward runs every entry of _modules, a repeated one each time
+        # (named_children would skip the repeat).
+        for name, child in module._modules.items():
+            if child is None:
+                continue
+            more = _step(child, f"{prefix}{name}.", seen)
             if more is None:
                 return None
             steps += more
@@ -138,7 +149,7 @@ def _step(module: nn.Module, prefix: str) -> list[Step] | None:
 
 def plan(template: nn.Module) -> Plan | None:
     """The stacked strategy's plan for `template`, or None when it has a piece it cannot run."""
-    steps = _step(template, "")
+    steps = _step(template, "", set())
     if not steps:
         return None
     return Plan(tuple(steps))
@@ -250,7 +261,7 @@ def verify(
         )
     tolerance = _tolerance(got.dtype)
     gap = _relative_gap(got, want)
-    if gap > tolerance:
+    if not gap <= tolerance:  # a NaN gap is a difference, never agreement
         return f"outputs differ from vmap's by {gap:.3g} of their norm"
     if not names or not got.requires_grad:
         return None
@@ -264,14 +275,23 @@ def verify(
             return f"the gradient of {name} is missing on one side"
         if a is not None and b is not None:
             gap = _relative_gap(a, b)
-            if gap > tolerance:
+            if not gap <= tolerance:
                 return f"the gradient of {name} differs from vmap's by {gap:.3g} of its norm"
     return None
 
 
 def _relative_gap(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``|got - want| / |want|`` in the 2-norm, each member's rows apart (the worst)."""
+    """``|got - want| / |want|`` in the 2-norm, each member's rows apart (the worst).
+
+    Non-finite values must sit at the same places with the same values (else the gap is
+    infinite); the norms are taken over the finite ones.
+    """
     got, want = got.detach().double().flatten(1), want.detach().double().flatten(1)
+    finite = torch.isfinite(want)
+    same = (got == want) | (torch.isnan(got) & torch.isnan(want))
+    if not bool(torch.equal(torch.isfinite(got), finite)) or not bool(same[~finite].all()):
+        return math.inf
+    got, want = got.where(finite, 0.0), want.where(finite, 0.0)
     scale = torch.linalg.vector_norm(want, dim=1).clamp_min(1e-30)
     return float((torch.linalg.vector_norm(got - want, dim=1) / scale).max())
 

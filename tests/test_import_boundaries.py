@@ -131,6 +131,7 @@ def test_import_dualtrain_loads_each_part_on_first_use():
         assert loaded == ["dualtrain", "dualtrain.errors", "dualtrain.version"], loaded
         from dualtrain import Tank
         assert "dualtrain.fuel" in sys.modules and "dualtrain.multiverse" not in sys.modules
+        assert dualtrain.atomic.sweep_stale and dualtrain.multiverse.Multiverse  # parts by name
         for name in dualtrain.__all__:
             assert getattr(dualtrain, name) is not None, name
         assert set(dualtrain.__all__) <= set(dir(dualtrain))

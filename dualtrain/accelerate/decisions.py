@@ -31,8 +31,8 @@ __all__ = ["DecisionCache", "code_digest", "default_folder", "fingerprint", "fun
 _FORMAT = 1  # bump when the file's fields change meaning
 
 
-def default_folder() -> Path:
-    """Where decisions are kept when ``cache=True``."""
+def default_folder() -> Path | None:
+    """Where decisions are kept when ``cache=True`` (None: nowhere to keep them)."""
     return cache_folder("accelerate")
 
 

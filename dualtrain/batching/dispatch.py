@@ -106,7 +106,10 @@ class DecisionCache:
 
     def folder(self) -> Path | None:
         """Where decisions are kept on disk (None: memory only)."""
-        return self._folder() if callable(self._folder) else self._folder
+        try:
+            return self._folder() if callable(self._folder) else self._folder
+        except (RuntimeError, KeyError, OSError):  # no home directory to put a cache in
+            return None
 
     def _path(self, key: tuple[Any, ...]) -> tuple[Path, str] | None:
         folder = self.folder()
@@ -143,6 +146,8 @@ class DecisionCache:
             fields = dict(data["decision"])
             fields["notes"] = tuple(fields.get("notes", ()))  # JSON keeps a list
             found = Decision(**fields)
+            if not _well_formed(found):
+                return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
         with self._lock:
@@ -159,10 +164,11 @@ class DecisionCache:
         path, text = where
         data = {"key": text, "decision": dataclasses.asdict(decision)}
         try:
+            text = json.dumps(data, indent=1)
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_target(path) as tmp:
-                Path(tmp).write_text(json.dumps(data, indent=1))
-        except OSError:
+                Path(tmp).write_text(text)
+        except (OSError, TypeError, ValueError):  # unwritable, or a value JSON cannot hold
             return
 
     def clear(self) -> None:
@@ -172,13 +178,41 @@ class DecisionCache:
         folder = self.folder()
         if folder is not None and folder.is_dir():
             for path in folder.glob("*.json"):
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:  # read-only: the files stay, as a put there would fail
+                    continue
 
     def __len__(self) -> int:
         return len(self._store)
 
 
 CACHE = DecisionCache(lambda: cache_folder("batching"))
+
+
+def _well_formed(decision: Decision) -> bool:
+    """A decision read from disk has the fields' types (a file edited or from elsewhere)."""
+
+    def seconds(table: object) -> bool:
+        return isinstance(table, dict) and all(
+            isinstance(k, str) and isinstance(v, int | float) for k, v in table.items()
+        )
+
+    def optional_seconds(value: object) -> bool:
+        return value is None or isinstance(value, int | float)
+
+    return (
+        isinstance(decision.strategy, str)
+        and (decision.chunk is None or type(decision.chunk) is int)
+        and isinstance(decision.reason, str)
+        and seconds(decision.timings)
+        and seconds(decision.preliminary)
+        and isinstance(decision.errors, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in decision.errors.items())
+        and optional_seconds(decision.step)
+        and optional_seconds(decision.separate)
+        and all(isinstance(n, str) for n in decision.notes)
+    )
 
 
 def default_chunk(batch: int) -> int:

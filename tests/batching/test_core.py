@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import json
 import math
 import subprocess
 import sys
@@ -407,3 +408,51 @@ def test_a_decisions_notes_survive_the_disk_and_are_explained(tmp_path):
     back = dispatch.DecisionCache(tmp_path).get(("notes",))
     assert back == decision and isinstance(back.notes, tuple)
     assert "    not timed: no grouped conv" in dispatch.explain_text(back, "jax", 4)
+
+
+def test_a_cache_with_nowhere_to_live_keeps_decisions_in_memory(monkeypatch, tmp_path):
+    """No DUALTRAIN_CACHE_DIR, no XDG_CACHE_HOME and no home directory (a container user
+    without a passwd entry): decisions live in memory, nothing raises."""
+    from pathlib import Path
+
+    from dualtrain.caches import cache_folder
+
+    monkeypatch.delenv("DUALTRAIN_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert cache_folder("batching") is None
+    cache = dispatch.DecisionCache(lambda: cache_folder("batching"))
+    cache.put(("k",), dispatch.Decision("vmap"))
+    assert cache.get(("k",)).strategy == "vmap"
+    cache.clear()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"strategy": 3},
+        {"strategy": "vmap", "chunk": "2"},
+        {"strategy": "vmap", "timings": {"vmap": "fast"}},
+        {"strategy": "vmap", "notes": [1]},
+        {"strategy": "vmap", "step": "0.1"},
+    ],
+)
+def test_a_decision_file_with_wrong_types_reads_as_a_miss(tmp_path, fields):
+    cache = dispatch.DecisionCache(tmp_path)
+    cache.put(("typed",), dispatch.Decision("vmap", None, "measured"))
+    path = next(tmp_path.glob("*.json"))
+    data = json.loads(path.read_text())
+    data["decision"] |= fields
+    path.write_text(json.dumps(data))
+    assert dispatch.DecisionCache(tmp_path).get(("typed",)) is None
+
+
+def test_a_decision_json_cannot_hold_is_kept_in_memory_only(tmp_path):
+    cache = dispatch.DecisionCache(tmp_path)
+    odd = dispatch.Decision("vmap", None, "measured", {"vmap": object()})  # type: ignore[dict-item]
+    cache.put(("odd",), odd)
+    assert cache.get(("odd",)) is odd and not list(tmp_path.glob("*.json"))

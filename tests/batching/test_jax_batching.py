@@ -575,3 +575,27 @@ def test_bad_input_is_refused_with_the_argument_the_value_and_what_was_expected(
     module = dualtrain_jax.realize(RecipeNet(Recipe("mlp", 3, 4, 2, False, False)))
     with pytest.raises(error, match=message):
         call(module)
+
+
+def test_a_call_outside_a_trace_runs_one_compiled_program():
+    """Outside jit, apply runs the members as one jitted program (each eager op would
+    compile on its own), equal to the traced call; the program is compiled once."""
+    from dualtrain_jax import batching as jax_batching
+
+    def init(key):
+        return {"w": jax.random.normal(key, (3, 2)), "b": jnp.zeros(2)}
+
+    def apply(p, x):
+        return jax.nn.relu(x @ p["w"] + p["b"])
+
+    bm = BatchModule((init, apply), 4, shared_input=True, strategy="vmap")
+    x = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    eager, _ = bm.apply(bm.params, bm.state, x)
+    traced, _ = jax.jit(lambda p, s, x: bm.apply(p, s, x))(bm.params, bm.state, x)
+    np.testing.assert_allclose(np.asarray(eager), np.asarray(traced), rtol=1e-6, atol=1e-6)
+    run = jax_batching._eager(bm._spec.one, "vmap", None)
+    before = run._cache_size()
+    bm.apply(bm.params, bm.state, x + 1)
+    assert run._cache_size() == before == 1
+    # A Python number among the inputs is not an array: the call runs as before.
+    assert not jax_batching._concrete((bm.params, 1.0))

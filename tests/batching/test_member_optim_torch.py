@@ -766,3 +766,30 @@ def test_a_batched_training_step_never_imports_torch_dynamo(tmp_path):
         [sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("size", [(6, 5), (3, 200, 200)])  # the vectorized, the fused path
+def test_a_members_arithmetic_never_depends_on_the_other_members(size):
+    """Member 0 ends bit for bit the same whether member 1 is paused, whether clipping is
+    on with an infinite norm (not clipped), and whatever the gradient's layout."""
+    g = torch.Generator().manual_seed(0)
+    start = torch.randn(2, *size, generator=g)
+    grads = [torch.randn(2, *size, generator=g) for _ in range(3)]
+
+    def run(active=None, clip=None, transposed=False):
+        p = nn.Parameter(start.clone())
+        opt = member_optimizer([p], "adam", 2, lr=[1e-2, 1e-3], active=active, max_grad_norm=clip)
+        for grad in grads:
+            if transposed:
+                grad = grad.transpose(-1, -2).contiguous().transpose(-1, -2)
+            p.grad = grad.clone()
+            opt.step()
+        return p.detach()[0]
+
+    base = run()
+    for variant in (
+        run(active=[True, False]),
+        run(clip=[math.inf, math.inf]),
+        run(transposed=True),
+    ):
+        assert torch.equal(variant, base)

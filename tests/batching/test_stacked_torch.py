@@ -316,3 +316,86 @@ def test_the_whole_step_timing_changes_nothing_and_is_explained():
         quiet = BatchModule(net, 3, check_isolation=False)
         quiet.tune(x)
     assert quiet._decision.step is None and "whole step" not in quiet.explain()
+
+
+def test_a_layer_repeated_in_a_sequential_runs_each_time_and_tied_weights_are_refused():
+    """Sequential.forward runs a repeated entry each time: a Dropout used twice drops twice
+    under stacked as under vmap; a Linear used twice (tied weights) is not planned."""
+    drop = nn.Dropout(0.5)
+    net = nn.Sequential(nn.Linear(8, 8), drop, nn.Linear(8, 8), drop)
+    assert [s.kind for s in stacked_plan(net).steps] == [
+        "linear",
+        "elementwise",
+        "linear",
+        "elementwise",
+    ]
+    bm = BatchModule(net, 8, strategy="stacked", shared_input=True).train()
+    out = bm(torch.rand(64, 8) + 1)
+    zeroed = float((out == 0).float().mean())
+    assert 0.4 < zeroed < 0.6  # the repeat at the end drops half (it was skipped: 0.0)
+    lin = nn.Linear(4, 4)
+    assert stacked_plan(nn.Sequential(nn.Linear(4, 4), lin, nn.Tanh(), lin)) is None
+
+
+def test_a_non_finite_value_never_counts_as_agreement():
+    """NaN where the other side has a number (or NaN compared as a norm) is a difference;
+    NaN at the same places on both sides is agreement."""
+    from dualtrain_torch.batching_stacked import _relative_gap, verify
+
+    a = torch.tensor([[1.0, float("nan")], [2.0, 3.0]])
+    assert _relative_gap(a, a.clone()) == 0.0
+    assert _relative_gap(a, torch.tensor([[1.0, 5.0], [2.0, 3.0]])) == float("inf")
+    assert _relative_gap(torch.tensor([[1.0, 5.0]]), torch.tensor([[1.0, float("nan")]])) == (
+        float("inf")
+    )
+    p = {"w": torch.ones(2, 2, requires_grad=True)}
+    assert verify(lambda: a * 2, lambda: a, p) is not None
+
+
+def test_a_replaced_holder_of_stacked_tensors_is_followed():
+    net = nn.Sequential(nn.Linear(3, 2))
+    a, b = BatchModule(net, 2, seed=1), BatchModule(net, 2, seed=2)
+    x = torch.randn(2, 4, 3)
+    a(x)  # the holders are found on first use
+    a.stack = b.stack
+    torch.testing.assert_close(a(x), b(x))
+
+
+def test_under_autocast_stacked_computes_as_vmap_does():
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    bm = BatchModule(net, 3, strategy="stacked", shared_input=True)
+    twin = _vmap_twin(bm)
+    x = torch.randn(5, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = bm(x), twin(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+
+
+def test_a_changed_forward_is_another_decision_key():
+    """The disk cache outlives code edits: the same class name and tensors with another
+    forward must not read the old decision."""
+
+    def build(double: bool):
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(3, 2)
+
+            if double:
+
+                def forward(self, x):
+                    return self.fc(x) * 2
+
+            else:
+
+                def forward(self, x):
+                    return self.fc(x)
+
+        return Net()
+
+    x = torch.randn(2, 4, 3)
+    one, two, again = (BatchModule(build(d), 2) for d in (False, True, False))
+    params = one._tensors()[0]
+    assert one._key(params, (x,)) != two._key(params, (x,))
+    assert one._key(params, (x,)) == again._key(params, (x,))

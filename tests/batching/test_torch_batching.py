@@ -408,3 +408,15 @@ def test_the_default_loss_equals_cross_entropy_member_by_member(
     for i in range(n):
         want = torch.nn.functional.cross_entropy(out[i], y if shared else y[i], reduction=reduction)
         torch.testing.assert_close(got[i], want, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.int64])
+@pytest.mark.parametrize("rows", [0, 3])
+def test_batch_loss_takes_every_id_dtype_and_an_empty_batch(dtype, rows):
+    """Ids of any integer dtype give the int64 ids' losses; no rows give torch's nan per
+    member (as F.cross_entropy of an empty batch), never an error."""
+    out = torch.randn(2, rows, 4, dtype=torch.float64)
+    ids = torch.randint(0, 4, (rows,))
+    got = batch_loss(out, ids.to(dtype), 2)
+    want = torch.stack([torch.nn.functional.cross_entropy(o, ids) for o in out])
+    torch.testing.assert_close(got, want, equal_nan=True)
