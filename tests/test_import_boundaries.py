@@ -118,4 +118,3 @@ def test_importing_every_jax_module_starts_no_backend():
         """
     )
     assert stdout.strip().endswith("False"), stdout
-
