@@ -4,13 +4,14 @@
 CUDA, one process per device) and returns a `TorchRuntime`, the `dualtrain.multiverse.seams`
 Runtime that `dualtrain.Multiverse` drives. Nothing here moves bytes itself: parameters are
 broadcast and gradients mean-reduced by ``DistributedDataParallel``, metrics by
-``dist.all_reduce``, objects by ``dist.all_gather_object``.
+``dist.all_reduce``, objects by ``dist.all_gather`` of their pickled bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import pickle
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -23,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import World
 from dualtrain.validate import check_seed
+from dualtrain_torch.distributed_exit import handed, release
 from dualtrain_torch.distributed_learner import DistributedLearner
 from dualtrain_torch.distributed_reduce import reduce_value
 
@@ -224,10 +226,29 @@ class TorchRuntime:
         return self.device if self.backend == "nccl" else torch.device("cpu")
 
     def gather_object(self, obj: Any, /) -> list[Any]:
-        """Every process's `obj` (picklable), in rank order (``dist.all_gather_object``)."""
-        out: list[Any] = [None] * self.nworld
-        dist.all_gather_object(out, obj)
-        return out
+        """Every process's `obj` (picklable), in rank order.
+
+        ``dist.all_gather_object``'s protocol (pickled bytes, their lengths gathered first),
+        on tensors registered with `distributed_exit.handed` so that leaving waits for them.
+        """
+        if self.nworld == 1:
+            return [pickle.loads(pickle.dumps(obj))]  # a copy, as from another process
+        device = self.comm_device
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+        sizes = [torch.zeros_like(size) for _ in range(self.nworld)]
+        handed(size, *sizes)
+        dist.all_gather(sizes, size)
+        longest = max(int(s) for s in sizes)
+        mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+        mine[: data.numel()] = data.to(device)
+        everyone = [torch.empty_like(mine) for _ in range(self.nworld)]
+        handed(mine, *everyone)
+        dist.all_gather(everyone, mine)
+        return [
+            pickle.loads(part[: int(n)].cpu().numpy().tobytes())
+            for part, n in zip(everyone, sizes, strict=True)
+        ]
 
     def barrier(self) -> None:
         """Waits until every process reaches it (``dist.barrier``)."""
@@ -295,6 +316,9 @@ class TorchRuntime:
             # the group ends with the process, its threads long idle.
             _retired.append(dist.group.WORLD)
             dist.destroy_process_group()
+            # Before the interpreter can finalize: gloo's threads drop what the last
+            # collectives held (see distributed_exit; an abort otherwise, now and then).
+            release()
         _ours[0] = False
 
     @contextlib.contextmanager

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from dualtrain.errors import bad_argument
+from dualtrain_torch.distributed_exit import handed
 from dualtrain_torch.distributed_rows import count_rows, local_loss, to_device
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class DistributedLearner:
             # The rows that count are known before the forward: their global number is
             # summed while the forward runs (a blocking collective here cost 10-20% a step).
             counted = count_rows(inputs, mask, device).to(comm)
+            if not alone:
+                handed(counted)
             counting = None if alone else dist.all_reduce(counted, async_op=True)
             self.optimizer.zero_grad(set_to_none=True)
             losses = self.loss_fn(self.model(*inputs), targets)
@@ -89,6 +92,8 @@ class DistributedLearner:
             # the global mean's gradient.
             (local_sum * (self.runtime.nworld / total).to(local_sum.dtype)).backward()
             summed = local_sum.detach().double().reshape(1).to(comm)
+            if not alone:
+                handed(summed)
             summing = None if alone else dist.all_reduce(summed, async_op=True)
             self.optimizer.step()  # while the loss is summed
             if summing is not None:

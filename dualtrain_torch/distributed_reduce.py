@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain_torch.distributed_exit import handed
 
 if TYPE_CHECKING:
     from dualtrain_torch.distributed import TorchRuntime
@@ -34,6 +35,7 @@ def reduce_value(runtime: TorchRuntime, value: Any, aggregate: bool) -> Any:
     for dtype in sorted({w.dtype for w in wires}, key=str):  # the same order on every rank
         picked = [i for i, w in enumerate(wires) if w.dtype == dtype]
         flat = torch.cat([wires[i].reshape(-1) for i in picked]).to(runtime.comm_device)
+        handed(flat)
         dist.all_reduce(flat)
         parts = flat.cpu().split([wires[i].numel() for i in picked])
         for i, part in zip(picked, parts, strict=True):
@@ -54,6 +56,7 @@ def _same_layout(runtime: TorchRuntime, layout: str) -> None:
         return
     mine = zlib.crc32(layout.encode())
     bounds = torch.tensor([mine, -mine], dtype=torch.int64, device=runtime.comm_device)
+    handed(bounds)
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
     if int(bounds[0]) == -int(bounds[1]):
         return

@@ -17,6 +17,7 @@ from torch.nn import functional as F  # noqa: N812 - torch's own spelling
 from dualtrain import Craft, dock
 from dualtrain.errors import ArgumentError
 from dualtrain_torch import realize
+from dualtrain_torch.distributed_exit import in_flight, release
 
 ROWS, FEATURES, CLASSES, STEPS = 4, 5, 3, 3  # rows per rank and step
 KINDS = ("craft", "module")
@@ -192,5 +193,10 @@ def laws(mv: Any) -> list[dict[str, Any]] | None:
     F.cross_entropy(synced(x[2, rows]), y[2, rows]).backward()
     out["accumulated_grad"] = net[0].weight.grad.clone().numpy()
     out["steps"] = mv.step
+    # What leaving waits for: gloo's threads have dropped every tensor the adapter handed
+    # them (an abort at exit, now and then, otherwise: dualtrain_torch.distributed_exit).
+    mv.reduce(float(rank))
+    mv.runtime.gather_object(rank)
+    out["released"] = (release(limit_s=60.0), in_flight())
     everyone = mv.runtime.gather_object(out)
     return everyone if rank == 0 else None

@@ -64,6 +64,8 @@ def test_the_run_is_two_gloo_processes_on_the_host(ranks):
     # each learner step counts once; each synced forward in training mode counts once
     # (7 learners, then 2 hand-written loops of STEPS forwards)
     assert [r["steps"] for r in ranks] == [7 * U.STEPS + 2 * U.STEPS] * 2
+    # every tensor handed to a collective was dropped by gloo's threads before leaving
+    assert [r["released"] for r in ranks] == [(True, 0)] * 2
 
 
 @pytest.mark.parametrize("kind", U.KINDS)
