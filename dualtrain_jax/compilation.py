@@ -42,6 +42,7 @@ from dualtrain_jax.compilation_rungs import (
     jitted,
     recover,
 )
+from dualtrain_jax.compile_cache import use_disk_cache
 from dualtrain_jax.craft import JaxModule
 from dualtrain_jax.sparse_backprop import approximations, patch_dense
 
@@ -85,6 +86,7 @@ class AcceleratedFunction:
         mode: str = "call",
         key_parts: dict[str, Any] | None = None,
     ) -> None:
+        use_disk_cache()  # before the first compile: the ladder's and the rung chosen
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._mode = mode

@@ -26,6 +26,7 @@ from dualtrain_jax.compilation_rungs import (
     jit_disabled,
     recover,
 )
+from dualtrain_jax.compile_cache import use_disk_cache
 from dualtrain_jax.craft import JaxModule
 
 __all__ = ["AcceleratedModule"]
@@ -41,6 +42,7 @@ class _ModuleAccelerator:
         options: LadderOptions,
         approximations: Sequence[str] = (),
     ) -> None:
+        use_disk_cache()  # before the first compile: the ladder's and the rung chosen
         self.shell = shell  # the plain (or top-k patched) module, holding no arrays
         self.options = options
         self.decider = Decider("jax", backends, options, approximations)

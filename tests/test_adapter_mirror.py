@@ -17,8 +17,17 @@ TORCH_ONLY = {
         "model batching's layer-by-layer strategy: torch.func.vmap costs Python per layer and "
         "call, jax.vmap under jit does not (docs/batching.md, 'Why \"stacked\"')"
     ),
+    "distributed_exit.py": (
+        "gloo's worker threads take the GIL to drop a collective's tensors, and abort the "
+        "process if it is finalizing; JAX's collectives run inside compiled programs"
+    ),
 }
-JAX_ONLY: dict[str, str] = {}
+JAX_ONLY = {
+    "compile_cache.py": (
+        "XLA keeps compiled programs on disk only in a folder a process names; torch's "
+        "compiler (TorchInductor) keeps its own cache on disk by default"
+    ),
+}
 
 
 def _entries(package: str) -> set[str]:
@@ -40,3 +49,5 @@ def test_the_adapters_mirror_file_for_file():
 def test_every_listed_exception_still_exists():
     for name in TORCH_ONLY:
         assert (ROOT / "dualtrain_torch" / name).exists(), name
+    for name in JAX_ONLY:
+        assert (ROOT / "dualtrain_jax" / name).exists(), name

@@ -1,0 +1,101 @@
+"""XLA's compiled programs kept on disk, so a second run of a job skips its compiles.
+
+torch's compiler keeps what it compiled on disk by default (TorchInductor's cache); JAX
+keeps it only when a process names a folder (``jax_compilation_cache_dir``). A sweep or a
+ladder decision whose whole cost is compiling paid it again on every run, so dualtrain
+names one the first time it compiles for you: ``cache_folder("xla")``, beside its other
+caches (``$DUALTRAIN_CACHE_DIR/xla``). JAX's own rules stay in force: only programs that
+took ``jax_persistent_cache_min_compile_time_secs`` (1 s by default) to compile are kept,
+and keys cover the program, the JAX and XLA versions, the flags and the devices.
+
+Left alone: a folder the user named (``JAX_COMPILATION_CACHE_DIR`` or the config), and
+``jax_enable_compilation_cache=False`` (JAX's own off switch; in the environment
+``JAX_ENABLE_COMPILATION_CACHE=false``).
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from dualtrain.caches import cache_folder
+
+__all__ = ["use_disk_cache"]
+
+_ENTRY_SUFFIX = "-cache"  # JAX's name for an entry: <key>-cache
+_STAMP = ".dualtrain-checked"  # touched after each check of the entries written since
+_lock = threading.Lock()
+_chosen: list[Path | None] = []  # the decision, taken once per process
+
+
+def use_disk_cache() -> Path | None:
+    """Names dualtrain's folder as JAX's compilation cache, once per process.
+
+    Returns the folder in use because of this call (None when the user chose otherwise,
+    JAX's cache is off, or there is no folder to name: see `dualtrain.caches`).
+    """
+    with _lock:
+        if not _chosen:
+            _chosen.append(_choose())
+        return _chosen[0]
+
+
+def _choose() -> Path | None:
+    settings: Any = jax.config  # its options are attributes mypy cannot see
+    if not settings.jax_enable_compilation_cache or settings.jax_compilation_cache_dir:
+        return None
+    folder = cache_folder("xla")
+    if folder is None:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        drop_torn_entries(folder)
+    except OSError:  # a read-only home: compile as before, keep nothing
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    return folder
+
+
+def drop_torn_entries(folder: Path) -> list[Path]:
+    """Deletes the entries written since the last check that do not decompress.
+
+    JAX writes an entry in place, so a process killed mid-write leaves a truncated one,
+    and JAX, finding the name taken, never rewrites it: every later run would warn and
+    compile again. Entries are checked once (those newer than the stamp of the last
+    check). Returns the deleted paths.
+    """
+    stamp = folder / _STAMP
+    try:
+        since = stamp.stat().st_mtime - 60.0  # slack for coarse file-system clocks
+    except FileNotFoundError:
+        since = float("-inf")
+    dropped = []
+    for entry in folder.glob("*" + _ENTRY_SUFFIX):
+        try:
+            if entry.stat().st_mtime < since or _readable(entry.read_bytes()):
+                continue
+            entry.unlink()
+        except FileNotFoundError:  # another process dropped it first
+            continue
+        dropped.append(entry)
+    stamp.touch()
+    return dropped
+
+
+def _readable(data: bytes) -> bool:
+    """Whether `data` is a whole compressed entry (in the codec JAX writes with)."""
+    from jax._src import compilation_cache  # the codec is JAX's choice, not ours
+
+    try:
+        compilation_cache.decompress_executable(data)
+    except (zlib.error, ValueError, RuntimeError, OSError, EOFError):
+        return False
+    except Exception as error:  # zstandard's ZstdError derives from Exception only
+        if type(error).__name__ in ("ZstdError", "ZstdDecompressionError"):
+            return False
+        raise
+    return True
