@@ -3,8 +3,10 @@
 `BatchModule` stacks the members' params and state into ``[batch, ...]`` arrays and runs
 one member function over them (vmap, ``lax.map`` or a loop of jitted calls), chosen by
 measurement (docs/batching.md). It is a pytree whose leaves are the stacked params, then
-state, so ``jit``, ``grad`` and optax apply to it as they do to a `JaxModule`. The neutral
-parts live in `dualtrain.batching`; the strategies and the probe in `batching_run`.
+state, so ``jit``, ``grad`` and optax apply to it as they do to a `JaxModule`. It holds the
+neutral skeleton (settings, member checks, decisions, explain) as a `MemberBatch` in its
+static aux data and supplies its JAX hooks (`_Members`); the strategies and the probe are
+in `batching_run`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -21,6 +23,7 @@ import numpy as np
 
 from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
+from dualtrain.batching.skeleton import ANY, BatchSettings, Framework, MemberBatch
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_jax import batching_probe, batching_run
@@ -36,9 +39,12 @@ from dualtrain_jax.batching_members import (
     row,
     row_shapes,
 )
+from dualtrain_jax.compile_cache import use_disk_cache
 from dualtrain_jax.craft import JaxModule
 
 __all__ = ["BatchModule", "batch_loss", "batch_topk"]
+
+FRAMEWORK = Framework("jax", "a non-empty list of modules")
 
 
 @jax.tree_util.register_pytree_node_class
@@ -68,6 +74,8 @@ class BatchModule:
         train: the mode ``__call__`` runs in (`Rudder`, `Prober`, `Nozzle` set it).
     """
 
+    _core: MemberBatch[_Members]  # the neutral skeleton, with its JAX hooks: static aux data
+
     def __init__(
         self,
         module: Any,
@@ -80,13 +88,17 @@ class BatchModule:
         memory_budget: int | None = None,
         check_isolation: bool = True,
     ) -> None:
-        batch = members.check_batch(batch)
-        init = members.check_init(init)
-        seeds = members.member_seeds(seed, batch)
-        shared = members.check_flag("shared_input", shared_input)
-        strategy = members.check_strategy(strategy, "jax")
-        budget = members.check_memory_budget(memory_budget)
-        probe = members.check_flag("check_isolation", check_isolation)
+        use_disk_cache()  # the members' compiled programs kept on disk for the next run
+        settings = FRAMEWORK.settings(
+            batch,
+            init=init,
+            seed=seed,
+            shared_input=shared_input,
+            strategy=strategy,
+            memory_budget=memory_budget,
+            check_isolation=check_isolation,
+        )
+        batch, init, seeds = settings.batch, settings.init, settings.seeds
         if isinstance(module, JaxModule):
             params, state = craft_values(module, batch, init, seeds)
             one, kind, template, apply_fn = craft_member(module), kind_of(module), module, None
@@ -104,34 +116,53 @@ class BatchModule:
         if not entries or not any(t for *_, t in entries):
             raise bad_argument("module", module, "a module that holds at least one parameter")
         self.params, self.state, self.train = params, state, train
-        self._spec = Spec(
-            one, kind, template, apply_fn, batch, shared, strategy, budget, probe, entries
+        spec = Spec(
+            one,
+            kind,
+            template,
+            apply_fn,
+            entries,
         )
-        self.seeds, self.init = seeds, init
+        self._core = MemberBatch(FRAMEWORK, settings, _Members(settings, spec), kind)
 
     # -- pytree ------------------------------------------------------------------------
 
-    def tree_flatten(self) -> tuple[tuple[Any, Any], tuple[Spec, bool, Any]]:
-        return (self.params, self.state), (self._spec, bool(self.train), (self.seeds, self.init))
+    def tree_flatten(self) -> tuple[tuple[Any, Any], tuple[MemberBatch[_Members], bool]]:
+        return (self.params, self.state), (self._core, bool(self.train))
 
     @classmethod
-    def tree_unflatten(cls, static: tuple[Spec, bool, Any], children: tuple[Any, Any]) -> Any:
+    def tree_unflatten(
+        cls, static: tuple[MemberBatch[_Members], bool], children: tuple[Any, Any]
+    ) -> Any:
         out = object.__new__(cls)
-        out._spec, out.train, (out.seeds, out.init) = static
+        out._core, out.train = static
         out.params, out.state = children
         return out
 
     @property
     def batch(self) -> int:
-        return self._spec.batch
+        return self._core.batch
 
     @property
     def shared_input(self) -> bool:
-        return self._spec.shared_input
+        return self._core.shared_input
 
     @property
     def strategy(self) -> str:
-        return self._spec.strategy
+        return self._core.strategy
+
+    @property
+    def seeds(self) -> list[int]:
+        return self._core.settings.seeds
+
+    @property
+    def init(self) -> str:
+        return self._core.settings.init
+
+    @property
+    def _spec(self) -> Spec:
+        """How one member runs (its function, Craft or apply_fn, architecture)."""
+        return self._core.hooks.spec
 
     # -- members -----------------------------------------------------------------------
 
@@ -154,8 +185,7 @@ class BatchModule:
             ArgumentError: an empty list, or members whose class, names, shapes or dtypes
                 differ (the message names the first difference).
         """
-        if not isinstance(modules, Sequence) or not modules:
-            raise bad_argument("modules", modules, "a non-empty list of modules")
+        modules = FRAMEWORK.module_list(modules)
         out = cls(
             modules[0],
             len(modules),
@@ -165,21 +195,141 @@ class BatchModule:
             memory_budget=memory_budget,
             check_isolation=check_isolation,
         )
-        for i, m in enumerate(modules[1:], start=1):
-            out._values_of(m, f"modules[{i}]")
-            if isinstance(m, JaxModule) and bool(m.train) != out.train:
-                # One mode for the batch: a member in eval would run in training mode.
-                raise members.refuse_member(
-                    f"modules[{i}]",
-                    f"the module is in {_mode(m.train)} mode there but in "
-                    f"{_mode(out.train)} mode in the first member",
-                )
-        for i, m in enumerate(modules[1:], start=1):
-            out.insert(i, m)
+        for i, values in out._core.admit(modules):
+            out._write(i, values)
         return out
 
-    def _values_of(self, module: Any, name: str) -> tuple[Any, Any]:
-        spec = self._spec
+    def extract(self, index: int) -> Any:
+        """Member `index`: a `JaxModule` (same mode) or a ``(params, apply_fn)`` pair."""
+        i = self._core.index(index)
+        params, state = row(self.params, i), row(self.state, i)
+        if self._spec.template is not None:
+            return JaxModule(self._spec.template.craft, params, state, train=self.train)
+        return params, self._spec.apply_fn
+
+    def insert(self, index: int, module: Any) -> None:
+        """Makes member `index` a copy of `module`, rebinding `params` and `state`.
+
+        New arrays, as `JaxModule` does. Optimizer state for the member is left as it was.
+        """
+        self._write(*self._core.member(index, module))
+
+    def _write(self, i: int, values: tuple[Any, Any]) -> None:
+        params, state = values
+        put = lambda stacked, v: stacked.at[i].set(jnp.asarray(v, dtype=stacked.dtype))  # noqa: E731
+        self.params = jax.tree_util.tree_map(put, self.params, params)
+        self.state = jax.tree_util.tree_map(put, self.state, state)
+
+    def replace(self, **changes: Any) -> BatchModule:
+        """A copy with `params` and/or `state` replaced (same members' spec and mode)."""
+        out = jax.tree_util.tree_unflatten(
+            jax.tree_util.tree_structure(self), jax.tree_util.tree_leaves(self)
+        )
+        out.params = changes.get("params", self.params)
+        out.state = changes.get("state", self.state)
+        return out
+
+    # -- running -----------------------------------------------------------------------
+
+    def _member_keys(self, rng: Any) -> Any:
+        if rng is None:
+            return None
+        return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(self.batch))
+
+    def _decide(
+        self, params: Any, state: Any, inputs: Sequence[Any], keys: Any, train: bool
+    ) -> dispatch.Decision:
+        traced = batching_run.is_traced(params, state, inputs, keys)
+        return self._core.decide(_Call(params, state, inputs, keys, train, traced), train)
+
+    def apply(
+        self,
+        params: Any,
+        state: Any,
+        *inputs: Any,
+        train: bool = False,
+        rng: jax.Array | None = None,
+    ) -> tuple[Any, Any]:
+        """Runs every member: ``(outputs [batch, B, ...], new_state)``.
+
+        Pure, so jit and grad apply. `rng` is split per member (``fold_in(rng, i)``), so
+        dropout draws differ between members.
+        """
+        self._core.check_inputs(inputs)
+        keys = self._member_keys(rng)
+        decision = self._decide(params, state, inputs, keys, bool(train))
+        if decision.strategy != "loop" and _concrete((params, state, inputs, keys)):
+            # Outside a trace every op would compile on its own (about 0.1 s each on a
+            # CPU): one jitted program per strategy runs the call, compiled once.
+            run = _eager(self._spec.one, decision.strategy, decision.chunk)
+            return run(params, state, tuple(inputs), keys, self.shared_input, bool(train))
+        return batching_run.run_members(
+            self._spec.one,
+            decision.strategy,
+            decision.chunk,
+            params,
+            state,
+            inputs,
+            self.shared_input,
+            keys,
+            bool(train),
+        )
+
+    def __call__(self, *inputs: Any, rng: jax.Array | None = None) -> Any:
+        out, new_state = self.apply(self.params, self.state, *inputs, train=self.train, rng=rng)
+        if self.train:
+            self.state = new_state
+        return out
+
+    def tune(self, *inputs: Any, rng: jax.Array | None = None) -> str:
+        """Chooses the strategy (and probes isolation) now; returns `explain`.
+
+        Call it outside any trace, so a later ``jax.jit`` uses the measured choice.
+        """
+        self._core.check_inputs(inputs)
+        keys = self._member_keys(rng)
+        self._decide(self.params, self.state, inputs, keys, bool(self.train))
+        return self.explain()
+
+    def explain(self) -> str:
+        """The strategy in use, why, what was timed (or why not), and the isolation verdict."""
+        return self._core.explain()
+
+    def __repr__(self) -> str:
+        return f"BatchModule({self._core.summary()})"
+
+
+@dataclasses.dataclass
+class _Call:
+    """One call as the hooks see it: the stacked values, inputs, member keys and mode."""
+
+    params: Any
+    state: Any
+    inputs: Sequence[Any]
+    keys: Any
+    train: bool
+    traced: bool
+    found: batching_probe.Findings | None = None  # the trace "auto" inspected, for the probe
+
+    def values(self, shared_input: bool) -> tuple[Any, ...]:
+        """The run's arguments after the member's function, in batching_run's order."""
+        return (self.params, self.state, self.inputs, shared_input, self.keys, self.train)
+
+
+class _Members:
+    """The JAX hooks of a BatchModule's skeleton (`FrameworkHooks`).
+
+    How one member runs (`Spec`); how a member is checked and a call keyed, chosen (by
+    rule from its trace, or timed) and probed.
+    """
+
+    def __init__(self, settings: BatchSettings, spec: Spec) -> None:
+        self.settings, self.spec = settings, spec
+
+    # -- members -----------------------------------------------------------------------
+
+    def values(self, module: Any, name: str) -> Any:
+        spec = self.spec
         if isinstance(module, JaxModule) and spec.template is not None:
             params, state = module.params, module.state
         elif (
@@ -216,159 +366,85 @@ class BatchModule:
                 raise members.refuse_member(name, found)
         return params, state
 
-    def extract(self, index: int) -> Any:
-        """Member `index`: a `JaxModule` (same mode) or a ``(params, apply_fn)`` pair."""
-        i = members.check_member(index, self.batch)
-        params, state = row(self.params, i), row(self.state, i)
-        if self._spec.template is not None:
-            return JaxModule(self._spec.template.craft, params, state, train=self.train)
-        return params, self._spec.apply_fn
+    def modes(self, module: Any) -> Mapping[str, bool]:
+        # One mode for the batch: a member in eval would run in training mode.
+        return {"the module": bool(module.train)} if isinstance(module, JaxModule) else {}
 
-    def insert(self, index: int, module: Any) -> None:
-        """Makes member `index` a copy of `module`, rebinding `params` and `state`.
+    def arrays(self, value: Any) -> Iterable[tuple[str, Sequence[int]]]:
+        if not batching_run.is_mapped(value, False):  # arrays, also in tuples, lists, dicts
+            return ()
+        return [
+            (jax.tree_util.keystr(path), leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]
+        ]
 
-        New arrays, as `JaxModule` does. Optimizer state for the member is left as it was.
-        """
-        i = members.check_member(index, self.batch)
-        params, state = self._values_of(module, "module")
-        put = lambda stacked, v: stacked.at[i].set(jnp.asarray(v, dtype=stacked.dtype))  # noqa: E731
-        self.params = jax.tree_util.tree_map(put, self.params, params)
-        self.state = jax.tree_util.tree_map(put, self.state, state)
+    # -- decisions ---------------------------------------------------------------------
 
-    def replace(self, **changes: Any) -> BatchModule:
-        """A copy with `params` and/or `state` replaced (same members' spec and mode)."""
-        out = jax.tree_util.tree_unflatten(
-            jax.tree_util.tree_structure(self), jax.tree_util.tree_leaves(self)
-        )
-        out.params = changes.get("params", self.params)
-        out.state = changes.get("state", self.state)
-        return out
-
-    # -- running -----------------------------------------------------------------------
-
-    def _check_inputs(self, inputs: Sequence[Any]) -> None:
-        if not inputs:
-            raise ArgumentError("BatchModule needs at least one input; got none")
-        if self.shared_input:
-            return
-        for i, x in enumerate(inputs):
-            if batching_run.is_mapped(x, False):  # arrays, also inside tuples, lists, dicts
-                for path, leaf in jax.tree_util.tree_flatten_with_path(x)[0]:
-                    name = f"inputs[{i}]{jax.tree_util.keystr(path)}"
-                    members.check_leading(name, leaf.shape, self.batch, "[batch, B, ...]")
-
-    def _member_keys(self, rng: Any) -> Any:
-        if rng is None:
-            return None
-        return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(self.batch))
-
-    def _decide(
-        self, params: Any, state: Any, inputs: Sequence[Any], keys: Any, train: bool
-    ) -> dispatch.Decision:
-        spec = self._spec
+    def key(self, call: Any) -> tuple[Any, ...]:
+        s, spec = self.settings, self.spec
         shapes = tuple(
             (tuple(x.shape), str(x.dtype))
             if hasattr(x, "shape")
             else str(jax.tree_util.tree_map(lambda a: (tuple(a.shape), str(a.dtype)), x))
             if batching_run.is_mapped(x, False)
             else type(x).__name__
-            for x in inputs
+            for x in call.inputs
         )
-        traced = batching_run.is_traced(params, state, inputs, keys)
-        leaf = jax.tree_util.tree_leaves(params)[0]
+        leaf = jax.tree_util.tree_leaves(call.params)[0]
         # Under a trace the device is unknown: any decision for these shapes fits.
-        device = "" if traced else str(getattr(leaf, "sharding", type(leaf).__name__))
-        key = (
+        device = ANY if call.traced else str(getattr(leaf, "sharding", type(leaf).__name__))
+        return (
             "jax",
             spec.arch,
             shapes,
             device,
-            train,
-            spec.batch,
-            spec.shared_input,
-            spec.memory_budget,
+            call.train,
+            s.batch,
+            s.shared_input,
+            s.memory_budget,
             # what a timing depends on beyond the model: JAX's version and XLA's threads
             jax.__version__,
             os.environ.get("XLA_FLAGS", ""),
             _code_of(spec),  # the disk cache outlives an edit of the model's code
         )
-        for known_key, known in spec.decisions.items():
-            if known_key == key or (traced and known_key[:3] + known_key[4:] == key[:3] + key[4:]):
-                spec.decision = known
-                spec.notes = spec.all_notes.get(known_key, ())
-                spec.isolation = spec.probed.get((known.strategy, train), spec.isolation)
-                return known
-        chunk = spec.batch
-        if spec.memory_budget is not None:  # estimated from shapes: works under a trace
-            need = batching_run.member_bytes(
-                spec.one, params, state, inputs, spec.shared_input, keys, train
-            )
-            chunk = dispatch.chunk_size(spec.batch, need, spec.memory_budget)
-        if traced and spec.strategy == "auto":
+
+    def choose(self, key: tuple[Any, ...], call: Any) -> dispatch.Decision:
+        s = self.settings
+        chunk = s.batch
+        if s.memory_budget is not None:  # estimated from shapes: works under a trace
+            need = batching_run.member_bytes(self.spec.one, *call.values(s.shared_input))
+            chunk = dispatch.chunk_size(s.batch, need, s.memory_budget)
+        if call.traced and s.strategy == "auto":
             # Nothing can be timed under a trace: vmap (in chunks under a budget), unless
             # tune() measured these shapes before.
-            return dispatch.Decision(*dispatch.plan("jax", "vmap", spec.batch, chunk), "default")
-        found: batching_probe.Findings | None = None
-        if spec.strategy != "auto":
-            decision = dispatch.Decision(*dispatch.plan("jax", spec.strategy, spec.batch, chunk))
-            notes: tuple[str, ...] = ()
-        else:
-            decision, notes, found = self._choose(key, chunk, params, state, inputs, keys, train)
-        probe_key = (decision.strategy, train)
-        # Once per strategy and mode: a module may mix members only in training (a batch
-        # statistic), or only under one strategy.
-        if spec.check_isolation and probe_key not in spec.probed and not traced:
-            if found is None:
-                found = batching_probe.inspect(
-                    spec.one, params, state, inputs, spec.shared_input, keys, train, vmapped=False
-                )
-            spec.probed[probe_key] = self._isolation(
-                decision, found, params, state, inputs, keys, train
-            )
-        spec.isolation = spec.probed.get(probe_key)
-        spec.decisions[key] = decision
-        spec.all_notes[key] = notes
-        spec.decision, spec.notes = decision, notes
-        return decision
+            return dispatch.Decision(*dispatch.plan("jax", "vmap", s.batch, chunk), "default")
+        if s.strategy != "auto":
+            return dispatch.Decision(*dispatch.plan("jax", s.strategy, s.batch, chunk))
+        return self._auto(key, chunk, call)
 
-    def _choose(
-        self,
-        key: tuple[Any, ...],
-        chunk: int,
-        params: Any,
-        state: Any,
-        inputs: Sequence[Any],
-        keys: Any,
-        train: bool,
-    ) -> tuple[dispatch.Decision, tuple[str, ...], batching_probe.Findings | None]:
+    def _auto(self, key: tuple[Any, ...], chunk: int, call: _Call) -> dispatch.Decision:
         """The "auto" decision outside a trace: cached, by rule (nothing compiled), or timed."""
-        spec = self._spec
+        s, spec = self.settings, self.spec
         cached = dispatch.CACHE.get(key)
         if cached is not None:
-            return (
-                dataclasses.replace(cached, reason=f"cached, {cached.reason}"),
-                cached.notes,
-                None,
-            )
-        found = batching_probe.inspect(
-            spec.one, params, state, inputs, spec.shared_input, keys, train
-        )
-        vmap_form = dispatch.plan("jax", "vmap", spec.batch, chunk)
-        if spec.batch == 1 or (not found.regrouped and found.vmap_error is None):
+            return dataclasses.replace(cached, reason=f"cached, {cached.reason}")
+        found = call.found = batching_probe.inspect(spec.one, *call.values(s.shared_input))
+        vmap_form = dispatch.plan("jax", "vmap", s.batch, chunk)
+        if s.batch == 1 or (not found.regrouped and found.vmap_error is None):
             # vmap runs each op of one member once, batched over the members: it does the
             # members' work in the fewest calls, so timing another strategy could not pay
             # for its own compile (seconds on a cold cache).
             notes = (
                 f"not timed: the members' vmapped forward and backward (traced in "
                 f"{found.seconds:.2f} s, nothing compiled) run each op of one member once, "
-                f"batched over the {spec.batch} members; no conv becomes a grouped conv, so "
+                f"batched over the {s.batch} members; no conv becomes a grouped conv, so "
                 "no other strategy is expected to be faster, and timing one would cost a "
                 "compile",
             )
             decision = dispatch.Decision(*vmap_form, reason="rule", notes=notes)
             dispatch.CACHE.put(key, decision)
-            return decision, notes, found
-        options = dispatch.candidates("jax", spec.batch, chunk)
+            return decision
+        options = dispatch.candidates("jax", s.batch, chunk)
         # The loop first: each member's own program, the yardstick vmap is timed against
         # (a candidate far slower than the best is called once).
         first = vmap_form[0]
@@ -378,41 +454,39 @@ class BatchModule:
             names.remove("vmap")
             errors["vmap"] = found.vmap_error
         outcome = batching_run.within_budget(
-            batching_run.candidates(
-                spec.one, options, params, state, inputs, spec.shared_input, keys, train
-            ),
+            batching_run.candidates(spec.one, options, *call.values(s.shared_input)),
             names,
-            spec.batch,
+            s.batch,
         )
         if outcome.best is None:
             raise next(iter(outcome.errors.values()))
         errors |= {
             k: f"{type(e).__name__}: {e}".splitlines()[0][:200] for k, e in outcome.errors.items()
         }
-        timings = {n: t.step(spec.batch) for n, t in outcome.trials.items()}
+        timings = {n: t.step(s.batch) for n, t in outcome.trials.items()}
         decision = dispatch.Decision(
             outcome.best,
             options[outcome.best],
             "measured",
             dict(sorted(timings.items(), key=lambda kv: kv[1])),
             errors,
-            notes=_measured_notes(outcome, found, spec.batch),
+            notes=_measured_notes(outcome, found, s.batch),
         )
         dispatch.CACHE.put(key, decision)
-        return decision, decision.notes, found
+        return decision
 
-    def _isolation(
-        self,
-        decision: dispatch.Decision,
-        found: batching_probe.Findings,
-        params: Any,
-        state: Any,
-        inputs: Sequence[Any],
-        keys: Any,
-        train: bool,
-    ) -> str:
+    def adopt(self, decision: dispatch.Decision, call: Any, probe: bool) -> str | None:
         """The isolation verdict: from the trace when it shows only JAX's own primitives."""
-        spec = self._spec
+        if not probe or call.traced:
+            return None
+        s, spec = self.settings, self.spec
+        found = call.found
+        if found is None:
+            found = batching_probe.inspect(
+                spec.one,
+                *call.values(s.shared_input),
+                vmapped=False,
+            )
         if not found.foreign:
             return (
                 f"passed without a run ({decision.strategy}): the member's forward and "
@@ -429,83 +503,13 @@ class BatchModule:
                 spec.one,
                 decision.strategy,
                 decision.chunk,
-                params,
-                state,
-                inputs,
-                spec.shared_input,
-                keys,
-                train,
-                culprit,
+                *call.values(s.shared_input),
+                culprit=culprit,
             ),
             decision.strategy,
             ran=decision.reason == "measured",
         )
         return f"{verdict}; probed for {', '.join(found.foreign)}"
-
-    def apply(
-        self,
-        params: Any,
-        state: Any,
-        *inputs: Any,
-        train: bool = False,
-        rng: jax.Array | None = None,
-    ) -> tuple[Any, Any]:
-        """Runs every member: ``(outputs [batch, B, ...], new_state)``.
-
-        Pure, so jit and grad apply. `rng` is split per member (``fold_in(rng, i)``), so
-        dropout draws differ between members.
-        """
-        self._check_inputs(inputs)
-        keys = self._member_keys(rng)
-        decision = self._decide(params, state, inputs, keys, bool(train))
-        if decision.strategy != "loop" and _concrete((params, state, inputs, keys)):
-            # Outside a trace every op would compile on its own (about 0.1 s each on a
-            # CPU): one jitted program per strategy runs the call, compiled once.
-            run = _eager(self._spec.one, decision.strategy, decision.chunk)
-            return run(params, state, tuple(inputs), keys, self.shared_input, bool(train))
-        return batching_run.run_members(
-            self._spec.one,
-            decision.strategy,
-            decision.chunk,
-            params,
-            state,
-            inputs,
-            self.shared_input,
-            keys,
-            bool(train),
-        )
-
-    def __call__(self, *inputs: Any, rng: jax.Array | None = None) -> Any:
-        out, new_state = self.apply(self.params, self.state, *inputs, train=self.train, rng=rng)
-        if self.train:
-            self.state = new_state
-        return out
-
-    def tune(self, *inputs: Any, rng: jax.Array | None = None) -> str:
-        """Chooses the strategy (and probes isolation) now; returns `explain`.
-
-        Call it outside any trace, so a later ``jax.jit`` uses the measured choice.
-        """
-        self._check_inputs(inputs)
-        keys = self._member_keys(rng)
-        self._decide(self.params, self.state, inputs, keys, bool(self.train))
-        return self.explain()
-
-    def explain(self) -> str:
-        """The strategy in use, why, what was timed (or why not), and the isolation verdict."""
-        spec = self._spec
-        text = dispatch.explain_text(spec.decision, "jax", spec.batch, spec.isolation)
-        if not spec.notes or spec.decision is None:
-            return text
-        lines = text.splitlines()
-        keep = [lines[0], lines[1]]  # the header and the strategy line
-        keep += ["    " + note for note in spec.notes]
-        return "\n".join(keep + [line for line in lines if line.startswith("  isolation")])
-
-    def __repr__(self) -> str:
-        return (
-            f"BatchModule(batch={self.batch}, module={self._spec.kind}, strategy={self.strategy!r})"
-        )
 
 
 # Jitted runs of the members for calls outside a trace, by member function (weakly: a
@@ -568,10 +572,6 @@ def _concrete(tree: Any) -> bool:
         or (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer))
         for x in leaves
     )
-
-
-def _mode(train: object) -> str:
-    return "training" if train else "eval"
 
 
 def _measured_notes(

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dualtrain.batching import dispatch, members
+from dualtrain.batching import members
 from dualtrain.errors import bad_argument
 from dualtrain.interop import convert
 from dualtrain_jax.craft import JaxModule
@@ -52,24 +52,16 @@ def _flat(tree: Any) -> dict[str, Any]:
 
 @dataclasses.dataclass(eq=False)  # compared and hashed by identity: jit's cache key
 class Spec:
-    """What a BatchModule keeps outside its leaves: how to run one member, and decisions."""
+    """How a BatchModule runs one member, kept outside its leaves.
+
+    The decisions are the skeleton's (`dualtrain.batching.skeleton.MemberBatch`).
+    """
 
     one: Callable[..., tuple[Any, Any]]
     kind: str
     template: JaxModule | None
     apply_fn: Callable[..., Any] | None
-    batch: int
-    shared_input: bool
-    strategy: str
-    memory_budget: int | None
-    check_isolation: bool
     entries: list[members.Entry]
-    decisions: dict[tuple[Any, ...], dispatch.Decision] = dataclasses.field(default_factory=dict)
-    decision: dispatch.Decision | None = None
-    isolation: str | None = None  # the probe's verdict for the decision in use
-    probed: dict[tuple[str, bool], str] = dataclasses.field(default_factory=dict)
-    notes: tuple[str, ...] = ()  # what explain() says about the decision in use
-    all_notes: dict[tuple[Any, ...], tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.arch = members.architecture_key(self.kind, self.entries)  # built once, keyed often

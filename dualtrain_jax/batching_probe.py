@@ -195,6 +195,7 @@ def probe(
     shared: bool,
     keys: Any,
     train: bool,
+    *,
     culprit: str,
 ) -> str:
     """Checks on members 0 and 1 that neither moves the other, forward and backward.

@@ -1,15 +1,15 @@
 """Model batching under torch: N models of one architecture trained as one module.
 
 `BatchModule` stacks the members' parameters into ``[batch, ...]`` leaf parameters and runs
-one template module over them with ``torch.func`` (docs/batching.md). The neutral parts
-(argument checks, member seeds, strategy choice and its cache, the isolation verdict) live
-in `dualtrain.batching`; the execution strategies and the probe in `batching_run`.
+one template module over them with ``torch.func`` (docs/batching.md). It holds the neutral
+skeleton (settings, member checks, decisions, explain) as a `MemberBatch` and supplies its
+torch hooks (`_Members`); the execution strategies and the probe are in `batching_run`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
+from dualtrain.batching.skeleton import BatchSettings, Framework, MemberBatch
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch import batching_probe, batching_run
 from dualtrain_torch.batching_loss import batch_loss, batch_topk
@@ -32,6 +33,8 @@ from dualtrain_torch.batching_members import (
 )
 
 __all__ = ["BatchModule", "batch_loss", "batch_topk"]
+
+FRAMEWORK = Framework("torch", "a non-empty list of nn.Modules", nn.Module, "an nn.Module")
 
 
 class BatchModule(nn.Module):
@@ -69,6 +72,7 @@ class BatchModule(nn.Module):
     """
 
     _template: nn.Module  # set with object.__setattr__: not a submodule
+    _core: MemberBatch[_Members]  # the neutral skeleton, with this module's torch hooks
     # Lay parameters out like their gradients on the first backward (match_gradient_layout:
     # vmap's Linear weight gradients come out transposed per member, and a contiguous
     # parameter pays a strided copy of each every step). False keeps them contiguous, for
@@ -91,60 +95,100 @@ class BatchModule(nn.Module):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise bad_argument("module", module, "a torch nn.Module (a realized Craft too)")
-        batch = members.check_batch(batch)
-        init = members.check_init(init)
-        seeds = members.member_seeds(seed, batch)
-        self.shared_input = members.check_flag("shared_input", shared_input)
-        self.strategy = members.check_strategy(strategy, "torch")
-        self.memory_budget = members.check_memory_budget(memory_budget)
-        self.check_isolation = members.check_flag("check_isolation", check_isolation)
+        settings = FRAMEWORK.settings(
+            batch,
+            init=init,
+            seed=seed,
+            shared_input=shared_input,
+            strategy=strategy,
+            memory_budget=memory_budget,
+            check_isolation=check_isolation,
+        )
         entries = entries_of(module)
         if not any(trainable for *_, trainable in entries):
             raise bad_argument("module", module, "a module that holds at least one parameter")
-        self.batch, self.init, self.seeds = batch, init, seeds
         template = copy_module(module)
         # Not a submodule: its tensors are stand-ins that functional_call replaces.
         object.__setattr__(self, "_template", template)
-        self._entries, self._kind = entries, kind_of(module)
-        self._arch = members.architecture_key(self._kind, entries)  # built once, keyed often
-        # The decision is cached on disk: a model whose code changed is another key (a
-        # strategy measured for the old forward may not run the new one).
-        self._code = code_digest(tuple(dict.fromkeys(type(m).forward for m in module.modules())))
-        self._decisions: dict[tuple[Any, ...], dispatch.Decision] = {}
-        # The "stacked" strategy's plan (None: the model has a piece it cannot run), and
-        # its check against vmap by key (None: agreed; else what differed).
-        self._stacked = batching_run.stacked_plan(template)
-        self._stacked_checks: dict[tuple[Any, ...], str | None] = {}
-        if self.strategy == "stacked" and self._stacked is None:
+        self.stack = Stack()
+        hooks = _Members(settings, template, self.stack, entries, kind_of(module), module)
+        self._core = MemberBatch(FRAMEWORK, settings, hooks, hooks.kind)
+        if settings.strategy == "stacked" and hooks.stacked is None:
             raise bad_argument(
                 "strategy",
                 strategy,
                 '"stacked" only for an nn.Sequential of Linear, Conv1d/2d, pooling, '
                 'Flatten, Dropout and activation layers without hooks; use "auto" or "vmap"',
             )
-        self._decision: dispatch.Decision | None = None
-        self._isolation: str | None = None  # the probe's verdict for the decision in use
-        self._probed: dict[tuple[str, bool], str] = {}  # by (strategy, training)
-        self._laid_out = False  # parameters laid out like their gradients (first backward)
-        self.stack = Stack()
         sources = dict(template.named_parameters()) | dict(template.named_buffers())
         skipped = non_persistent(template)
         for name, *_, trainable in entries:
             value = sources[name].detach()
             self.stack.put(
                 name,
-                value.unsqueeze(0).repeat_interleave(batch, 0),
+                value.unsqueeze(0).repeat_interleave(settings.batch, 0),
                 trainable,
                 requires_grad=sources[name].requires_grad,  # frozen members stay frozen
                 persistent=name not in skipped,
             )
-        if init == "independent":
+        if settings.init == "independent":
             params, buffers = self._tensors()
-            draw_members(template, params | buffers, seeds)
+            draw_members(template, params | buffers, settings.seeds)
         # nn.Module.train leaves the template alone: it keeps each submodule's own mode (a
         # BatchNorm held in eval inside a training model stays so), as the member had it.
         super().train(module.training)
         self._register_state_dict_hook(_contiguous_state)
+
+    # -- settings (the skeleton's) -----------------------------------------------------------
+
+    @property
+    def batch(self) -> int:
+        return self._core.batch
+
+    @property
+    def init(self) -> str:
+        return self._core.settings.init
+
+    @property
+    def seeds(self) -> list[int]:
+        return self._core.settings.seeds
+
+    @property
+    def shared_input(self) -> bool:
+        return self._core.settings.shared_input
+
+    @shared_input.setter
+    def shared_input(self, value: bool) -> None:
+        self._core.settings.shared_input = value
+
+    @property
+    def strategy(self) -> str:
+        return self._core.settings.strategy
+
+    @strategy.setter
+    def strategy(self, value: str) -> None:
+        self._core.settings.strategy = value
+
+    @property
+    def memory_budget(self) -> int | None:
+        return self._core.settings.memory_budget
+
+    @memory_budget.setter
+    def memory_budget(self, value: int | None) -> None:
+        self._core.settings.memory_budget = value
+
+    @property
+    def check_isolation(self) -> bool:
+        return self._core.settings.check_isolation
+
+    @check_isolation.setter
+    def check_isolation(self, value: bool) -> None:
+        self._core.settings.check_isolation = value
+
+    @property
+    def _decision(self) -> dispatch.Decision | None:
+        """The decision in use (None before the first call)."""
+        return self._core.decision
 
     # -- members -------------------------------------------------------------------------
 
@@ -186,11 +230,7 @@ class BatchModule(nn.Module):
             ArgumentError: an empty list, a non-module, or modules whose class, tensor names,
                 shapes or dtypes differ (the message names the first difference).
         """
-        if not isinstance(modules, Sequence) or isinstance(modules, nn.Module) or not modules:
-            raise bad_argument("modules", modules, "a non-empty list of nn.Modules")
-        for i, m in enumerate(modules):
-            if not isinstance(m, nn.Module):
-                raise bad_argument(f"modules[{i}]", m, "an nn.Module")
+        modules = FRAMEWORK.module_list(modules)
         out = cls(
             modules[0],
             len(modules),
@@ -200,47 +240,13 @@ class BatchModule(nn.Module):
             memory_budget=memory_budget,
             check_isolation=check_isolation,
         )
-        for i, m in enumerate(modules[1:], start=1):
-            out._check_same(m, f"modules[{i}]")
-            _check_modes(modules[0], m, f"modules[{i}]")
-        for i, m in enumerate(modules[1:], start=1):
-            out.insert(i, m)
+        for i, m in out._core.admit(modules):
+            out._write(i, m)
         return out
-
-    def _check_same(self, module: Any, name: str) -> None:
-        """Refuses a member that would not run as the first one does.
-
-        Every member runs through the template's code, settings and hooks with one
-        ``requires_grad`` per stacked parameter, so all of these must be the first
-        member's: the message names the member, the tensor or submodule, and both values.
-        """
-        if not isinstance(module, nn.Module):
-            raise bad_argument(name, module, "an nn.Module")
-        kind = kind_of(module)
-        differs = f"it is a {kind}, the first member a {self._kind}" if kind != self._kind else ""
-        members.compare_architectures(self._entries, entries_of(module), name, differs)
-        stacked = dict(self.stack.named_parameters())
-        for key, p in module.named_parameters():
-            ours = stacked[key].requires_grad
-            theirs = p.requires_grad and p.is_floating_point()
-            if ours != theirs:
-                raise members.refuse_member(
-                    name,
-                    f"{key} has requires_grad={theirs} there but {ours} in the batch: one "
-                    "stacked parameter trains every member or none (freeze it in every "
-                    "member, or in none)",
-                )
-        if non_persistent(module) != non_persistent(self._template):
-            raise members.refuse_member(
-                name,
-                f"its non-persistent buffers are {sorted(non_persistent(module))} there but "
-                f"{sorted(non_persistent(self._template))} in the first member",
-            )
-        _check_submodules(self._template, module, name)
 
     def extract(self, index: int) -> nn.Module:
         """Member `index` as an ordinary module (a copy of the template with its tensors)."""
-        i = members.check_member(index, self.batch)
+        i = self._core.index(index)
         out = copy_module(self._template)
         params, buffers = self._tensors()
         with torch.no_grad():
@@ -253,8 +259,9 @@ class BatchModule(nn.Module):
 
         Optimizer state for the member (momentum, Adam's moments) is left as it was.
         """
-        i = members.check_member(index, self.batch)
-        self._check_same(module, "module")
+        self._write(*self._core.member(index, module))
+
+    def _write(self, i: int, module: nn.Module) -> None:
         params, buffers = self._tensors()
         targets = params | buffers
         with torch.no_grad():
@@ -270,169 +277,35 @@ class BatchModule(nn.Module):
 
     def _apply(self, fn: Any, recurse: bool = True) -> BatchModule:
         super()._apply(fn, recurse)
-        self._laid_out = False  # .to() may lay parameters out afresh
         self._template._apply(fn, recurse)  # extract() copies the template: same dtype, device
-        # insert() compares against the members as they are now (.double() changes dtypes).
-        self._entries = entries_of(self._template)
-        self._arch = members.architecture_key(self._kind, self._entries)
+        self._core.hooks.refresh()
         return self
 
-    def _check_inputs(self, inputs: Sequence[Any]) -> None:
-        if not inputs:
-            raise ArgumentError("BatchModule needs at least one input; got none")
-        if self.shared_input:
-            return
-        for i, x in enumerate(inputs):
-            if isinstance(x, torch.Tensor):  # the common case, without a tree walk
-                members.check_leading(f"inputs[{i}]", x.shape, self.batch, "[batch, B, ...]")
-                continue
-            for path, leaf in pytree.tree_flatten_with_path(x)[0]:
-                if isinstance(leaf, torch.Tensor):
-                    name = f"inputs[{i}]{pytree.keystr(path)}"
-                    members.check_leading(name, leaf.shape, self.batch, "[batch, B, ...]")
-
-    def _key(self, params: dict[str, torch.Tensor], inputs: Sequence[Any]) -> tuple[Any, ...]:
-        shapes: tuple[Any, ...]
-        if all(type(x) is torch.Tensor for x in inputs):  # the common case: no tree walk
-            shapes = ("tensors", *((tuple(x.shape), str(x.dtype)) for x in inputs))
-            return self._key_of(params, shapes)
-        leaves, spec = pytree.tree_flatten(list(inputs))
-        shapes = (
-            str(spec),
-            *(
-                (tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else type(x).__name__
-                for x in leaves
-            ),
-        )
-        return self._key_of(params, shapes)
-
-    def _key_of(self, params: dict[str, torch.Tensor], shapes: tuple[Any, ...]) -> tuple[Any, ...]:
-        device = str(next(iter(params.values())).device)
-        mode = (self.training, torch.is_grad_enabled())
-        return (
-            "torch",
-            torch.__version__,  # the disk cache outlives an upgrade
-            self._arch,
-            self._code,
-            shapes,
-            device,
-            mode,
-            self.batch,
-            self.shared_input,
-            self.memory_budget,
-        )
-
-    def _decide(
+    def _call(
         self,
         inputs: Sequence[Any],
         tensors: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]] | None = None,
-    ) -> dispatch.Decision:
+    ) -> _Call:
         params, buffers = self._tensors() if tensors is None else tensors
-        key = self._key(params, inputs)
-        known = self._decisions.get(key)
-        if known is not None:
-            self._decision = known
-            self._isolation = self._probed.get((known.strategy, self.training), self._isolation)
-            return known
-        chunk = self.batch
-        if self.memory_budget is not None:
-            need = batching_run.member_bytes(
-                self._template, params, buffers, inputs, self.shared_input
-            )
-            chunk = dispatch.chunk_size(self.batch, need, self.memory_budget)
-        extra, refused = self._stacked_allowed(key, params, buffers, inputs)
-        decision = dispatch.decide(
-            "torch",
-            self.strategy,
-            self.batch,
-            chunk,
-            key,
-            lambda options, members: batching_run.timed_runs(
-                self._template, options, params, buffers, inputs, self.shared_input, members
-            ),
-            extra=extra,
-            make_step_runs=lambda strategy, chunk: batching_run.step_runs(
-                self._template, strategy, chunk, params, buffers, inputs, self.shared_input
-            ),
-        )
-        if refused and decision.reason == "measured":
-            decision = dataclasses.replace(decision, errors={**decision.errors, **refused})
-        probe_key = (decision.strategy, self.training)
-        if self.check_isolation and probe_key not in self._probed:
-            # Once per strategy and mode: a module may mix members only in training
-            # (a batch statistic), or only under one strategy.
-            self._probed[probe_key] = isolation.run_probe(
-                lambda: batching_probe.probe(
-                    self._template,
-                    decision.strategy,
-                    decision.chunk,
-                    params,
-                    buffers,
-                    inputs,
-                    self.shared_input,
-                ),
-                decision.strategy,
-                ran=decision.reason == "measured",
-            )
-        self._isolation = self._probed.get(probe_key)
-        if not self._laid_out and self.match_gradient_layout and torch.is_grad_enabled():
-            batching_run.match_gradient_layout(
-                self._template,
-                decision.strategy,
-                decision.chunk,
-                params,
-                buffers,
-                inputs,
-                self.shared_input,
-            )
-            self._laid_out = True
-        self._decisions[key] = decision
-        self._decision = decision
-        return decision
+        return _Call(params, buffers, inputs, self.training, self.match_gradient_layout)
 
-    def _stacked_allowed(
-        self,
-        key: tuple[Any, ...],
-        params: dict[str, torch.Tensor],
-        buffers: dict[str, torch.Tensor],
-        inputs: Sequence[Any],
-    ) -> tuple[tuple[str, ...], dict[str, str]]:
-        """Whether "stacked" may run these inputs: planned, and equal to vmap on them.
-
-        Checked once per key and BatchModule, in every process (a decision from the disk
-        cache is never trusted for correctness). Returns ``(extra, refused)``: the
-        strategies to offer beyond the general ones, and why "stacked" was refused.
-
-        Raises:
-            ArgumentError: ``strategy="stacked"`` and it differs from vmap here.
-        """
-        if self.strategy not in ("auto", "stacked") or self._stacked is None:
-            return (), {}
-        if key not in self._stacked_checks:
-            self._stacked_checks[key] = batching_run.check_stacked(
-                self._template, params, buffers, inputs, self.shared_input
-            )
-        found = self._stacked_checks[key]
-        if found is None:
-            return ("stacked",), {}
-        if self.strategy == "stacked":
-            raise ArgumentError(f'strategy="stacked" does not compute what vmap does here: {found}')
-        return (), {"stacked": f"refused: {found}"}
+    def _key(self, params: dict[str, torch.Tensor], inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """The decision key of a call with these parameters and inputs, in this mode."""
+        return self._core.hooks.key(_Call(params, {}, inputs, self.training, False))
 
     def tune(self, *inputs: Any) -> str:
         """Chooses the strategy (and probes isolation) for these inputs now.
 
         The first call does the same by itself. Returns `explain`.
         """
-        self._check_inputs(inputs)
-        self._decide(inputs)
-        return self.explain()
+        self._core.check_inputs(inputs)
+        return self._core.tune(self._call(inputs), self.training)
 
     def forward(self, *inputs: Any) -> Any:
         """The members' outputs ``[batch, B, ...]`` for inputs ``[batch, B, ...]``."""
-        self._check_inputs(inputs)
+        self._core.check_inputs(inputs)
         params, buffers = tensors = self._tensors()
-        decision = self._decide(inputs, tensors)
+        decision = self._core.decide(self._call(inputs, tensors), self.training)
         return batching_run.run_members(
             self._template,
             decision.strategy,
@@ -445,10 +318,214 @@ class BatchModule(nn.Module):
 
     def explain(self) -> str:
         """The strategy in use, why, the measured timings, and the isolation probe's result."""
-        return dispatch.explain_text(self._decision, "torch", self.batch, self._isolation)
+        return self._core.explain()
 
     def extra_repr(self) -> str:
-        return f"batch={self.batch}, module={self._kind}, strategy={self.strategy!r}"
+        return self._core.summary()
+
+
+class _Call:
+    """One call as the hooks see it: the stacked tensors, the inputs, the mode."""
+
+    __slots__ = ("buffers", "inputs", "layout", "params", "training")
+
+    def __init__(
+        self,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        inputs: Sequence[Any],
+        training: bool,
+        layout: bool,
+    ) -> None:
+        self.params, self.buffers, self.inputs = params, buffers, inputs
+        self.training, self.layout = training, layout  # layout: match_gradient_layout
+
+
+class _Members:
+    """The torch hooks of a BatchModule's skeleton (`FrameworkHooks`).
+
+    The template, its architecture and the stacked tensors' holder; how a member is
+    checked and a call keyed, chosen, probed and laid out.
+    """
+
+    def __init__(
+        self,
+        settings: BatchSettings,
+        template: nn.Module,
+        stack: Stack,
+        entries: list[members.Entry],
+        kind: str,
+        module: nn.Module,
+    ) -> None:
+        self.settings, self.template, self.stack = settings, template, stack
+        self.entries, self.kind = entries, kind
+        self.arch = members.architecture_key(kind, entries)  # built once, keyed often
+        # The decision is cached on disk: a model whose code changed is another key (a
+        # strategy measured for the old forward may not run the new one).
+        self.code = code_digest(tuple(dict.fromkeys(type(m).forward for m in module.modules())))
+        # The "stacked" strategy's plan (None: the model has a piece it cannot run), and
+        # its check against vmap by key (None: agreed; else what differed).
+        self.stacked = batching_run.stacked_plan(template)
+        self.stacked_checks: dict[tuple[Any, ...], str | None] = {}
+        self.laid_out = False  # parameters laid out like their gradients (first backward)
+
+    def refresh(self) -> None:
+        """After ``.to()``: the members as they are now (``.double()`` changes dtypes)."""
+        self.laid_out = False  # .to() may lay parameters out afresh
+        self.entries = entries_of(self.template)
+        self.arch = members.architecture_key(self.kind, self.entries)
+
+    # -- members ---------------------------------------------------------------------------
+
+    def values(self, module: Any, name: str) -> Any:
+        """Refuses a member that would not run as the first one does; returns it.
+
+        Every member runs through the template's code, settings and hooks with one
+        ``requires_grad`` per stacked parameter, so all of these must be the first
+        member's: the message names the member, the tensor or submodule, and both values.
+        """
+        if not isinstance(module, nn.Module):
+            raise bad_argument(name, module, "an nn.Module")
+        kind = kind_of(module)
+        differs = f"it is a {kind}, the first member a {self.kind}" if kind != self.kind else ""
+        members.compare_architectures(self.entries, entries_of(module), name, differs)
+        stacked = dict(self.stack.named_parameters())  # as they are now (a member frozen since)
+        for key, p in module.named_parameters():
+            ours = stacked[key].requires_grad
+            theirs = p.requires_grad and p.is_floating_point()
+            if ours != theirs:
+                raise members.refuse_member(
+                    name,
+                    f"{key} has requires_grad={theirs} there but {ours} in the batch: one "
+                    "stacked parameter trains every member or none (freeze it in every "
+                    "member, or in none)",
+                )
+        if non_persistent(module) != non_persistent(self.template):
+            raise members.refuse_member(
+                name,
+                f"its non-persistent buffers are {sorted(non_persistent(module))} there but "
+                f"{sorted(non_persistent(self.template))} in the first member",
+            )
+        _check_submodules(self.template, module, name)
+        return module
+
+    def modes(self, module: Any) -> Mapping[str, bool]:
+        return {sub or "the module": m.training for sub, m in module.named_modules()}
+
+    def arrays(self, value: Any) -> Iterable[tuple[str, Sequence[int]]]:
+        if isinstance(value, torch.Tensor):  # the common case, without a tree walk
+            return (("", value.shape),)
+        return [
+            (pytree.keystr(path), leaf.shape)
+            for path, leaf in pytree.tree_flatten_with_path(value)[0]
+            if isinstance(leaf, torch.Tensor)
+        ]
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def key(self, call: Any) -> tuple[Any, ...]:
+        inputs = call.inputs
+        shapes: tuple[Any, ...]
+        if all(type(x) is torch.Tensor for x in inputs):  # the common case: no tree walk
+            shapes = ("tensors", *((tuple(x.shape), str(x.dtype)) for x in inputs))
+        else:
+            leaves, spec = pytree.tree_flatten(list(inputs))
+            shapes = (
+                str(spec),
+                *(
+                    (tuple(x.shape), str(x.dtype))
+                    if isinstance(x, torch.Tensor)
+                    else type(x).__name__
+                    for x in leaves
+                ),
+            )
+        s = self.settings
+        return (
+            "torch",
+            torch.__version__,  # the disk cache outlives an upgrade
+            self.arch,
+            self.code,
+            shapes,
+            str(next(iter(call.params.values())).device),
+            (call.training, torch.is_grad_enabled()),
+            s.batch,
+            s.shared_input,
+            s.memory_budget,
+        )
+
+    def choose(self, key: tuple[Any, ...], call: Any) -> dispatch.Decision:
+        s, template = self.settings, self.template
+        params, buffers, inputs = call.params, call.buffers, call.inputs
+        chunk = s.batch
+        if s.memory_budget is not None:
+            need = batching_run.member_bytes(template, params, buffers, inputs, s.shared_input)
+            chunk = dispatch.chunk_size(s.batch, need, s.memory_budget)
+        extra, refused = self._stacked_allowed(key, call)
+        decision = dispatch.decide(
+            "torch",
+            s.strategy,
+            s.batch,
+            chunk,
+            key,
+            lambda options, members: batching_run.timed_runs(
+                template, options, params, buffers, inputs, s.shared_input, members
+            ),
+            extra=extra,
+            make_step_runs=lambda strategy, chunk: batching_run.step_runs(
+                template, strategy, chunk, params, buffers, inputs, s.shared_input
+            ),
+        )
+        if refused and decision.reason == "measured":
+            decision = dataclasses.replace(decision, errors={**decision.errors, **refused})
+        return decision
+
+    def adopt(self, decision: dispatch.Decision, call: Any, probe: bool) -> str | None:
+        run = (
+            self.template,
+            decision.strategy,
+            decision.chunk,
+            call.params,
+            call.buffers,
+            call.inputs,
+            self.settings.shared_input,
+        )
+        verdict = None
+        if probe:
+            verdict = isolation.run_probe(
+                lambda: batching_probe.probe(*run),
+                decision.strategy,
+                ran=decision.reason == "measured",
+            )
+        if not self.laid_out and call.layout and torch.is_grad_enabled():
+            batching_run.match_gradient_layout(*run)
+            self.laid_out = True
+        return verdict
+
+    def _stacked_allowed(
+        self, key: tuple[Any, ...], call: _Call
+    ) -> tuple[tuple[str, ...], dict[str, str]]:
+        """Whether "stacked" may run these inputs: planned, and equal to vmap on them.
+
+        Checked once per key and BatchModule, in every process (a decision from the disk
+        cache is never trusted for correctness). Returns ``(extra, refused)``: the
+        strategies to offer beyond the general ones, and why "stacked" was refused.
+
+        Raises:
+            ArgumentError: ``strategy="stacked"`` and it differs from vmap here.
+        """
+        strategy = self.settings.strategy
+        if strategy not in ("auto", "stacked") or self.stacked is None:
+            return (), {}
+        if key not in self.stacked_checks:
+            self.stacked_checks[key] = batching_run.check_stacked(
+                self.template, call.params, call.buffers, call.inputs, self.settings.shared_input
+            )
+        found = self.stacked_checks[key]
+        if found is None:
+            return ("stacked",), {}
+        if strategy == "stacked":
+            raise ArgumentError(f'strategy="stacked" does not compute what vmap does here: {found}')
+        return (), {"stacked": f"refused: {found}"}
 
 
 _HOOKS = (
@@ -554,23 +631,6 @@ def _hook_key(hook: Any, names: dict[int, str]) -> Any:
 def _settings(module: nn.Module) -> dict[str, Any]:
     """A module's public attributes (its hyperparameters); tensors and submodules aside."""
     return {k: v for k, v in vars(module).items() if not k.startswith("_") and k != "training"}
-
-
-def _check_modes(first: nn.Module, module: nn.Module, name: str) -> None:
-    """Each submodule in the mode it has in `first`: the batch runs in one mode per submodule."""
-    ours = dict(first.named_modules())
-    for sub, m in module.named_modules():
-        if m.training != ours[sub].training:
-            where = sub or "the module"
-            raise members.refuse_member(
-                name,
-                f"{where} is in {_mode(m.training)} mode there but in "
-                f"{_mode(ours[sub].training)} mode in the first member",
-            )
-
-
-def _mode(training: bool) -> str:
-    return "training" if training else "eval"
 
 
 def _contiguous_state(module: nn.Module, state: dict[str, Any], prefix: str, local: Any) -> None:

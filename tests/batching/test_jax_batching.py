@@ -247,7 +247,7 @@ def test_the_rule_compiles_no_candidate_and_runs_no_probe(monkeypatch):
     craft = RecipeNet(Recipe("cnn", 4, 3, 2, norm=True, dropout=False))
     bm = BatchModule(dualtrain_jax.realize(craft), 3, shared_input=True)
     bm.tune(jnp.ones((2, 1, 4, 4)))  # a shared input: vmap's conv is one conv, not grouped
-    assert bm._spec.decision.strategy == "vmap" and bm._spec.decision.reason == "rule"
+    assert bm._core.decision.strategy == "vmap" and bm._core.decision.reason == "rule"
 
 
 def test_inspect_finds_the_convs_vmap_groups_and_foreign_primitives():
@@ -510,7 +510,7 @@ def test_a_memory_budget_runs_the_members_in_chunks():
     need = whole.params["first.weight"][0].size * 4 * 4
     tight = BatchModule(module, 6, strategy="vmap", memory_budget=need * 2)
     np.testing.assert_allclose(tight(x), whole(x), rtol=1e-6)
-    assert tight._spec.decision.strategy == "map" and tight._spec.decision.chunk < 6
+    assert tight._core.decision.strategy == "map" and tight._core.decision.chunk < 6
     with pytest.raises(ArgumentError, match="memory_budget must hold at least one member"):
         BatchModule(module, 6, memory_budget=1)(x)
     traced = BatchModule(module, 6, memory_budget=need * 2)  # auto, first call under jit
