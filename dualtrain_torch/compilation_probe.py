@@ -14,7 +14,9 @@ graph was exported with is still what the module holds (`Frozen`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dis
+import types
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -341,13 +343,14 @@ class Frozen:
     """Whether what an ONNX graph was exported with is still what the module holds.
 
     A traced graph keeps as constants everything the forward read: parameters, buffers,
-    plain attributes (``self.temperature``), tensors kept as plain attributes, and the
-    training flags and forward hooks of submodules. Tensors change in place under an
-    optimizer or ``load_state_dict`` (their version counters move) or by re-assignment
-    (the storage moves); buffers are compared by value, as BatchNorm's kernel updates them
-    without moving their counters, and so are tensors that keep no counter (inference
-    tensors). What is not seen: a change inside a mutable object held by a module (a
-    dict deeper than two levels, a custom object's fields).
+    plain attributes (``self.temperature``), tensors kept as plain attributes, the training
+    flags and forward hooks of submodules, and the module-level values and closure cells
+    the forwards read (``SCALE["k"]``). Parameters and buffers are compared by value: a
+    write through ``.data`` (the classic manual update) or BatchNorm's kernel moves no
+    version counter. Attributes and read values are compared as `_attribute` keys them
+    (numbers, strings, tensors, and tuples, lists and dicts of them two levels deep).
+    What is not seen: a change inside a custom object, or a value read by a function the
+    forward calls rather than by the forward itself.
     """
 
     def __init__(self, module: nn.Module) -> None:
@@ -357,7 +360,10 @@ class Frozen:
 
     def _read(self) -> tuple[list[Any], list[torch.Tensor]]:
         by_value: list[torch.Tensor] = list(self.module.buffers())
-        key: list[Any] = [_token(p, by_value) for p in self.module.parameters()]
+        key: list[Any] = []
+        for p in self.module.parameters():
+            key.append(_token(p, []))  # identity and version: compared by value below too
+            by_value.append(p)
         for m in self.module.modules():
             key.append(m.training)
             key.extend(tuple(getattr(m, hooks, {})) for hooks in _HOOKS)
@@ -366,6 +372,8 @@ class Frozen:
                 for name, value in vars(m).items()
                 if name not in MODULE_INTERNALS
             )
+        for fn in _forwards(self.module):
+            key.extend((where, _attribute(value, by_value)) for where, value in _reads(fn))
         return key, by_value
 
     def same(self) -> bool:
@@ -379,3 +387,51 @@ class Frozen:
                 for b, s in zip(values, self.values, strict=True)
             )
         )
+
+
+def _forwards(module: nn.Module) -> Iterator[Callable[..., Any]]:
+    """The Python functions a forward of `module` runs as its own body (each class once)."""
+    seen: set[Any] = set()
+    for m in module.modules():
+        for fn in (type(m).forward, getattr(type(getattr(m, "craft", None)), "run", None)):
+            code = getattr(fn, "__code__", None)
+            if fn is not None and code is not None and code not in seen:
+                seen.add(code)
+                yield fn
+
+
+_GLOBALS_READ: dict[types.CodeType, tuple[str, ...]] = {}
+
+
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The global names `code` (and the functions and comprehensions inside it) reads."""
+    names = _GLOBALS_READ.get(code)
+    if names is None:
+        found: list[str] = []
+        stack = [code]
+        while stack:
+            c = stack.pop()
+            found += [i.argval for i in dis.get_instructions(c) if i.opname == "LOAD_GLOBAL"]
+            stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+        names = _GLOBALS_READ[code] = tuple(dict.fromkeys(found))
+    return names
+
+
+_CODE_KINDS = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+               types.MethodType, types.BuiltinMethodType, property)  # fmt: skip
+
+
+def _reads(fn: Callable[..., Any]) -> Iterator[tuple[str, Any]]:
+    """The values `fn` reads from its module's globals and its closure: code excluded."""
+    code: types.CodeType = fn.__code__
+    space = getattr(fn, "__globals__", {})
+    for name in _global_names(code):
+        if name in space and not isinstance(space[name], _CODE_KINDS):
+            yield f"{fn.__qualname__} reads {name}", space[name]
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if not isinstance(value, _CODE_KINDS):
+            yield f"{fn.__qualname__} closes over {name}", value

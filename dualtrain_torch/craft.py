@@ -67,7 +67,9 @@ class _TorchBinding:
                 f"a {type(layer).__name__} layer was called that is not an attribute of the "
                 "Craft being run; assign layers in __init__ so they are named and realized"
             )
-        if inputs:
+        # Under an export's trace sizes are tensors, and this call's inputs were checked
+        # when it ran eagerly (the ladder exports a signature it has run).
+        if inputs and not torch.jit.is_tracing():
             layer.check_input(*inputs, train=module.training, **kwargs)
             weight = module._parameters.get("weight")  # not nn.Module.__getattr__: slower
             # An input of the weight's own dtype is what every "params" rule takes (under

@@ -24,37 +24,49 @@ _MAX = {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.MaxPool3d}
 _AVG = {1: nn.AvgPool1d, 2: nn.AvgPool2d, 3: nn.AvgPool3d}
 
 
-def _static_pads(spec: dock.Conv) -> tuple[int, ...] | None:
-    """Symmetric pads known before any input is seen, or None when they depend on it."""
-    padding = spec.padding
-    if padding == "valid":
-        return (0,) * spec.ndim
-    if padding == "same":
-        if any(s != 1 for s in spec.stride):
-            return None
-        totals = [d * (k - 1) for k, d in zip(spec.kernel, spec.dilation, strict=True)]
-        return tuple(t // 2 for t in totals) if all(t % 2 == 0 for t in totals) else None
-    pads = resolve_padding(padding, (1,) * spec.ndim, spec.kernel, spec.stride, spec.dilation)
-    return tuple(lo for lo, hi in pads) if all(lo == hi for lo, hi in pads) else None
+def _fixed_pads(spec: dock.Conv) -> tuple[tuple[int, int], ...] | None:
+    """(low, high) per axis when they do not depend on the input's size, else None.
+
+    Only ``"same"`` at a stride above 1 depends on it: at stride 1 its total is
+    ``dilation * (kernel - 1)`` whatever the size.
+    """
+    if spec.padding == "same" and any(s != 1 for s in spec.stride):
+        return None
+    return resolve_padding(spec.padding, (1,) * spec.ndim, spec.kernel, spec.stride, spec.dilation)
+
+
+def same_pads(sizes: Any, spec: dock.Conv) -> list[tuple[Any, Any]]:
+    """``"same"``'s (low, high) per axis for spatial `sizes`, as `autopad` computes them.
+
+    Plain arithmetic, so it runs on ints and on the size tensors an ONNX export traces
+    (the exported graph then pads any input size as eager does, not the example's).
+    """
+    pads = []
+    for n, k, s, d in zip(sizes, spec.kernel, spec.stride, spec.dilation, strict=True):
+        out = (n + s - 1) // s
+        need = (out - 1) * s + d * (k - 1) + 1 - n
+        total = (need + abs(need)) // 2  # max(need, 0) for ints and tensors alike
+        pads.append((total // 2, total - total // 2))
+    return pads
 
 
 def _conv(spec: dock.Conv) -> nn.Module:
-    static = _static_pads(spec)
+    fixed = _fixed_pads(spec)
+    symmetric = fixed is not None and all(lo == hi for lo, hi in fixed)
     base: Any = _CONV[spec.ndim]  # a class chosen at run time: mypy takes it as Any
 
     class Conv(base):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if static is None:  # "same" at stride > 1, or odd totals: pad per input size
-                pads = resolve_padding(
-                    spec.padding, x.shape[2:], spec.kernel, spec.stride, spec.dilation
-                )
+            if not symmetric:  # asymmetric pads, or "same" at stride > 1: pad first
+                pads = fixed if fixed is not None else same_pads(x.shape[2:], spec)
                 x = F.pad(x, [p for lo_hi in reversed(pads) for p in lo_hi])
             return super().forward(x)
 
     Conv.__name__ = Conv.__qualname__ = base.__name__
     return Conv(
         spec.in_channels, spec.out_channels, spec.kernel, spec.stride,
-        padding=static or 0, dilation=spec.dilation, groups=spec.groups, bias=spec.bias,
+        padding=tuple(lo for lo, _ in fixed) if symmetric and fixed else 0,
+        dilation=spec.dilation, groups=spec.groups, bias=spec.bias,
     )  # fmt: skip
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dualtrain.accelerate.rungs import FOLLOWS
+
 __all__ = ["Attempt", "Decision", "Explanation"]
 
 # Attempt.status values
@@ -145,6 +147,8 @@ class Explanation:
                     cols.append(f"max |err| {a.max_error:.2g}")
                 line = "  ".join(cols)
                 lines.append(line + (f"  ({a.reason})" if a.reason else ""))
+                if a.status == "chosen" and a.rung in FOLLOWS:
+                    lines.append(f"    follows: {FOLLOWS[a.rung]}")
             lines.extend(f"  ! {e}" for e in d.events)
         if self.approximations:
             lines.append("approximate (patch_backprop):")

@@ -13,7 +13,7 @@ from typing import Any
 
 from dualtrain.errors import bad_argument
 
-__all__ = ["DEFAULTS", "EAGER", "RUNGS", "parse_backends"]
+__all__ = ["DEFAULTS", "EAGER", "FOLLOWS", "RUNGS", "parse_backends"]
 
 # rung -> what it is, per framework (the order is the documentation's order).
 RUNGS: dict[str, dict[str, str]] = {
@@ -38,6 +38,26 @@ RUNGS: dict[str, dict[str, str]] = {
 }
 
 EAGER = {"torch": "PYTORCH", "jax": "EAGER"}
+
+# rung -> what a call on it follows of what changed since the rung was built (explain()
+# prints it under the chosen rung; docs/acceleration.md, "What each rung follows").
+FOLLOWS: dict[str, str] = {
+    "PYTORCH": "everything: it is the module's own forward",
+    "CHANNELS_LAST": "everything: the module's own forward on NHWC inputs",
+    "TORCH_COMPILE": "what torch.compile's guards check: parameters and buffers (live), "
+    "attributes, module-level values and closures the traced code reads",
+    "CUDA_GRAPHS": "what torch.compile's guards check; parameters are read in place",
+    "COMPILED_STEP": "what torch.compile's guards check: parameters and optimizer state live",
+    "ONNXRUNTIME": "parameters and buffers by value (.data writes too), module attributes, "
+    "hooks and modes, and module-level values and closure cells the forwards read directly "
+    "(re-exported on a change); not a value read inside a function the forward calls, nor "
+    "a field inside a custom object",
+    "JIT_DONATE": "its arguments only: a value read from outside them is a constant of the "
+    "trace, as under jax.jit by hand",
+    "JIT": "its arguments only: a value read from outside them is a constant of the trace, "
+    "as under jax.jit by hand",
+    "EAGER": "everything: op by op",
+}
 
 # What `backends=None` tries. COMPILED_STEP needs a loss and an optimizer (TrainingLearner
 # adds it); ONNXRUNTIME applies to evaluation under no_grad, with the `onnx` extra.
