@@ -27,6 +27,7 @@ from dualtrain_torch.compilation import accelerate
 from dualtrain_torch.compilation_keys import code, modes, signature, structure
 from dualtrain_torch.compilation_module import AcceleratedForward
 from dualtrain_torch.compilation_probe import Snapshot, host
+from dualtrain_torch.compilation_rungs import compile_apart
 
 __all__ = ["TrainingLearner"]
 
@@ -68,7 +69,7 @@ class _StepTrial:
             self._runner = plain
         elif self.name == "COMPILED_STEP":
             # fallback_random keeps dropout on torch's generator, as eager draws it.
-            self._runner = torch.compile(plain, dynamic=False, options={"fallback_random": True})
+            self._runner = compile_apart(plain, {"fallback_random": True})
         else:
             raise UnavailableError("a forward rung: the model's forward uses it inside the step")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from dualtrain_torch.compilation_probe import (
     timed_forward,
 )
 
-__all__ = ["ForwardTrial", "conv_layers", "onnx_available", "rung_trials"]
+__all__ = ["ForwardTrial", "compile_apart", "conv_layers", "onnx_available", "rung_trials"]
 
 Forward = Callable[..., Any]
 
@@ -140,8 +141,25 @@ def _compiled(trial: ForwardTrial, mode: str | None = None) -> Forward:
     options: dict[str, Any] = {"fallback_random": True}
     if mode == "reduce-overhead":
         options["triton.cudagraphs"] = True
-    compiled = torch.compile(trial.eager, dynamic=False, options=options)
-    return compiled
+    return compile_apart(trial.eager, options)
+
+
+def compile_apart(fn: Callable[..., Any], options: dict[str, Any]) -> Callable[..., Any]:
+    """``torch.compile(fn, dynamic=False)`` behind a function whose code object is its own.
+
+    Dynamo keeps what it compiled on the code object of the function it wraps, and wraps
+    every bound method in the same one (its ``inner``): the trials of every signature of
+    every accelerated module shared one cache, and the 9th compile met its
+    ``recompile_limit`` (8), ran eager under the rung's name and warned on stderr.
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    own = types.FunctionType(
+        call.__code__.replace(), call.__globals__, call.__name__, None, call.__closure__
+    )
+    return torch.compile(own, dynamic=False, options=options)
 
 
 def _cuda_graphs(trial: ForwardTrial) -> Forward:
