@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -160,10 +161,19 @@ def torch_plain(steps: int, batch: int) -> float:
     final = loss.detach()
     if world > 1:
         dist.all_reduce(final)  # the global batch's mean: the ranks' means averaged
-        final /= world
+        value = float(final) / world
+        # gloo's thread drops `final` after all_reduce has returned, taking the GIL; one still
+        # doing so when Python finalizes aborts the process (SIGABRT, "terminate called
+        # without an active exception"; docs/multiverse.md). A careful script waits for it.
+        held = weakref.ref(final)
+        del final
         # The DDP first: dropped after its group, its reducer's teardown can deadlock on gloo.
         del model, optimizer
         dist.destroy_process_group()
+        deadline = time.monotonic() + 10.0
+        while held() is not None and time.monotonic() < deadline:
+            time.sleep(0.001)  # the GIL free
+        return value
     return float(final)
 
 
