@@ -138,7 +138,10 @@ def test_a_window_larger_than_the_budget_keeps_a_stable_half(tmp_path):
         for i in range(n):
             preloader[i]
             assert preloader.stats()["resident_bytes"] <= budget
-    assert wd.loads(counter) <= 3 * n - 2 * 8  # epochs 2 and 3 reuse a stable set
+    # Epochs 2 and 3 reuse a stable set (a window that thrashed would load 3 * n). How
+    # many items it holds turns on when the loader threads finish against the consumer:
+    # 10 of 20 on an idle machine, 7 once under a full suite on 2 cores (286 loads).
+    assert wd.loads(counter) <= 3 * n - 2 * 5
 
 
 def test_pickled_caches_join_and_deep_copies_do_not():
