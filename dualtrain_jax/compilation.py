@@ -163,8 +163,19 @@ class AcceleratedFunction:
             made.extend(new)
             return new
 
-        runner = self._decider.decide(self._mode, layout.signature, self._key_parts, trials)
+        def settled() -> None:
+            self._note_donation(layout, made)
+
+        runner = self._decider.decide(
+            self._mode, layout.signature, self._key_parts, trials, settled
+        )
+        self._note_donation(layout, made)
+        return runner
+
+    def _note_donation(self, layout: Layout, made: list[FunctionTrial]) -> None:
+        """Remembers what the signature's JIT_DONATE runner donates, once it is the choice."""
         decision = self._decider.decisions[(self._mode, layout.signature)]
+        runner = self._decider.known(self._mode, layout.signature)
         donated = next((t.donated for t in made if t.name == JIT_DONATE and t.donated), ())
         if decision.chosen == JIT_DONATE and donated:
             starts = layout.starts
@@ -178,7 +189,6 @@ class AcceleratedFunction:
                     and note not in attempt.reason
                 ):
                     attempt.reason = f"{attempt.reason}; {note}".lstrip("; ")
-        return runner
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         # As a method: the instance is the first positional argument (a fixed leaf).

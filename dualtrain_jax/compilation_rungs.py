@@ -159,8 +159,18 @@ class FunctionTrial:
         self._feed: dict[int, int | None] = {}
         self._run: Callable[..., Any] | None = None
         self._chain: list[Any] | None = None
+        self._adopted = False
+
+    def adopt(self, runner: Callable[..., Any]) -> None:
+        """Serves `runner`, this rung's already built function (`build` then does nothing).
+
+        Only for rungs that donate nothing (what serves while candidates wait: JIT, EAGER).
+        """
+        self._run, self._adopted = runner, True
 
     def build(self) -> None:
+        if self._adopted:
+            return
         if self.name == EAGER:
             self._run = eager(self.fn)
             return
@@ -264,11 +274,18 @@ class ModuleTrial:
         self.batch = (params, state, inputs, rng)
         self.kwargs = kwargs
         self._run: Callable[..., Any] | None = None
+        self._adopted = False
+
+    def adopt(self, runner: Callable[..., Any]) -> None:
+        """Serves `runner`, this rung's already built apply (`build` then does nothing)."""
+        self._run, self._adopted = runner, True
 
     def _forward(self, params: Any, state: Any, inputs: tuple[Any, ...], rng: Any) -> Any:
         return self.shell.apply(params, state, *inputs, train=self.train, rng=rng, **self.kwargs)
 
     def build(self) -> None:
+        if self._adopted:
+            return
         if self.name == JIT_DONATE:
             raise UnavailableError(
                 "a module's apply donates nothing (its params and state stay the caller's); "

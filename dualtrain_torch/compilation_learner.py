@@ -61,9 +61,16 @@ class _StepTrial:
         self.inputs, self.targets = inputs, targets
         self.clock = learner._step_decider.options.clock  # what the ladder times with
         self._runner: Callable[..., torch.Tensor] | None = None
+        self._adopted = False
         self._snapshot = _StepSnapshot(learner, attributes=True)
 
+    def adopt(self, runner: Callable[..., torch.Tensor]) -> None:
+        """Serves `runner`, this rung's already built step (`build` then does nothing)."""
+        self._runner, self._adopted = runner, True
+
     def build(self) -> None:
+        if self._adopted:
+            return
         plain = self.learner._plain_step
         if self.name == "PYTORCH":
             self._runner = plain
@@ -246,7 +253,7 @@ class TrainingLearner:
                 },
                 lambda names: [_StepTrial(n, self, batch, targets) for n in names],
             )
-        if runner == self._plain_step:
+        if runner == self._plain_step or decider.serves_eager(runner):
             return runner(batch, targets)
         snapshot = _StepSnapshot(self, attributes=True)
         try:

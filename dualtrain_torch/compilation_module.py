@@ -148,7 +148,7 @@ class AcceleratedForward:
         return self._run(runner, mode, key, args, kwargs)
 
     def _run(self, runner: Callable[..., Any], mode: str, key: str, args: Any, kwargs: Any) -> Any:
-        if runner is self._bound:
+        if runner is self._bound or self.decider.serves_eager(runner):
             return runner(*args, **kwargs)
         # Buffers, attributes and RNG: a failing rung must leave no trace for eager (in
         # training; an evaluation forward moves none of them, `trains`).

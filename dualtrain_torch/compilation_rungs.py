@@ -77,11 +77,18 @@ class ForwardTrial:
         self.args, self.kwargs = args, kwargs
         self.clock = clock
         self._runner: Forward | None = None
+        self._adopted = False
         self._snapshot = Snapshot(module, attributes=True)
 
     # -- the Trial protocol -----------------------------------------------------------
 
+    def adopt(self, runner: Forward) -> None:
+        """Serves `runner`, this rung's already built forward (`build` then does nothing)."""
+        self._runner, self._adopted = runner, True
+
     def build(self) -> None:
+        if self._adopted:
+            return
         try:
             self._runner = _BUILDERS[self.name](self)
         finally:

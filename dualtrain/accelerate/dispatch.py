@@ -1,8 +1,15 @@
 """One accelerated model's decisions: per mode and input signature, which runner runs.
 
 The adapters' wrappers ask `Decider.known(mode, signature)` on every call, and
-`Decider.decide` when it has no runner yet. The first signature met in a mode climbs the
-whole ladder (or reads its verdict from the decision cache); a later new signature in the
+`Decider.decide` when it has no runner yet. The first signature met in a mode reads its
+verdict from the decision cache, or starts on the framework's cheapest correct fast path
+(`rungs.STARTS`: eager torch; ``jax.jit``, verified against op-by-op JAX on that batch) and
+serves its calls through a `Probation` runner: each call reads the clock once, and when a
+candidate's expected payback is due (`dualtrain.accelerate.payback`) the ladder climbs
+those candidates between two calls, against what serves now, and switches only to a
+verified and faster one. When no candidate is left waiting, the decision is cached and the
+calls go straight to the chosen runner. ``budget=math.inf`` climbs the whole ladder at the
+first call, against eager (the behaviour before payback). A later new signature in the
 same mode re-verifies that mode's choice on its batch (one comparison with eager, no
 timing) and falls back to eager if it differs, and keeps eager when that choice is eager
 (no candidate is compiled again per shape); beyond ``max_signatures`` per mode, calls
@@ -12,6 +19,9 @@ good (`Decider.fall_back`), and the reason is recorded (and cached).
 
 from __future__ import annotations
 
+import math
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -20,17 +30,36 @@ from dualtrain.accelerate.compare import compare
 from dualtrain.accelerate.decisions import DecisionCache, fingerprint
 from dualtrain.accelerate.ladder import Trial, climb, describe_error
 from dualtrain.accelerate.options import LadderOptions
+from dualtrain.accelerate.payback import CompileCosts, Horizon, due_at, worth_trying
 from dualtrain.accelerate.report import (
     CHOSEN,
     FAILED,
+    PENDING,
     REJECTED,
+    UNAVAILABLE,
     Attempt,
     Decision,
     Explanation,
 )
-from dualtrain.accelerate.rungs import EAGER, parse_backends
+from dualtrain.accelerate.rungs import EAGER, STARTS, parse_backends
 
-__all__ = ["Decider", "RunnerTrial"]
+__all__ = ["Decider", "Probation", "RunnerTrial", "deciding_seconds"]
+
+# Seconds every Decider of this process has spent deciding (trials, cache reads, the start's
+# verification), each on its own clock: what a DashBoard shows apart from step time.
+_deciding = [0.0]
+_deciding_lock = threading.Lock()
+
+
+def deciding_seconds() -> float:
+    """Seconds this process's ladders have spent deciding so far (monotone)."""
+    return _deciding[0]
+
+
+def _spent_deciding(seconds: float) -> None:
+    if seconds > 0 and math.isfinite(seconds):
+        with _deciding_lock:
+            _deciding[0] += seconds
 
 
 class RunnerTrial(Trial, Protocol):
@@ -39,8 +68,67 @@ class RunnerTrial(Trial, Protocol):
     def runner(self) -> Callable[..., Any]:
         """The callable that runs the model under this rung (after `build`)."""
 
+    def adopt(self, runner: Callable[..., Any]) -> None:
+        """Serves `runner`, already built for this rung, instead of building (`build` no-ops)."""
+
 
 TrialsFor = Callable[[Sequence[str]], list[RunnerTrial]]
+
+_WAITING = "waits for its payback"
+_STATUS_AFTER_S = 1.0  # a climb expected to take this long or more says so on stderr
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"dualtrain.accelerate: {line}\n")
+    sys.stderr.flush()
+
+
+class Probation:
+    """The runner of one (mode, signature) while candidates wait for their payback.
+
+    Calls go to `current`; a call that finds a candidate due first lets the `Decider`
+    climb (between two calls of the job). Not made directly: `Decider.decide` returns one.
+
+    Attributes:
+        current: the runner that serves now (the start rung's, then any rung that won).
+        current_name: its rung.
+        pending: the candidates not tried yet, in the ladder's order.
+        started: the clock reading at the mode's first call; calls: calls served since.
+    """
+
+    def __init__(
+        self,
+        decider: Decider,
+        key: tuple[str, str],
+        current: Callable[..., Any],
+        current_name: str,
+        pending: list[str],
+        trials: TrialsFor,
+        settled: Callable[[], None] | None,
+    ) -> None:
+        self.decider, self.key = decider, key
+        self.current, self.current_name = current, current_name
+        self.pending = pending
+        self.trials, self.settled = trials, settled
+        self.over = 1.0  # the speed-up of `current` over the start rung
+        self.started = decider.options.clock()
+        self.calls = 0
+        self.due = self.started  # re-read at the second call, when a step time is known
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if (
+            self.calls
+            and self.decider.options.clock() >= self.due
+            and self._lock.acquire(blocking=False)  # another thread climbing: serve on
+        ):
+            try:
+                if self.pending:
+                    self.decider._advance(self)
+            finally:
+                self._lock.release()
+        self.calls += 1
+        return self.current(*args, **kwargs)
 
 
 class Decider:
@@ -65,6 +153,8 @@ class Decider:
         self.eager = EAGER[framework]
         self.options = options
         self.cache = DecisionCache(options.folder())
+        self.costs = CompileCosts(options.folder(), framework)
+        self.start = STARTS[framework] if STARTS[framework] in self.backends else self.eager
         self.approximations = list(approximations)
         self.decisions: dict[tuple[str, str], Decision] = {}
         self._runners: dict[tuple[str, str], Callable[..., Any]] = {}
@@ -78,12 +168,19 @@ class Decider:
         """The runner for an already decided (mode, signature), else None (a dict look-up)."""
         return self._runners.get((mode, signature))
 
+    def serves_eager(self, runner: Callable[..., Any]) -> bool:
+        """Whether `runner` runs the eager rung (itself, or a `Probation` serving it)."""
+        if type(runner) is Probation:
+            runner = runner.current
+        return runner is getattr(self, "_eager_runner", None)
+
     def decide(
         self,
         mode: str,
         signature: str,
         key_parts: dict[str, Any],
         trials: TrialsFor,
+        settled: Callable[[], None] | None = None,
     ) -> Callable[..., Any]:
         """Decides (mode, signature) and returns its runner.
 
@@ -92,7 +189,10 @@ class Decider:
             signature: the input signature, as text (shapes, dtypes, devices).
             key_parts: what else the verdict depends on (model structure, device, versions).
             trials: builds the trials for the given rung names, in the order given (the
-                ladder's order, eager last).
+                ladder's order, eager last), on this call's batch (a later climb of the
+                mode's candidates uses it too: the batch is kept until they are decided).
+            settled: called after a later climb changed the decision (an adapter's
+                bookkeeping of what the chosen runner does, such as donation).
         """
         start = self.options.clock()
         key = (mode, signature)
@@ -115,6 +215,7 @@ class Decider:
             built = self._build_chosen(cached.chosen, trials)
             if built is not None:
                 cached.decide_s = self.options.clock() - start
+                _spent_deciding(cached.decide_s)
                 return self._settle(key, cached, built)
         if same_mode and same_mode[0].chosen != self.eager:
             decision, runner = self._reverify(mode, signature, same_mode[0].chosen, trials)
@@ -125,9 +226,23 @@ class Decider:
             reason = f"{mode}'s choice (eager) holds for its new signatures"
             decision = Decision(mode, signature, self.eager, [Attempt(self.eager, CHOSEN, reason)])
             runner = self._eager_runner
-        else:
+        elif self.options.budget == math.inf:
             decision, runner = self._climb(mode, signature, trials)
+        else:
+            decision, runner = self._start_on(mode, signature, trials)
+            pending = [
+                n for n in self.backends if n not in (decision.chosen, self.start, self.eager)
+            ]
+            decision.decide_s = self.options.clock() - start
+            if pending and decision.chosen == self.start:
+                _spent_deciding(decision.decide_s)
+                decision.attempts.extend(Attempt(n, PENDING, _WAITING) for n in pending)
+                probation = Probation(self, key, runner, decision.chosen, pending, trials, settled)
+                self.decisions[key] = decision
+                self._runners[key] = probation
+                return probation
         decision.decide_s = self.options.clock() - start
+        _spent_deciding(decision.decide_s)
         self.cache.put(cache_key, decision)
         return self._settle(key, decision, runner)
 
@@ -162,6 +277,125 @@ class Decider:
 
     # -- internals ------------------------------------------------------------------------
 
+    def _start_on(self, mode: str, signature: str, trials: TrialsFor) -> tuple[Decision, Any]:
+        """The start rung for a mode's first signature (verified against eager if not eager)."""
+        if self.start == self.eager:
+            self._eager(trials)
+            attempt = Attempt(self.eager, CHOSEN, "the start: candidates wait for their payback")
+            return Decision(mode, signature, self.eager, [attempt]), self._eager_runner
+        decision, runner = self._reverify(mode, signature, self.start, trials)
+        for attempt in decision.attempts:
+            if attempt.rung == self.start and attempt.status == CHOSEN:
+                attempt.reason = "the start, verified against eager on this batch"
+                if attempt.compile_s is not None:
+                    self.costs.record(self.start, attempt.compile_s)
+        return decision, runner
+
+    def _advance(self, probation: Probation) -> None:
+        """Climbs the candidates of `probation` that are due, if any; schedules the rest."""
+        options, clock = self.options, self.options.clock
+        now = clock()
+        horizon = Horizon(now - probation.started, probation.calls, options.budget)
+        estimates = {n: self.costs.estimate(n) for n in probation.pending}
+        due = [
+            n
+            for n in probation.pending
+            if worth_trying(n, horizon, estimates[n], options.warm_steps, probation.over)
+        ]
+        if options.budget is not None:
+            # Within a budget the horizon only shrinks: what is not worth it now never is.
+            waiting: list[str] = []
+        else:
+            waiting = [n for n in probation.pending if n not in due]
+        if due:
+            expected = sum(estimates[n] for n in due)
+            loud = options.status and expected >= _STATUS_AFTER_S
+            mode = probation.key[0]
+            if loud:
+                _say(
+                    f"trying {', '.join(due)} for {mode} after {probation.calls} calls "
+                    f"({horizon.elapsed_s:.0f} s); expected build ~{expected:.0f} s, "
+                    "then the job goes on"
+                )
+            spent = clock()
+            self._climb_due(probation, due)
+            if loud:
+                _say(
+                    f"{probation.current_name} serves {mode} "
+                    f"(tried in {clock() - spent:.1f} s; explain() says more)"
+                )
+        probation.pending = waiting
+        decision = self.decisions[probation.key]
+        if waiting:
+            step_s = horizon.step_s
+            next_due = min(
+                due_at(n, step_s, estimates[n], options.warm_steps, probation.over) for n in waiting
+            )
+            probation.due = probation.started + next_due
+            for attempt in decision.attempts:
+                if attempt.status == PENDING:
+                    when = due_at(
+                        attempt.rung,
+                        step_s,
+                        estimates[attempt.rung],
+                        options.warm_steps,
+                        probation.over,
+                    )
+                    attempt.reason = (
+                        f"{_WAITING}: worth trying after ~{when:.0f} s of these calls "
+                        f"(build ~{estimates[attempt.rung]:.1f} s)"
+                        if math.isfinite(when)
+                        else f"{_WAITING}: cannot beat {probation.current_name} by its prior"
+                    )
+            return
+        # Nothing left waiting: the decision is final; calls go straight to the runner.
+        for attempt in decision.attempts:
+            if attempt.status == PENDING:
+                attempt.status = REJECTED
+                attempt.reason = "not tried: it could not pay back its build within the budget"
+        self._runners[probation.key] = probation.current
+        key = self._keys.get(probation.key)
+        if key is not None:
+            self.cache.put(key, decision)
+        if probation.settled is not None:
+            probation.settled()
+
+    def _climb_due(self, probation: Probation, due: list[str]) -> None:
+        clock = self.options.clock
+        start = clock()
+        built = probation.trials([probation.current_name, *due])
+        reference, candidates = built[0], built[1:]
+        reference.adopt(probation.current)
+        chosen, attempts = climb(reference, candidates, self.options)
+        for attempt in attempts:
+            if attempt.compile_s is not None and attempt.status != UNAVAILABLE:
+                self.costs.record(attempt.rung, attempt.compile_s)
+        decision = self.decisions[probation.key]
+        measured = next(a for a in attempts if a.rung == reference.name)
+        tried = {a.rung for a in attempts} - {reference.name}
+        kept = [a for a in decision.attempts if a.rung not in tried]
+        for attempt in kept:
+            if attempt.rung == reference.name and measured.step_ms is not None:
+                attempt.step_ms = measured.step_ms  # what it cost beside the candidates
+        if chosen != probation.current_name:
+            winner = next(a for a in attempts if a.rung == chosen)
+            for attempt in kept:
+                if attempt.status == CHOSEN:
+                    attempt.status = "verified"
+                    attempt.reason = f"{attempt.reason}; then {chosen} won"
+            probation.current = next(t.runner() for t in candidates if t.name == chosen)
+            probation.current_name = chosen
+            probation.over *= winner.speedup or 1.0
+            decision.chosen = chosen
+        # the reference's own line: the one kept from before (it served until now)
+        decision.attempts = [*kept, *(a for a in attempts if a.rung != reference.name)]
+        decision.decide_s += clock() - start
+        _spent_deciding(clock() - start)
+        decision.events.append(
+            f"tried {', '.join(due)} after {probation.calls} calls "
+            f"({start - probation.started:.1f} s): {chosen} serves"
+        )
+
     _eager_runner: Callable[..., Any]
 
     def _settle(
@@ -192,6 +426,7 @@ class Decider:
     def _climb(self, mode: str, signature: str, trials: TrialsFor) -> tuple[Decision, Any]:
         built = trials(self.backends)
         reference = built[-1]
+        reference.build()  # eager serves whatever the ladder finds (climb builds it lazily)
         chosen, attempts = climb(reference, built[:-1], self.options)
         self._eager_runner = reference.runner()
         runner = next(t.runner() for t in built if t.name == chosen)

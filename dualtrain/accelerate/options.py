@@ -44,7 +44,14 @@ class LadderOptions:
         min_speedup: a candidate replaces eager only if eager's median step time over its
             own is at least this (1.03: 3% above timing noise on a shared machine).
         max_signatures: input signatures decided per mode; beyond, calls run eager.
+        budget: seconds the job is expected to run (its calls in one mode), or None. A job
+            starts on the cheapest correct fast path (eager torch, ``jax.jit``) and tries a
+            candidate only when it can win back its trial (`dualtrain.accelerate.payback`):
+            with a budget, within what is left of it (``math.inf``: try every rung at the
+            first call); without, within as long again as the job has run so far.
         cache: True (the default folder), False (no decision cache), or a folder.
+        status: whether a climb expected to take a second or more during the job says so
+            on stderr, one line before (rung, elapsed, expected build) and one after.
         clock: seconds, as `time.perf_counter` (the default) reads them: what times each
             compile and step. A seam for tests, which pass a fake clock so that a verdict
             on speed does not depend on how busy the machine is.
@@ -56,7 +63,9 @@ class LadderOptions:
     warm_steps: int = 5
     min_speedup: float = 1.03
     max_signatures: int = 8
+    budget: float | None = None
     cache: bool | str | os.PathLike[str] = True
+    status: bool = True
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,9 +82,18 @@ class LadderOptions:
         _positive("warm_steps", self.warm_steps, integer=True)
         _positive("min_speedup", self.min_speedup)
         _positive("max_signatures", self.max_signatures, integer=True)
+        if self.budget is not None and (
+            isinstance(self.budget, bool)
+            or not isinstance(self.budget, (int, float))
+            or math.isnan(self.budget)
+            or self.budget <= 0
+        ):
+            raise bad_argument("budget", self.budget, "None or a number of seconds > 0 (inf too)")
         if not isinstance(self.cache, (bool, str, os.PathLike)) or self.cache == "":
             # "" would be the working directory: a cache spread over the user's project.
             raise bad_argument("cache", self.cache, "True, False or a non-empty folder path")
+        if not isinstance(self.status, bool):
+            raise bad_argument("status", self.status, "True or False")
         if not callable(self.clock):
             raise bad_argument(
                 "clock", self.clock, "a callable returning seconds, like time.perf_counter"

@@ -14,12 +14,13 @@ from dualtrain.accelerate.rungs import FOLLOWS
 __all__ = ["Attempt", "Decision", "Explanation"]
 
 # Attempt.status values
-CHOSEN, VERIFIED, REJECTED, UNAVAILABLE, FAILED = (
+CHOSEN, VERIFIED, REJECTED, UNAVAILABLE, FAILED, PENDING = (
     "chosen",
     "verified",
     "rejected",
     "unavailable",
     "failed",
+    "pending",
 )
 
 
@@ -30,11 +31,14 @@ class Attempt:
     Attributes:
         rung: the rung's name ("TORCH_COMPILE", "JIT", ...).
         status: "chosen", "verified" (correct, not fastest), "rejected" (wrong, too slow to
-            compile, or not faster), "unavailable" (cannot run here) or "failed" (raised).
+            compile, or not faster), "unavailable" (cannot run here), "failed" (raised) or
+            "pending" (not tried yet: waiting for its expected payback).
         reason: why, in words.
         compile_s: seconds to build and run the first batch (compiling included).
         step_ms: median step time over the warm steps, milliseconds.
-        speedup: eager's median step time over this rung's.
+        speedup: eager's median step time over this rung's (alternated pairs).
+        speedup_low: the lower quartile of the pairs' own ratios (the verdict's margin
+            beyond the samples' spread).
         max_error: the largest absolute difference from eager over outputs, gradients
             and buffers.
     """
@@ -46,6 +50,7 @@ class Attempt:
     step_ms: float | None = None
     speedup: float | None = None
     max_error: float | None = None
+    speedup_low: float | None = None
 
 
 @dataclass
@@ -72,7 +77,7 @@ class Decision:
         """The decision `to_dict` gave; raises (KeyError, TypeError, ValueError) on bad data."""
         attempts = [Attempt(**a) for a in data["attempts"]]
         for a in attempts:  # a hand-edited file must fail here (ignored), not in str()
-            for name in ("compile_s", "step_ms", "speedup", "max_error"):
+            for name in ("compile_s", "step_ms", "speedup", "max_error", "speedup_low"):
                 if getattr(a, name) is not None:
                     setattr(a, name, float(getattr(a, name)))
         return cls(
@@ -112,7 +117,10 @@ class Explanation:
             chosen = next((a for a in d.attempts if a.rung == d.chosen), None)
             speedup = None if chosen is None else chosen.speedup
             speed = f" {speedup:.1f}x eager" if speedup not in (None, 1.0) else ""
-            tried = f"{len(d.attempts)} rungs tried in {d.decide_s:.1f} s"
+            waiting = sum(a.status == PENDING for a in d.attempts)
+            tried = f"{len(d.attempts) - waiting} rungs tried in {d.decide_s:.1f} s"
+            if waiting:
+                tried += f", {waiting} waiting for their payback"
             how = "from the decision cache" if d.from_cache else tried
             parts.append(f"{d.mode}: {d.chosen}{speed} ({how})")
         return "; ".join(parts) if parts else "nothing decided yet"

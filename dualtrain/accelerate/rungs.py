@@ -13,7 +13,7 @@ from typing import Any
 
 from dualtrain.errors import bad_argument
 
-__all__ = ["DEFAULTS", "EAGER", "FOLLOWS", "RUNGS", "parse_backends"]
+__all__ = ["DEFAULTS", "EAGER", "FOLLOWS", "PRIORS", "RUNGS", "STARTS", "parse_backends"]
 
 # rung -> what it is, per framework (the order is the documentation's order).
 RUNGS: dict[str, dict[str, str]] = {
@@ -38,6 +38,30 @@ RUNGS: dict[str, dict[str, str]] = {
 }
 
 EAGER = {"torch": "PYTORCH", "jax": "EAGER"}
+
+# The cheapest correct fast path a job starts on, before any candidate earns its trial
+# (`dualtrain.accelerate.payback`): eager torch; under JAX, jax.jit (verified against op-by-op
+# JAX on the first batch only), as a user would write it by hand.
+STARTS = {"torch": "PYTORCH", "jax": "JIT"}
+
+# rung -> (seconds to build it, speed-up over the start rung) assumed until this machine has
+# measured the rung's builds (`payback.CompileCosts`). From bench_accelerate on a CPU core:
+# torch.compile of a small CNN 10-70 s for 1.3-1.4x in training; ONNX Runtime 1-3 s for
+# 3-4x in evaluation; a jit of a training step ~1 s; donation saves a copy (a few percent).
+# Rungs that are never available here (CUDA-only, retired) cost nothing to find out.
+PRIORS: dict[str, tuple[float, float]] = {
+    "CHANNELS_LAST": (0.2, 1.1),
+    "TORCH_COMPILE": (30.0, 1.3),
+    "COMPILED_STEP": (40.0, 1.3),
+    "CUDA_GRAPHS": (30.0, 1.5),
+    "ONNXRUNTIME": (3.0, 2.0),
+    "RAMMER": (0.0, 2.0),
+    "TORCHSCRIPT": (0.0, 2.0),
+    "PYTORCH": (0.0, 1.0),
+    "JIT_DONATE": (1.0, 1.05),
+    "JIT": (1.0, 3.0),
+    "EAGER": (0.0, 1.0),
+}
 
 # rung -> what a call on it follows of what changed since the rung was built (explain()
 # prints it under the chosen rung; docs/acceleration.md, "What each rung follows").

@@ -5,6 +5,7 @@ Time is the fake clock of the ladder's tests: each fake trial moves it by its ow
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ class World:
 
 
 def options(folder: Path | None, **kw: Any) -> LadderOptions:
+    # budget=inf: the whole ladder at the first call (the payback rules: test_accelerate_payback)
+    kw.setdefault("budget", math.inf)
     return LadderOptions(warm_steps=2, cache=False if folder is None else folder, clock=CLOCK, **kw)
 
 
@@ -75,8 +78,12 @@ def test_first_call_climbs_then_the_pair_is_known(tmp_path):
     decision = decider.decisions[("train", "s1")]
     assert decision.chosen == "TORCH_COMPILE"
     assert not decision.from_cache
-    # eager and each available candidate: a warm step and two timed ones, nothing else
-    assert decision.decide_s == pytest.approx(3 * (EAGER_MS + MID_MS + FAST_MS) / 1e3)
+    # each available candidate: a warm step and two timed ones, each alternated with one of
+    # eager's (after its own warm step), nothing else
+    eager_steps = 1 + 2 * 2
+    assert decision.decide_s == pytest.approx(
+        (eager_steps * EAGER_MS + 3 * (MID_MS + FAST_MS)) / 1e3
+    )
     assert [(a.rung, a.status) for a in decision.attempts] == [
         ("CHANNELS_LAST", "verified"),
         ("TORCH_COMPILE", "chosen"),

@@ -119,7 +119,12 @@ class FakeTrial:
         self.unavailable, self.build_s, self.want, self.tag = unavailable, build_s, want, tag
         self.calls: collections.Counter[str] = collections.Counter()
 
+    def adopt(self, runner: Callable[..., Any]) -> None:
+        self.calls["adopt"] += 1
+
     def build(self) -> None:
+        if self.calls["adopt"]:
+            return
         self.calls["build"] += 1
         if self.unavailable:
             raise UnavailableError(f"{self.name} needs a device this machine lacks")
@@ -143,7 +148,7 @@ class FakeTrial:
         self.calls["release"] += 1
 
     def runner(self) -> Callable[..., Any]:
-        assert self.calls["build"], "build() first"
+        assert self.calls["build"] or self.calls["adopt"], "build() first"
         name, tag = self.name, self.tag
 
         def run(*args: Any) -> tuple[str, Any]:
@@ -218,9 +223,15 @@ def check_invariants(
         if status in ("failed", "unavailable") or attempt.reason.startswith("differs"):
             # never timed (a step that fails, fails on its first, warm call)
             assert trial.calls["step"] == (1 if kind == "fail_step" else 0)
-    # the reference is never released, and checked once
+    # the reference is never released, and checked once, only when a candidate was built:
+    # a ladder of rungs unavailable here (or failing to build) runs nothing of eager's
     assert ref.calls["release"] == 0
-    assert ref.calls["check"] == 1
+    built = [k for k in kinds if k not in ("unavailable", "fail_build")]
+    assert ref.calls["check"] == (1 if built else 0)
+    # every timed candidate was timed in warm_steps pairs alternated with the reference
+    timed = [a for a in attempts[:-1] if a.step_ms is not None]
+    reached = len(timed) + kinds.count("fail_step")  # those that got as far as timing
+    assert ref.calls["step"] == (1 if reached else 0) + OPTIONS.warm_steps * len(timed)
     # every attempt that got as far as a comparison records its error and compile time
     for attempt in attempts[:-1]:
         if attempt.status in ("chosen", "verified"):

@@ -8,6 +8,7 @@ the accelerated module stays a JaxModule (pytree, keys, pickling, checkpoints).
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import numpy as np
@@ -26,7 +27,8 @@ from dualtrain_jax.compilation_learner import TrainingLearner  # noqa: E402
 from dualtrain_jax.craft import JaxModule, Nozzle, Rudder, realize  # noqa: E402
 
 # no compile budget: a verdict must not turn on how busy the machine is
-FAST = {"warm_steps": 1, "cache": False, "compile_budget": 1e9}
+# budget=inf: the whole ladder at the first call (payback: tests/core/test_accelerate_payback.py)
+FAST = {"warm_steps": 1, "cache": False, "compile_budget": 1e9, "budget": math.inf}
 ANY_WIN = {**FAST, "min_speedup": 1e-9}  # a verified candidate is always chosen
 KEY = jax.random.key(3)
 

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import collections
+import math
 
 import torch
 from torch import nn
 
 from dualtrain_torch.compilation import accelerate_model
+
+# Ladder options for tests of what a rung computes: any verified candidate wins, nothing is
+# cached, no compile is too slow, and (budget=inf) the whole ladder climbs at the first call
+# (payback's own rules: tests/core/test_accelerate_payback.py).
+FORCE = {
+    "min_speedup": 1e-9,
+    "warm_steps": 1,
+    "cache": False,
+    "compile_budget": 1e9,
+    "budget": math.inf,
+}
 
 
 def mlp(seed: int = 0, dropout: float = 0.2) -> nn.Module:

@@ -16,8 +16,7 @@ from torch import nn
 
 from dualtrain_torch import accelerate
 from dualtrain_torch.compilation import explain
-
-FORCE = {"min_speedup": 1e-9, "warm_steps": 1, "cache": False, "compile_budget": 1e9}
+from tests.torch.compilation_models import FORCE
 
 
 # inductor's own DeprecationWarning (torch.jit.script_method), an error under this suite

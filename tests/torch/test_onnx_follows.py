@@ -26,9 +26,9 @@ from dualtrain_torch.compilation import explain
 from dualtrain_torch.compilation_rungs import onnx_available
 from dualtrain_torch.layers import same_pads
 from tests.torch import compilation_models as models
+from tests.torch.compilation_models import FORCE
 
 pytestmark = pytest.mark.skipif(not onnx_available(), reason="the onnx extra is not installed")
-FORCE = {"min_speedup": 1e-9, "warm_steps": 1, "cache": False, "compile_budget": 1e9}
 ONNX = ["ONNXRUNTIME", "PYTORCH"]
 
 
