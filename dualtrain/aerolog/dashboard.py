@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dualtrain.accelerate.dispatch import deciding_seconds
 from dualtrain.aerolog.book import MetricBook, Point
 from dualtrain.aerolog.files import (
     POINT_HEADER,
@@ -100,6 +101,7 @@ class DashBoard:
         self._frames: dict[str, Frame] = {}
         self._view: LiveView | PlainView | None = None
         self._data_wait = 0.0
+        self._deciding_seen = deciding_seconds()  # the ladders' deciding, shown apart
         self._last: float | None = None  # the previous gauge, of any stage
 
     def __enter__(self) -> DashBoard:
@@ -156,7 +158,7 @@ class DashBoard:
             duration if duration is not None else None if self._last is None else now - self._last
         )
         self._last = now
-        clock.tick(step, samples, self._take_data_wait())
+        clock.tick(step, samples, self._take_data_wait(), self._take_deciding())
         for key, value in values:
             self._pending.append((Point(stage, key, epoch, mile, mpe, 0.0), value))
         last = mile == mpe
@@ -276,6 +278,13 @@ class DashBoard:
         wait, self._data_wait = self._data_wait, 0.0
         return wait
 
+    def _take_deciding(self) -> float:
+        # What accelerate's ladders spent deciding since the previous gauge (a compile in
+        # the middle of a job): shown apart, so step times stay what the steps cost.
+        now = deciding_seconds()
+        spent, self._deciding_seen = now - self._deciding_seen, now
+        return spent
+
     def _flush(self) -> None:
         """Reads every pending value (the only host reads of device scalars)."""
         pending, self._pending = self._pending, []
@@ -314,26 +323,37 @@ class DashBoard:
                 means = self.book.epoch_means(stage, key)
                 if epoch in means:
                     parts.append(f"{key} {self.formats.text(key, means[epoch])}")
-        parts.append(f"{self._last - clock.epoch_started:.1f} s" if self._last is not None else "")
+        took = f"{self._last - clock.epoch_started:.1f} s" if self._last is not None else ""
+        if clock.epoch_deciding > 0:
+            took += f" (deciding {clock.epoch_deciding:.1f} s)"
+        clock.epoch_deciding = 0.0
+        parts.append(took)
         return " | ".join(parts)
 
 
 class _StageClock:
-    """One stage's step times since its last read: total, data wait, samples."""
+    """One stage's step times since its last read: total, data wait, deciding, samples.
+
+    Seconds the compile ladders spent deciding are taken out of the steps' time and shown
+    apart (per read and per epoch).
+    """
 
     def __init__(self, now: float) -> None:
         self.epoch_started = now
         self.epoch: int | None = None
         self.steps = 0
-        self.seconds = self.wait = 0.0
+        self.seconds = self.wait = self.deciding = self.epoch_deciding = 0.0
         self.samples: int | None = None
         self.shown = ""
 
-    def tick(self, step: float | None, samples: int | None, wait: float) -> None:
+    def tick(self, step: float | None, samples: int | None, wait: float, deciding: float) -> None:
+        self.epoch_deciding += deciding
         if step is None:
             return  # untimed: the run's first step
+        deciding = min(deciding, max(float(step), 0.0))  # another clock's seconds: bounded
         self.steps += 1
-        self.seconds += float(step)
+        self.seconds += float(step) - deciding
+        self.deciding += deciding
         self.wait += wait
         if samples is not None:
             self.samples = (self.samples or 0) + int(samples)
@@ -351,8 +371,10 @@ class _StageClock:
             if self.wait > 0:
                 wait = self.wait / self.steps
                 split = f" (data {wait * 1e3:.1f} ms, compute {(per_step - wait) * 1e3:.1f} ms)"
-            self.shown = f"{rate} | step {per_step * 1e3:.1f} ms{split}"
+            decided = f" | deciding {self.deciding:.1f} s" if self.deciding > 0 else ""
+            self.shown = f"{rate} | step {per_step * 1e3:.1f} ms{split}{decided}"
             self.steps, self.seconds, self.wait, self.samples = 0, 0.0, 0.0, None
+            self.deciding = 0.0
         return self.shown
 
 

@@ -266,6 +266,31 @@ def test_the_data_wait_is_split_from_compute():
     ]
 
 
+def test_time_spent_deciding_is_shown_apart_from_step_time():
+    """A ladder deciding mid-epoch (a compile between two steps) is not step time: the steps
+    show what they cost, the deciding its own seconds, per read and in the epoch's line."""
+    from dualtrain.accelerate import LadderOptions
+    from dualtrain.accelerate.dispatch import Decider
+    from tests.core.test_accelerate_dispatch import BACKENDS, PARTS, World
+    from tests.core.test_accelerate_ladder import CLOCK
+
+    console, out = plain_console()
+    dash = DashBoard(console=console, clock=CLOCK)
+    options = LadderOptions(warm_steps=2, cache=False, clock=CLOCK, budget=math.inf)
+    decider, world = Decider("torch", BACKENDS, options), World({"CHANNELS_LAST": {"build_s": 3.0}})
+    for mile in range(1, 5):
+        if mile == 3:  # the ladder climbs at this step's first call: 3 s of build, trials
+            decider.decide("train", "s", PARTS, world.trials("train", "s"))
+        CLOCK.advance(0.005)
+        dash.gauge({"loss": 1.0}, mile, 0, 4, "train", interval=4)
+    spent = decider.decisions[("train", "s")].decide_s
+    assert spent > 3.0
+    assert out.getvalue().splitlines() == [
+        f"train epoch 0 4/4 | loss 1 | 200.00 steps/s | step 5.0 ms | deciding {spent:.1f} s",
+        f"train epoch 0 done | loss 1 | {0.015 + spent:.1f} s (deciding {spent:.1f} s)",
+    ]
+
+
 @pytest.mark.parametrize("start", [0.0, 1e4])
 def test_what_is_shown_holds_whatever_else_runs_on_the_machine(start):
     """Real time passing between the clock's readings changes nothing: only the clock given
