@@ -3,7 +3,8 @@
 nebulgym's ``accelerate_model`` done right (docs/acceleration.md). The core holds what both
 frameworks share: the rung names and the ``backends=`` argument (`rungs`), the knobs
 (`options`), comparing a candidate with eager (`compare`), the ladder itself (`ladder`),
-per-mode and per-signature bookkeeping with sticky fallback (`dispatch`), the decision cache
+when a candidate pays back its trial (`payback`), per-mode and per-signature bookkeeping
+with the start rung's probation and sticky fallback (`dispatch`), the decision cache
 on disk (`decisions`), `explain()`'s report (`report`) and the top-k rule of the approximate
 backprop (`topk`). The adapters' ``compilation`` modules supply the rungs. This package
 imports neither torch nor JAX.

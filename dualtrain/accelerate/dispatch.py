@@ -19,6 +19,8 @@ good (`Decider.fall_back`), and the reason is recorded (and cached).
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import math
 import sys
 import threading
@@ -43,7 +45,7 @@ from dualtrain.accelerate.report import (
 )
 from dualtrain.accelerate.rungs import EAGER, STARTS, parse_backends
 
-__all__ = ["Decider", "Probation", "RunnerTrial", "deciding_seconds"]
+__all__ = ["Decider", "Probation", "RunnerTrial", "Verification", "deciding_seconds"]
 
 # Seconds every Decider of this process has spent deciding (trials, cache reads, the start's
 # verification), each on its own clock: what a DashBoard shows apart from step time.
@@ -83,6 +85,89 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
+class _Abandoned(BaseException):
+    """Raised inside a verification thread still running when the interpreter exits."""
+
+
+_verifying: set[Verification] = set()
+
+
+class Verification:
+    """The start rung's results checked against eager's, in a daemon thread.
+
+    Under JAX the start is ``jax.jit`` and the reference op-by-op JAX, which can take
+    longer than a short job (seconds for a CNN's training step, one small XLA program per
+    operation): it runs beside the job instead of before it. The job is served by the
+    start meanwhile, exactly what ``jax.jit`` by hand would serve; the verdict is read at
+    a later call, and a start that differs is replaced by eager then, said on stderr and
+    in ``explain()``. Until the verdict, no candidate is tried and nothing is cached.
+
+    Args:
+        reference: the eager trial, built, on the batch the start ran.
+        names, got: the start's results on that batch (host copies).
+        options: the tolerances.
+    """
+
+    def __init__(
+        self,
+        reference: RunnerTrial,
+        names: list[str],
+        got: list[Any],
+        options: LadderOptions,
+    ) -> None:
+        self.reference, self.names, self.got, self.options = reference, names, got, options
+        self.done = False
+        self.ok = True
+        self.reason = ""
+        self.max_error: float | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="dualtrain-verify", daemon=True)
+        _verifying.add(self)
+        self._thread.start()
+
+    def _run(self) -> None:
+        clock = self.options.clock
+        start = clock()
+        try:
+            want_names, want = self.reference.check()
+            verdict = compare(want_names, want, self.got, self.options)
+            self.ok, self.reason, self.max_error = verdict.ok, verdict.reason, verdict.max_error
+            if want_names != self.names:
+                self.ok, self.reason = False, "results named differently"
+        except _Abandoned:
+            return
+        except Exception as error:  # eager cannot run the batch: the start stays unverified
+            self.ok, self.reason = True, "unverified: eager raised " + describe_error(error)
+        finally:
+            self.seconds = clock() - start
+            self.got = []  # the host copies are not needed past the verdict
+            _verifying.discard(self)
+        self.done = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the verdict (at most `timeout` seconds); whether it came."""
+        self._thread.join(timeout)
+        return self.done
+
+    def abandon(self) -> None:
+        """Stops the thread at its next Python instruction (at interpreter exit)."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(ident), ctypes.py_object(_Abandoned)
+        )
+        self._thread.join(5.0)
+
+
+@atexit.register
+def _abandon_verifications() -> None:
+    # A daemon thread still inside JAX when the interpreter finalizes is torn down mid-call
+    # (the class of abort a gloo thread caused at exit): stop each at a Python instruction.
+    for verification in list(_verifying):
+        verification.abandon()
+
+
 class Probation:
     """The runner of one (mode, signature) while candidates wait for their payback.
 
@@ -93,6 +178,7 @@ class Probation:
         current: the runner that serves now (the start rung's, then any rung that won).
         current_name: its rung.
         pending: the candidates not tried yet, in the ladder's order.
+        verifying: the start's `Verification` while it runs, else None.
         started: the clock reading at the mode's first call; calls: calls served since.
     """
 
@@ -114,17 +200,17 @@ class Probation:
         self.started = decider.options.clock()
         self.calls = 0
         self.due = self.started  # re-read at the second call, when a step time is known
+        self.verifying: Verification | None = None
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if (
             self.calls
-            and self.decider.options.clock() >= self.due
+            and (self.verifying is not None or self.decider.options.clock() >= self.due)
             and self._lock.acquire(blocking=False)  # another thread climbing: serve on
         ):
             try:
-                if self.pending:
-                    self.decider._advance(self)
+                self.decider._advance(self)
             finally:
                 self._lock.release()
         self.calls += 1
@@ -211,11 +297,22 @@ class Decider:
         )
         self._keys[key] = cache_key
         cached = self.cache.get(cache_key)
+        waiting = [] if cached is None else [a.rung for a in cached.attempts if a.status == PENDING]
+        if cached is not None and waiting and self.options.budget == math.inf:
+            cached = None  # a decision still waiting for payback: climb it all now
         if cached is not None and cached.chosen in self.backends:
             built = self._build_chosen(cached.chosen, trials)
             if built is not None:
                 cached.decide_s = self.options.clock() - start
                 _spent_deciding(cached.decide_s)
+                if waiting:  # candidates still wait: their payback is counted from here
+                    probation = Probation(self, key, built, cached.chosen, waiting, trials, settled)
+                    chosen = next((a for a in cached.attempts if a.rung == cached.chosen), None)
+                    if cached.chosen != self.start and chosen is not None and chosen.speedup:
+                        probation.over = chosen.speedup
+                    self.decisions[key] = cached
+                    self._runners[key] = probation
+                    return probation
                 return self._settle(key, cached, built)
         if same_mode and same_mode[0].chosen != self.eager:
             decision, runner = self._reverify(mode, signature, same_mode[0].chosen, trials)
@@ -229,17 +326,20 @@ class Decider:
         elif self.options.budget == math.inf:
             decision, runner = self._climb(mode, signature, trials)
         else:
-            decision, runner = self._start_on(mode, signature, trials)
+            decision, runner, verification = self._start_on(mode, signature, trials)
             pending = [
                 n for n in self.backends if n not in (decision.chosen, self.start, self.eager)
             ]
             decision.decide_s = self.options.clock() - start
-            if pending and decision.chosen == self.start:
+            if (pending or verification is not None) and decision.chosen == self.start:
                 _spent_deciding(decision.decide_s)
                 decision.attempts.extend(Attempt(n, PENDING, _WAITING) for n in pending)
                 probation = Probation(self, key, runner, decision.chosen, pending, trials, settled)
+                probation.verifying = verification
                 self.decisions[key] = decision
                 self._runners[key] = probation
+                if verification is None:
+                    self.cache.put(cache_key, decision)  # a later run starts here, waiting
                 return probation
         decision.decide_s = self.options.clock() - start
         _spent_deciding(decision.decide_s)
@@ -277,23 +377,83 @@ class Decider:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _start_on(self, mode: str, signature: str, trials: TrialsFor) -> tuple[Decision, Any]:
-        """The start rung for a mode's first signature (verified against eager if not eager)."""
+    def _start_on(
+        self, mode: str, signature: str, trials: TrialsFor
+    ) -> tuple[Decision, Any, Verification | None]:
+        """The start rung for a mode's first signature, and its verification if not eager.
+
+        The start is built and run on this batch now (the job needs it anyway); eager's
+        run of the same batch, the reference, goes on in a `Verification` thread.
+        """
         if self.start == self.eager:
             self._eager(trials)
             attempt = Attempt(self.eager, CHOSEN, "the start: candidates wait for their payback")
-            return Decision(mode, signature, self.eager, [attempt]), self._eager_runner
-        decision, runner = self._reverify(mode, signature, self.start, trials)
+            return Decision(mode, signature, self.eager, [attempt]), self._eager_runner, None
+        reference = self._eager(trials)
+        (trial,) = trials([self.start])
+        clock = self.options.clock
+        began = clock()
+        try:
+            trial.build()
+            names, got = trial.check()
+        except Exception as failure:  # UnavailableError too: eager serves, decided
+            trial.release()
+            attempt = Attempt(self.start, FAILED, "the start: " + describe_error(failure))
+            attempt.compile_s = clock() - began
+            decision = Decision(
+                mode, signature, self.eager, [attempt, Attempt(self.eager, CHOSEN, "the reference")]
+            )
+            return decision, self._eager_runner, None
+        attempt = Attempt(self.start, CHOSEN, "the start; verifying against eager beside the job")
+        attempt.compile_s = clock() - began
+        self.costs.record(self.start, attempt.compile_s)
+        decision = Decision(mode, signature, self.start, [attempt])
+        return decision, trial.runner(), Verification(reference, names, got, self.options)
+
+    def _verified(self, probation: Probation) -> bool:
+        """Reads the start's verdict; False when the start differed (eager serves, final)."""
+        verification = probation.verifying
+        assert verification is not None
+        probation.verifying = None
+        decision = self.decisions[probation.key]
+        start = next(a for a in decision.attempts if a.rung == probation.current_name)
+        start.max_error = verification.max_error
+        mode = probation.key[0]
+        if verification.ok:
+            took = f"{verification.seconds:.1f} s"
+            start.reason = (
+                f"the start; {verification.reason}"
+                if verification.reason
+                else f"the start, verified against eager beside the job ({took})"
+            )
+            key = self._keys.get(probation.key)
+            if key is not None and probation.pending:
+                self.cache.put(key, decision)  # a later run starts here, trusted
+            return True
+        reason = f"differs from eager: {verification.reason}"
+        start.status, start.reason = REJECTED, reason
         for attempt in decision.attempts:
-            if attempt.rung == self.start and attempt.status == CHOSEN:
-                attempt.reason = "the start, verified against eager on this batch"
-                if attempt.compile_s is not None:
-                    self.costs.record(self.start, attempt.compile_s)
-        return decision, runner
+            if attempt.status == PENDING:
+                attempt.status, attempt.reason = REJECTED, "not tried: the start differs from eager"
+        decision.attempts.append(Attempt(self.eager, CHOSEN, "after the start differed"))
+        decision.chosen = self.eager
+        event = (
+            f"{probation.current_name} {reason} (found beside the job; its first "
+            f"{probation.calls} calls were {probation.current_name}'s); eager serves from now on"
+        )
+        decision.events.append(event)
+        _say(f"{mode}: {event}")  # always: a switch for correctness is never silent
+        probation.current, probation.current_name = self._eager_runner, self.eager
+        probation.pending = []
+        return False
 
     def _advance(self, probation: Probation) -> None:
         """Climbs the candidates of `probation` that are due, if any; schedules the rest."""
         options, clock = self.options, self.options.clock
+        if probation.verifying is not None:
+            if not probation.verifying.done:
+                return  # nothing is tried on a start not yet verified
+            self._verified(probation)
         now = clock()
         horizon = Horizon(now - probation.started, probation.calls, options.budget)
         estimates = {n: self.costs.estimate(n) for n in probation.pending}
@@ -391,6 +551,9 @@ class Decider:
         decision.attempts = [*kept, *(a for a in attempts if a.rung != reference.name)]
         decision.decide_s += clock() - start
         _spent_deciding(clock() - start)
+        cache_key = self._keys.get(probation.key)
+        if cache_key is not None:
+            self.cache.put(cache_key, decision)  # what won so far, and what still waits
         decision.events.append(
             f"tried {', '.join(due)} after {probation.calls} calls "
             f"({start - probation.started:.1f} s): {chosen} serves"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +181,16 @@ def test_each_candidate_is_tried_when_its_payback_is_due_and_the_winner_serves(t
     # TORCH_COMPILE must now beat CHANNELS_LAST's 2.5x by its own prior 1.3x: never
     waiting = {a.rung: a.reason for a in decider.decisions[key].attempts if a.status == "pending"}
     assert "cannot beat CHANNELS_LAST" in waiting["TORCH_COMPILE"]
-    assert not decider.cache.get(decider._keys[key])  # not final: nothing cached yet
+    # what won so far is cached with what still waits: a later run starts on CHANNELS_LAST
+    cached = decider.cache.get(decider._keys[key])
+    assert cached is not None and cached.chosen == "CHANNELS_LAST"
+    later, world2 = Decider("torch", TORCH, options(tmp_path)), World()
+    again = later.decide("train", "s", PARTS, world2.trials("train", "s"))
+    assert isinstance(again, Probation) and again.current_name == "CHANNELS_LAST"
+    assert again.pending == ["TORCH_COMPILE", "CUDA_GRAPHS"]
+    assert again.over == pytest.approx(EAGER_MS / 2.0)  # what the waiting must beat
+    assert again()[0] == "CHANNELS_LAST"
+    assert world2.count("check") == 0  # trusted: nothing re-run
 
 
 def test_a_final_decision_is_cached_and_calls_go_straight_to_the_runner(tmp_path):
@@ -261,7 +271,7 @@ def test_an_infinite_budget_climbs_the_whole_ladder_at_the_first_call():
 JAX = ("JIT_DONATE", "JIT", "EAGER")
 JAX_RULES: dict[Any, dict[str, Any]] = {
     "EAGER": {"step_ms": 50.0, "result": "same"},
-    "JIT": {"step_ms": 5.0},
+    "JIT": {"step_ms": 5.0, "build_s": 1.0},  # JIT_DONATE is expected to compile as long
     "JIT_DONATE": {"step_ms": 4.0},
 }
 
@@ -270,11 +280,14 @@ def test_jax_starts_on_jit_verified_once_against_op_by_op_never_timed_against_it
     decider, world = Decider("jax", JAX, options(None)), World(JAX_RULES)
     run = decider.decide("call", "s", PARTS, world.trials("call", "s"))
     assert isinstance(run, Probation)
+    assert run.verifying is not None and run.verifying.wait(30)
     assert run()[0] == "JIT"
     assert world.count("check", "EAGER") == 1 and world.count("check", "JIT") == 1
     assert world.count("step") == 0  # op by op is the reference, not a timed contender
+    calls(run, 2)
     decision = decider.decisions[("call", "s")]
     assert decision.chosen == "JIT"
+    assert "verified against eager beside the job" in decision.attempts[0].reason
     assert [a.status for a in decision.attempts if a.rung == "JIT_DONATE"] == ["pending"]
     # JIT_DONATE (4 ms against 5) is later timed against JIT, not against op by op
     calls(run, 20000)
@@ -283,14 +296,61 @@ def test_jax_starts_on_jit_verified_once_against_op_by_op_never_timed_against_it
     assert world.count("check", "EAGER") == 1  # verified against JIT, the verified start
 
 
-def test_jax_starts_op_by_op_when_jit_differs_from_it():
-    rules = {**JAX_RULES, "JIT": {"result": "wrong"}}
-    decider, world = Decider("jax", JAX, options(None)), World(rules)
+class GatedWorld(World):
+    """A World whose eager check waits for `gate`: a verification still running."""
+
+    def __init__(self, rules: dict[Any, dict[str, Any]]) -> None:
+        super().__init__(rules)
+        self.gate = threading.Event()
+
+    def trials(self, mode: str, signature: str) -> Any:
+        make = super().trials(mode, signature)
+
+        def gated(names: Any) -> list[Any]:
+            made = make(names)
+            for trial in made:
+                if trial.name == "EAGER":
+                    check = trial.check
+
+                    def waiting(check: Any = check) -> Any:
+                        assert self.gate.wait(30)
+                        return check()
+
+                    trial.check = waiting
+            return made
+
+        return gated
+
+
+def test_the_job_runs_on_jit_while_op_by_op_verifies_and_nothing_is_tried_before():
+    world = GatedWorld(JAX_RULES)
+    decider = Decider("jax", JAX, options(None))
     run = decider.decide("call", "s", PARTS, world.trials("call", "s"))
-    assert not isinstance(run, Probation)  # final: nothing is tried on a wrong start
-    assert run()[0] == "EAGER"
-    assert decider.decisions[("call", "s")].chosen == "EAGER"
+    served = calls(run, 30000)  # JIT_DONATE would be due long before this
+    assert {name for name, _ in served} == {"JIT"}
+    assert world.count("build", "JIT_DONATE") == 0  # not tried on an unverified start
+    assert world.count("check", "EAGER") == 0
+    world.gate.set()
+    assert run.verifying is not None and run.verifying.wait(30)
+    calls(run, 2)  # the verdict is read; JIT_DONATE is due at once (the job ran long)
+    assert decider.decisions[("call", "s")].chosen == "JIT_DONATE"
+
+
+def test_a_jit_start_that_differs_from_op_by_op_hands_the_job_to_eager_and_says_so(capsys):
+    rules = {**JAX_RULES, "JIT": {"result": "wrong"}}
+    decider, world = Decider("jax", JAX, options(None, status=False)), World(rules)
+    run = decider.decide("call", "s", PARTS, world.trials("call", "s"))
+    assert run()[0] == "JIT"  # what jax.jit by hand serves, until the verdict
+    assert run.verifying is not None and run.verifying.wait(30)
+    assert run()[0] == "EAGER"  # the next call reads the verdict
+    assert decider.known("call", "s")()[0] == "EAGER"  # final, straight to eager
+    decision = decider.decisions[("call", "s")]
+    assert decision.chosen == "EAGER"
+    statuses = {a.rung: a.status for a in decision.attempts}
+    assert statuses == {"JIT": "rejected", "JIT_DONATE": "rejected", "EAGER": "chosen"}
     assert world.count("build", "JIT_DONATE") == 0
+    err = capsys.readouterr().err  # said even with status=False: a switch for correctness
+    assert "JIT differs from eager: output[0]" in err and "eager serves from now on" in err
 
 
 def test_a_start_failing_at_run_time_falls_back_to_eager_for_good():
