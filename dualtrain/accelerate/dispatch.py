@@ -20,6 +20,7 @@ good (`Decider.fall_back`), and the reason is recorded (and cached).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import math
 import sys
@@ -80,6 +81,12 @@ _WAITING = "waits for its payback"
 _STATUS_AFTER_S = 1.0  # a climb expected to take this long or more says so on stderr
 
 
+def _verified_reason(verification: Verification) -> str:
+    if verification.reason:  # eager could not run the batch: unverified
+        return f"the start; {verification.reason}"
+    return f"the start, verified against eager beside the job ({verification.seconds:.1f} s)"
+
+
 def _say(line: str) -> None:
     sys.stderr.write(f"dualtrain.accelerate: {line}\n")
     sys.stderr.flush()
@@ -106,6 +113,8 @@ class Verification:
         reference: the eager trial, built, on the batch the start ran.
         names, got: the start's results on that batch (host copies).
         options: the tolerances.
+        on_ok: called in the thread with the verdict when the start agrees (the decision
+            cache keeps it then, even when the job ends before it reads the verdict).
     """
 
     def __init__(
@@ -114,8 +123,10 @@ class Verification:
         names: list[str],
         got: list[Any],
         options: LadderOptions,
+        on_ok: Callable[[Verification], None] | None = None,
     ) -> None:
         self.reference, self.names, self.got, self.options = reference, names, got, options
+        self.on_ok = on_ok
         self.done = False
         self.ok = True
         self.reason = ""
@@ -142,6 +153,9 @@ class Verification:
             self.seconds = clock() - start
             self.got = []  # the host copies are not needed past the verdict
             _verifying.discard(self)
+        if self.ok and self.on_ok is not None:
+            with contextlib.suppress(Exception):  # keeping it is a saving, never a failure
+                self.on_ok(self)
         self.done = True
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -326,7 +340,7 @@ class Decider:
         elif self.options.budget == math.inf:
             decision, runner = self._climb(mode, signature, trials)
         else:
-            decision, runner, verification = self._start_on(mode, signature, trials)
+            decision, runner, verification = self._start_on(mode, signature, trials, cache_key)
             pending = [
                 n for n in self.backends if n not in (decision.chosen, self.start, self.eager)
             ]
@@ -378,7 +392,7 @@ class Decider:
     # -- internals ------------------------------------------------------------------------
 
     def _start_on(
-        self, mode: str, signature: str, trials: TrialsFor
+        self, mode: str, signature: str, trials: TrialsFor, cache_key: str
     ) -> tuple[Decision, Any, Verification | None]:
         """The start rung for a mode's first signature, and its verification if not eager.
 
@@ -408,7 +422,20 @@ class Decider:
         attempt.compile_s = clock() - began
         self.costs.record(self.start, attempt.compile_s)
         decision = Decision(mode, signature, self.start, [attempt])
-        return decision, trial.runner(), Verification(reference, names, got, self.options)
+
+        def remember(verification: Verification) -> None:
+            # In the verifying thread: the decision as the next call will read it, kept now
+            # (a job that ends before that call still spares the next run its op-by-op run).
+            if self.decisions.get((mode, signature)) is not decision:
+                return
+            kept = Decision.from_dict(decision.to_dict())
+            kept.attempts[0].reason = _verified_reason(verification)
+            kept.attempts[0].max_error = verification.max_error
+            if kept.chosen == self.start:  # not fallen back meanwhile
+                self.cache.put(cache_key, kept)
+
+        verification = Verification(reference, names, got, self.options, remember)
+        return decision, trial.runner(), verification
 
     def _verified(self, probation: Probation) -> bool:
         """Reads the start's verdict; False when the start differed (eager serves, final)."""
@@ -420,15 +447,7 @@ class Decider:
         start.max_error = verification.max_error
         mode = probation.key[0]
         if verification.ok:
-            took = f"{verification.seconds:.1f} s"
-            start.reason = (
-                f"the start; {verification.reason}"
-                if verification.reason
-                else f"the start, verified against eager beside the job ({took})"
-            )
-            key = self._keys.get(probation.key)
-            if key is not None and probation.pending:
-                self.cache.put(key, decision)  # a later run starts here, trusted
+            start.reason = _verified_reason(verification)  # cached by the thread already
             return True
         reason = f"differs from eager: {verification.reason}"
         start.status, start.reason = REJECTED, reason

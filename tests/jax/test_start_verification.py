@@ -73,6 +73,22 @@ def test_a_verified_start_is_cached_and_a_second_run_skips_op_by_op(tmp_path):
     assert again.explain().decisions[0].from_cache
 
 
+def test_a_verified_start_is_cached_even_when_the_job_ends_before_reading_the_verdict(tmp_path):
+    def step(w, x):
+        return w - 0.1 * jnp.tanh(x.T @ x) * w, jnp.sum(x)
+
+    w, x = jnp.ones((3, 3)), jnp.arange(6.0).reshape(2, 3)
+    fast = accelerate(step, cache=tmp_path, warm_steps=1)
+    fast(w, x)  # the only call: the verdict is never read by a call
+    runner = fast._decider.known("call", fast.explain().decisions[0].signature)
+    assert runner.verifying.wait(60)
+    again = accelerate(step, cache=tmp_path, warm_steps=1)
+    again(w, x)
+    decision = again.explain().decisions[0]
+    assert decision.from_cache and decision.chosen == "JIT"
+    assert "verified against eager beside the job" in decision.attempts[0].reason
+
+
 def test_an_exit_while_op_by_op_still_verifies_is_clean(tmp_path):
     """The interpreter exits with a verification thread inside JAX: it is stopped at a
     Python instruction first (a thread torn down inside a C++ call aborts a process)."""
