@@ -137,6 +137,15 @@ class Verification:
         self._thread.start()
 
     def _run(self) -> None:
+        # _Abandoned may arrive at any instruction until the thread is gone (an exit):
+        # caught here, wherever it lands, so the thread ends quietly.
+        with contextlib.suppress(_Abandoned):
+            try:
+                self._verify()
+            finally:
+                _verifying.discard(self)
+
+    def _verify(self) -> None:
         clock = self.options.clock
         start = clock()
         try:
@@ -145,14 +154,11 @@ class Verification:
             self.ok, self.reason, self.max_error = verdict.ok, verdict.reason, verdict.max_error
             if want_names != self.names:
                 self.ok, self.reason = False, "results named differently"
-        except _Abandoned:
-            return
         except Exception as error:  # eager cannot run the batch: the start stays unverified
             self.ok, self.reason = True, "unverified: eager raised " + describe_error(error)
         finally:
             self.seconds = clock() - start
             self.got = []  # the host copies are not needed past the verdict
-            _verifying.discard(self)
         if self.ok and self.on_ok is not None:
             with contextlib.suppress(Exception):  # keeping it is a saving, never a failure
                 self.on_ok(self)
