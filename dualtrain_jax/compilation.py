@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dualtrain.accelerate.decisions import function_digest
-from dualtrain.accelerate.dispatch import Decider
+from dualtrain.accelerate.dispatch import Decider, Probation
 from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import CHOSEN, Explanation
 from dualtrain.accelerate.rungs import DEFAULTS, parse_backends
@@ -130,6 +130,8 @@ class AcceleratedFunction:
         runner = self._decider.known(self._mode, signature)
         if runner is None:
             runner = self._decide(layout, args, kwargs)
+        if type(runner) is Probation:  # what this call runs, after any climb that is due
+            runner = runner.serving()
         donating = self._donating.get(signature)
         if donating is not None and donating[0] is runner and _aliased(leaves, donating[1]):
             runner = self._undonated(layout, donating[2])

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from dualtrain.accelerate.decisions import function_digest
-from dualtrain.accelerate.dispatch import Decider
+from dualtrain.accelerate.dispatch import Decider, Probation
 from dualtrain.accelerate.ladder import UnavailableError
 from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
@@ -253,6 +253,8 @@ class TrainingLearner:
                 },
                 lambda names: [_StepTrial(n, self, batch, targets) for n in names],
             )
+        if type(runner) is Probation:  # what this step runs, after any climb that is due
+            runner = runner.serving()
         if runner == self._plain_step or decider.serves_eager(runner):
             return runner(batch, targets)
         snapshot = _StepSnapshot(self, attributes=True)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dualtrain.accelerate.dispatch import Decider
+from dualtrain.accelerate.dispatch import Decider, Probation
 from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
 from dualtrain_torch.compilation_keys import autocast, foreign, modes, signature, structure, trains
@@ -148,6 +148,8 @@ class AcceleratedForward:
         return self._run(runner, mode, key, args, kwargs)
 
     def _run(self, runner: Callable[..., Any], mode: str, key: str, args: Any, kwargs: Any) -> Any:
+        if type(runner) is Probation:  # what this call runs, after any climb that is due
+            runner = runner.serving()
         if runner is self._bound or self.decider.serves_eager(runner):
             return runner(*args, **kwargs)
         # Buffers, attributes and RNG: a failing rung must leave no trace for eager (in

@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import ctypes
 import math
+import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -129,10 +130,17 @@ class Verification:
         self.on_ok = on_ok
         self.done = False
         self.ok = True
+        self.verified = False  # False with ok: eager could not run the batch (unverified)
         self.reason = ""
         self.max_error: float | None = None
         self.seconds = 0.0
+        self._finishing = False
+        self._state = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="dualtrain-verify", daemon=True)
+
+    def start(self) -> None:
+        """Starts the thread (once the decision it may keep is registered)."""
+        _watch_exit()
         _verifying.add(self)
         self._thread.start()
 
@@ -144,6 +152,8 @@ class Verification:
                 self._verify()
             finally:
                 _verifying.discard(self)
+                with self._state:  # from here no stop is sent: none lands outside this block
+                    self._finishing = True
 
     def _verify(self) -> None:
         clock = self.options.clock
@@ -154,12 +164,13 @@ class Verification:
             self.ok, self.reason, self.max_error = verdict.ok, verdict.reason, verdict.max_error
             if want_names != self.names:
                 self.ok, self.reason = False, "results named differently"
+            self.verified = True
         except Exception as error:  # eager cannot run the batch: the start stays unverified
             self.ok, self.reason = True, "unverified: eager raised " + describe_error(error)
         finally:
             self.seconds = clock() - start
             self.got = []  # the host copies are not needed past the verdict
-        if self.ok and self.on_ok is not None:
+        if self.ok and self.verified and self.on_ok is not None:
             with contextlib.suppress(Exception):  # keeping it is a saving, never a failure
                 self.on_ok(self)
         self.done = True
@@ -172,20 +183,46 @@ class Verification:
     def abandon(self) -> None:
         """Stops the thread at its next Python instruction (at interpreter exit)."""
         ident = self._thread.ident
-        if ident is None or not self._thread.is_alive():
-            return
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(ident), ctypes.py_object(_Abandoned)
-        )
+        with self._state:
+            if ident is None or self._finishing or not self._thread.is_alive():
+                return
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(ident), ctypes.py_object(_Abandoned)
+            )
         self._thread.join(5.0)
 
+    def _forked(self) -> None:
+        # In a forked child the thread does not exist: the start stays unverified there.
+        self.ok, self.verified, self.reason = True, False, "unverified: the process forked"
+        self.done = True
 
-@atexit.register
+
 def _abandon_verifications() -> None:
     # A daemon thread still inside JAX when the interpreter finalizes is torn down mid-call
     # (the class of abort a gloo thread caused at exit): stop each at a Python instruction.
     for verification in list(_verifying):
         verification.abandon()
+
+
+def _after_fork_in_child() -> None:
+    for verification in list(_verifying):
+        verification._forked()
+    _verifying.clear()
+
+
+_exit_watched = [False]
+
+
+def _watch_exit() -> None:
+    # Registered at the first verification, not at import: atexit runs handlers last in,
+    # first out, so this runs before the framework's own (JAX's clear_backends), imported
+    # by then, while the framework still stands.
+    if not _exit_watched[0]:
+        _exit_watched[0] = True
+        atexit.register(_abandon_verifications)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Probation:
@@ -221,20 +258,35 @@ class Probation:
         self.calls = 0
         self.due = self.started  # re-read at the second call, when a step time is known
         self.verifying: Verification | None = None
-        self._lock = threading.Lock()
+        self.trusted = True  # False: a start eager could not check (nothing is cached then)
+        self._climbing = False
+        self._lock = threading.RLock()
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def serving(self) -> Callable[..., Any]:
+        """The runner this call goes to, after any climb that is due (counts the call).
+
+        Adapters that treat runners apart (torch snapshots a call under a candidate, JAX
+        guards donation) ask this first and call what it returns.
+        """
         if (
             self.calls
+            and not self._climbing  # a trial's own call of the model, inside the climb
             and (self.verifying is not None or self.decider.options.clock() >= self.due)
-            and self._lock.acquire(blocking=False)  # another thread climbing: serve on
         ):
-            try:
-                self.decider._advance(self)
-            finally:
-                self._lock.release()
+            # Another thread's call waits for a climb in progress: under torch a trial
+            # swaps the model's buffers and RNG state while it runs.
+            with self._lock:
+                if not self._climbing:
+                    self._climbing = True
+                    try:
+                        self.decider._advance(self)
+                    finally:
+                        self._climbing = False
         self.calls += 1
-        return self.current(*args, **kwargs)
+        return self.current
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.serving()(*args, **kwargs)
 
 
 class Decider:
@@ -260,6 +312,7 @@ class Decider:
         self.options = options
         self.cache = DecisionCache(options.folder())
         self.costs = CompileCosts(options.folder(), framework)
+        self._writing = threading.Lock()  # a decision's change and its cache write, as one
         self.start = STARTS[framework] if STARTS[framework] in self.backends else self.eager
         self.approximations = list(approximations)
         self.decisions: dict[tuple[str, str], Decision] = {}
@@ -277,7 +330,7 @@ class Decider:
     def serves_eager(self, runner: Callable[..., Any]) -> bool:
         """Whether `runner` runs the eager rung (itself, or a `Probation` serving it)."""
         if type(runner) is Probation:
-            runner = runner.current
+            return runner.current_name == self.eager
         return runner is getattr(self, "_eager_runner", None)
 
     def decide(
@@ -334,15 +387,39 @@ class Decider:
                     self._runners[key] = probation
                     return probation
                 return self._settle(key, cached, built)
-        if same_mode and same_mode[0].chosen != self.eager:
-            decision, runner = self._reverify(mode, signature, same_mode[0].chosen, trials)
-        elif same_mode:
+        first = same_mode[0] if same_mode else None
+        if (
+            first is not None
+            and first.chosen == self.start != self.eager
+            and self.options.budget != math.inf
+        ):
+            # The mode serves the start (jit): a new shape starts there too, verified
+            # against eager beside the job, not before it (op by op takes seconds).
+            decision, runner, verification = self._start_on(mode, signature, trials, cache_key)
+            decision.decide_s = self.options.clock() - start
+            if verification is not None and decision.chosen == self.start:
+                _spent_deciding(decision.decide_s)
+                probation = Probation(self, key, runner, decision.chosen, [], trials, settled)
+                probation.verifying = verification
+                self.decisions[key] = decision
+                self._runners[key] = probation
+                verification.start()
+                return probation
+        elif first is not None and first.chosen != self.eager:
+            decision, runner = self._reverify(mode, signature, first.chosen, trials)
+        elif first is not None:
             # The mode's ladder chose eager: a new shape (a last, smaller batch; variable
             # lengths) keeps it rather than compiling every candidate again, per shape.
             self._eager(trials)
             reason = f"{mode}'s choice (eager) holds for its new signatures"
             decision = Decision(mode, signature, self.eager, [Attempt(self.eager, CHOSEN, reason)])
             runner = self._eager_runner
+            if any(a.status == PENDING for a in first.attempts):
+                # Eager only for now: the mode's candidates still wait; not kept on disk,
+                # so a later run decides this shape after them.
+                decision.decide_s = self.options.clock() - start
+                _spent_deciding(decision.decide_s)
+                return self._settle(key, decision, runner)
         elif self.options.budget == math.inf:
             decision, runner = self._climb(mode, signature, trials)
         else:
@@ -360,6 +437,8 @@ class Decider:
                 self._runners[key] = probation
                 if verification is None:
                     self.cache.put(cache_key, decision)  # a later run starts here, waiting
+                else:
+                    verification.start()
                 return probation
         decision.decide_s = self.options.clock() - start
         _spent_deciding(decision.decide_s)
@@ -386,11 +465,15 @@ class Decider:
             )
         else:
             attempts.append(Attempt(self.eager, CHOSEN, "after a run-time failure"))
-        decision.attempts = attempts
-        decision.chosen = self.eager
-        decision.from_cache = False
-        if key in self._keys:
-            self.cache.put(self._keys[key], decision)
+        for attempt in attempts:
+            if attempt.status == PENDING:
+                attempt.status, attempt.reason = REJECTED, "not tried: " + reason
+        with self._writing:
+            decision.attempts = attempts
+            decision.chosen = self.eager
+            decision.from_cache = False
+            if key in self._keys:
+                self.cache.put(self._keys[key], decision)
         eager = self._eager_runner
         self._runners[key] = eager
         return eager
@@ -432,12 +515,14 @@ class Decider:
         def remember(verification: Verification) -> None:
             # In the verifying thread: the decision as the next call will read it, kept now
             # (a job that ends before that call still spares the next run its op-by-op run).
-            if self.decisions.get((mode, signature)) is not decision:
-                return
-            kept = Decision.from_dict(decision.to_dict())
-            kept.attempts[0].reason = _verified_reason(verification)
-            kept.attempts[0].max_error = verification.max_error
-            if kept.chosen == self.start:  # not fallen back meanwhile
+            with self._writing:
+                if self.decisions.get((mode, signature)) is not decision:
+                    return
+                if decision.chosen != self.start:  # fallen back meanwhile
+                    return
+                kept = Decision.from_dict(decision.to_dict())
+                kept.attempts[0].reason = _verified_reason(verification)
+                kept.attempts[0].max_error = verification.max_error
                 self.cache.put(cache_key, kept)
 
         verification = Verification(reference, names, got, self.options, remember)
@@ -454,6 +539,7 @@ class Decider:
         mode = probation.key[0]
         if verification.ok:
             start.reason = _verified_reason(verification)  # cached by the thread already
+            probation.trusted = verification.verified  # unverified: never kept on disk
             return True
         reason = f"differs from eager: {verification.reason}"
         start.status, start.reason = REJECTED, reason
@@ -487,11 +573,6 @@ class Decider:
             for n in probation.pending
             if worth_trying(n, horizon, estimates[n], options.warm_steps, probation.over)
         ]
-        if options.budget is not None:
-            # Within a budget the horizon only shrinks: what is not worth it now never is.
-            waiting: list[str] = []
-        else:
-            waiting = [n for n in probation.pending if n not in due]
         if due:
             expected = sum(estimates[n] for n in due)
             loud = options.status and expected >= _STATUS_AFTER_S
@@ -503,12 +584,26 @@ class Decider:
                     "then the job goes on"
                 )
             spent = clock()
-            self._climb_due(probation, due)
+            try:
+                self._climb_due(probation, due)
+            except Exception as error:  # the climb, not the job: what serves goes on serving
+                self._climb_failed(probation, due, error)
             if loud:
                 _say(
                     f"{probation.current_name} serves {mode} "
                     f"(tried in {clock() - spent:.1f} s; explain() says more)"
                 )
+        waiting: list[str] = []
+        if options.budget is None:  # within a budget the horizon only shrinks: never later
+            # A rung whose prior cannot beat what serves now (after this climb) never will.
+            waiting = [
+                n
+                for n in probation.pending
+                if n not in due
+                and math.isfinite(
+                    due_at(n, horizon.step_s, estimates[n], options.warm_steps, probation.over)
+                )
+            ]
         probation.pending = waiting
         decision = self.decisions[probation.key]
         if waiting:
@@ -526,24 +621,48 @@ class Decider:
                         options.warm_steps,
                         probation.over,
                     )
-                    attempt.reason = (
-                        f"{_WAITING}: worth trying after ~{when:.0f} s of these calls "
-                        f"(build ~{estimates[attempt.rung]:.1f} s)"
-                        if math.isfinite(when)
-                        else f"{_WAITING}: cannot beat {probation.current_name} by its prior"
-                    )
+                    if attempt.rung in waiting:
+                        attempt.reason = (
+                            f"{_WAITING}: worth trying after ~{when:.0f} s of these calls "
+                            f"(build ~{estimates[attempt.rung]:.1f} s)"
+                        )
+                    else:
+                        attempt.status = REJECTED
+                        attempt.reason = (
+                            f"not tried: its prior cannot beat {probation.current_name}"
+                        )
             return
         # Nothing left waiting: the decision is final; calls go straight to the runner.
         for attempt in decision.attempts:
             if attempt.status == PENDING:
                 attempt.status = REJECTED
-                attempt.reason = "not tried: it could not pay back its build within the budget"
+                attempt.reason = (
+                    "not tried: it could not pay back its build within the budget"
+                    if options.budget is not None
+                    else f"not tried: its prior cannot beat {probation.current_name}"
+                )
         self._runners[probation.key] = probation.current
         key = self._keys.get(probation.key)
-        if key is not None:
-            self.cache.put(key, decision)
+        if key is not None and probation.trusted:
+            with self._writing:
+                self.cache.put(key, decision)
         if probation.settled is not None:
             probation.settled()
+
+    def _climb_failed(self, probation: Probation, due: list[str], error: Exception) -> None:
+        """Records a climb that raised; what served goes on serving.
+
+        The reference's rerun of the kept batch, or an out-of-memory beside a compile: the
+        due rungs are marked failed (never tried again this run), the job is not failed.
+        """
+        decision = self.decisions[probation.key]
+        serving = probation.current_name
+        reason = f"its climb failed ({describe_error(error)}); {serving} serves on"
+        for attempt in decision.attempts:
+            if attempt.rung in due:
+                attempt.status, attempt.reason = FAILED, reason
+        decision.events.append(f"tried {', '.join(due)} after {probation.calls} calls: {reason}")
+        decision.from_cache = False
 
     def _climb_due(self, probation: Probation, due: list[str]) -> None:
         clock = self.options.clock
@@ -562,6 +681,9 @@ class Decider:
         for attempt in kept:
             if attempt.rung == reference.name and measured.step_ms is not None:
                 attempt.step_ms = measured.step_ms  # what it cost beside the candidates
+        for attempt in attempts:  # speed-ups over the start, as the cache restores `over`
+            if attempt.rung != reference.name and attempt.speedup is not None:
+                attempt.speedup *= probation.over
         if chosen != probation.current_name:
             winner = next(a for a in attempts if a.rung == chosen)
             for attempt in kept:
@@ -570,15 +692,17 @@ class Decider:
                     attempt.reason = f"{attempt.reason}; then {chosen} won"
             probation.current = next(t.runner() for t in candidates if t.name == chosen)
             probation.current_name = chosen
-            probation.over *= winner.speedup or 1.0
+            probation.over = winner.speedup or probation.over
             decision.chosen = chosen
+        decision.from_cache = False
         # the reference's own line: the one kept from before (it served until now)
         decision.attempts = [*kept, *(a for a in attempts if a.rung != reference.name)]
         decision.decide_s += clock() - start
         _spent_deciding(clock() - start)
         cache_key = self._keys.get(probation.key)
-        if cache_key is not None:
-            self.cache.put(cache_key, decision)  # what won so far, and what still waits
+        if cache_key is not None and probation.trusted:
+            with self._writing:
+                self.cache.put(cache_key, decision)  # what won so far, and what still waits
         decision.events.append(
             f"tried {', '.join(due)} after {probation.calls} calls "
             f"({start - probation.started:.1f} s): {chosen} serves"

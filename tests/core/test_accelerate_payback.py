@@ -48,6 +48,25 @@ def calls(run: Any, n: int, step_s: float = STEP_S) -> list[Any]:
     return out
 
 
+def later_run(folder: Path, rules: dict[Any, dict[str, Any]] | None = None) -> tuple[Any, World]:
+    """The runner a second run's first call gets from the decision cache in `folder`."""
+    later, world = Decider("torch", TORCH, options(folder)), World(rules)
+    return later.decide("train", "s", PARTS, world.trials("train", "s")), world
+
+
+SLOW_CHANNELS: dict[Any, dict[str, Any]] = {"CHANNELS_LAST": {"step_ms": 4.5}}  # 1.11x
+
+
+def slow_channels_won(folder: Path) -> tuple[Decider, World, Any, tuple[str, str]]:
+    """10 s of a job in which CHANNELS_LAST won at 1.11x: TORCH_COMPILE may still gain."""
+    decider, world = Decider("torch", TORCH, options(folder)), World(SLOW_CHANNELS)
+    key = ("train", "s")
+    run = decider.decide(*key, PARTS, world.trials(*key))
+    calls(run, 2000)
+    assert decider.decisions[key].chosen == "CHANNELS_LAST"
+    return decider, world, run, key
+
+
 # -- the rule ---------------------------------------------------------------------------
 
 
@@ -177,29 +196,35 @@ def test_each_candidate_is_tried_when_its_payback_is_due_and_the_winner_serves(t
     assert world.count("build", "TORCH_COMPILE") == 0  # not due yet: 30 s to build
     assert not decider.serves_eager(run)
     assert decider.decisions[key].chosen == "CHANNELS_LAST"
-    assert decider.known(*key) is run  # TORCH_COMPILE and CUDA_GRAPHS still wait
-    # TORCH_COMPILE must now beat CHANNELS_LAST's 2.5x by its own prior 1.3x: never
-    waiting = {a.rung: a.reason for a in decider.decisions[key].attempts if a.status == "pending"}
-    assert "cannot beat CHANNELS_LAST" in waiting["TORCH_COMPILE"]
-    # what won so far is cached with what still waits: a later run starts on CHANNELS_LAST
+    # TORCH_COMPILE (1.3x) and CUDA_GRAPHS (1.5x by their priors) cannot beat CHANNELS_LAST's
+    # 2.5x: they are never tried, the decision is final, the batch let go, the clock unread
+    runner = decider.known(*key)
+    assert not isinstance(runner, Probation) and runner()[0] == "CHANNELS_LAST"
+    never = {a.rung: (a.status, a.reason) for a in decider.decisions[key].attempts}
+    for rung in ("TORCH_COMPILE", "CUDA_GRAPHS"):
+        assert never[rung] == ("rejected", "not tried: its prior cannot beat CHANNELS_LAST")
     cached = decider.cache.get(decider._keys[key])
     assert cached is not None and cached.chosen == "CHANNELS_LAST"
-    later, world2 = Decider("torch", TORCH, options(tmp_path)), World()
-    again = later.decide("train", "s", PARTS, world2.trials("train", "s"))
+    again, world2 = later_run(tmp_path)
+    assert not isinstance(again, Probation) and again()[0] == "CHANNELS_LAST"
+    assert world2.count("check") == 0  # trusted: nothing re-run
+
+
+def test_a_partial_decision_is_cached_and_a_later_run_waits_from_it(tmp_path):
+    decider, _, run, key = slow_channels_won(tmp_path)
+    assert decider.known(*key) is run  # TORCH_COMPILE and CUDA_GRAPHS still wait
+    cached = decider.cache.get(decider._keys[key])
+    assert cached is not None and cached.chosen == "CHANNELS_LAST"
+    again, world2 = later_run(tmp_path, SLOW_CHANNELS)
     assert isinstance(again, Probation) and again.current_name == "CHANNELS_LAST"
     assert again.pending == ["TORCH_COMPILE", "CUDA_GRAPHS"]
-    assert again.over == pytest.approx(EAGER_MS / 2.0)  # what the waiting must beat
+    assert again.over == pytest.approx(EAGER_MS / 4.5)  # what the waiting must beat
     assert again()[0] == "CHANNELS_LAST"
     assert world2.count("check") == 0  # trusted: nothing re-run
 
 
 def test_a_final_decision_is_cached_and_calls_go_straight_to_the_runner(tmp_path):
-    rules = {"CHANNELS_LAST": {"step_ms": 4.5}}  # 1.11x: TORCH_COMPILE can still gain
-    decider, world = Decider("torch", TORCH, options(tmp_path)), World(rules)
-    key = ("train", "s")
-    run = decider.decide("train", "s", PARTS, world.trials("train", "s"))
-    calls(run, 2000)  # 10 s: CHANNELS_LAST tried
-    assert decider.decisions[key].chosen == "CHANNELS_LAST"
+    decider, world, run, key = slow_channels_won(tmp_path)
     # TORCH_COMPILE (1 ms) must win back its ~30 s build beyond CHANNELS_LAST's 1.11x
     over = EAGER_MS / 4.5
     due = due_at("TORCH_COMPILE", STEP_S, PRIORS["TORCH_COMPILE"][0], 2, over)
@@ -407,3 +432,29 @@ def test_a_cheap_climb_says_nothing(capsys):
 def test_status_must_be_a_bool():
     with pytest.raises(ValueError, match="status"):
         LadderOptions(status="yes")
+
+
+def test_a_climb_that_raises_leaves_what_serves_serving():
+    # eager's rerun of the kept batch fails mid-job (an out-of-memory beside a compile)
+    rules = {"PYTORCH": {"step_ms": EAGER_MS, "result": "same", "fail_in": "check"}}
+    decider, world = Decider("torch", TORCH, options(None)), World(rules)
+    run = decider.decide("train", "s", PARTS, world.trials("train", "s"))
+    served = calls(run, 1000)  # CHANNELS_LAST due at ~528: its climb raises, caught
+    assert {name for name, _ in served} == {"PYTORCH"}
+    decision = decider.decisions[("train", "s")]
+    status = {a.rung: (a.status, a.reason) for a in decision.attempts}
+    assert status["CHANNELS_LAST"][0] == "failed"
+    assert "its climb failed (ValueError" in status["CHANNELS_LAST"][1]
+    assert status["TORCH_COMPILE"][0] == "pending"  # the others still wait their turn
+    assert any("its climb failed" in e for e in decision.events)
+    assert world.count("build", "CHANNELS_LAST") == 1  # not tried again
+
+
+def test_a_new_shape_while_the_mode_waits_runs_eager_and_is_not_kept(tmp_path):
+    decider, world = Decider("torch", TORCH, options(tmp_path)), World()
+    first = decider.decide("train", "s1", PARTS, world.trials("train", "s1"))
+    assert isinstance(first, Probation)
+    second = decider.decide("train", "s2", PARTS, world.trials("train", "s2"))
+    assert second()[0] == "PYTORCH"
+    assert decider.cache.get(decider._keys[("train", "s2")]) is None  # decided again later
+    assert decider.cache.get(decider._keys[("train", "s1")]) is not None  # waiting, kept

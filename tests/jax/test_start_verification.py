@@ -71,6 +71,8 @@ def test_a_verified_start_is_cached_and_a_second_run_skips_op_by_op(tmp_path):
     np.testing.assert_allclose(np.asarray(again(w, x)[0]), np.asarray(fast(w, x)[0]))
     assert calls == ["traced or op by op"]  # one trace by jit; no op-by-op run
     assert again.explain().decisions[0].from_cache
+    served = again._decider.known("call", again.explain().decisions[0].signature)
+    assert getattr(served, "verifying", None) is None  # nothing verifying beside the job
 
 
 def test_a_verified_start_is_cached_even_when_the_job_ends_before_reading_the_verdict(tmp_path):
