@@ -118,9 +118,11 @@ class Explanation:
             speedup = None if chosen is None else chosen.speedup
             speed = f" {speedup:.1f}x eager" if speedup not in (None, 1.0) else ""
             waiting = sum(a.status == PENDING for a in d.attempts)
-            tried = f"{len(d.attempts) - waiting} rungs tried in {d.decide_s:.1f} s"
+            ran = len(d.attempts) - waiting
+            tried = f"{ran} rungs tried in {d.decide_s:.1f} s"
             if waiting:
-                tried += f", {waiting} waiting for their payback"
+                started = f"started in {d.decide_s:.1f} s" if ran == 1 else tried
+                tried = f"{started}, {waiting} waiting for their payback"
             how = "from the decision cache" if d.from_cache else tried
             parts.append(f"{d.mode}: {d.chosen}{speed} ({how})")
         return "; ".join(parts) if parts else "nothing decided yet"

@@ -144,7 +144,8 @@ def run_pipeline(
         results.setdefault("ladders", {})[name] = ladder
         stats = results[f"{name}_preload"]
         console.print(
-            f"{name}: compile ladder (verified against eager on the first batch) {ladder}; "
+            f"{name}: compile ladder (starts at once; a rung is tried when it pays back) "
+            f"{ladder}; "
             f"preloader: {stats['loads']} PNG decodes for {epochs * train.rows_per_epoch} "
             f"rows served, peak {stats['peak_resident_bytes'] / 1024:.0f} KiB of a "
             f"{PRELOAD_BUDGET >> 20} MiB budget"
