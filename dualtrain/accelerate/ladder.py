@@ -147,7 +147,7 @@ def climb(
     ref_times: list[float] = []
     ref_warm = False
     attempts: list[Attempt] = []
-    best: tuple[float, int] | None = None
+    best: int | None = None  # the index of the fastest verified attempt so far
 
     def want() -> tuple[list[str], list[np.ndarray]]:
         nonlocal truth
@@ -234,14 +234,14 @@ def climb(
             )
             trial.release()
             continue
-        if best is None or attempt.speedup > attempts[best[1]].speedup:  # type: ignore[operator]
+        if best is None or attempt.speedup > attempts[best].speedup:  # type: ignore[operator]
             if best is not None:
-                loser = attempts[best[1]]
+                loser = attempts[best]
                 loser.reason = "verified, slower than " + trial.name
                 _release(candidates, loser.rung)
-            best = (step_s, len(attempts) - 1)
+            best = len(attempts) - 1
         else:
-            attempt.reason = "verified, slower than " + attempts[best[1]].rung
+            attempt.reason = "verified, slower than " + attempts[best].rung
             trial.release()
     eager_ms = statistics.median(ref_times) * 1e3 if ref_times else None
     eager = Attempt(reference.name, VERIFIED, "the reference", step_ms=eager_ms, speedup=1.0)
@@ -249,9 +249,9 @@ def climb(
         eager.status = CHOSEN
         eager.reason = "the reference; no candidate was verified and faster"
         return reference.name, [*attempts, eager]
-    attempts[best[1]].status = CHOSEN
-    attempts[best[1]].reason = "verified and fastest"
-    return attempts[best[1]].rung, [*attempts, eager]
+    attempts[best].status = CHOSEN
+    attempts[best].reason = "verified and fastest"
+    return attempts[best].rung, [*attempts, eager]
 
 
 def _release(candidates: Sequence[Trial], name: str) -> None:
