@@ -178,6 +178,8 @@ class AcceleratedFunction:
         """Remembers what the signature's JIT_DONATE runner donates, once it is the choice."""
         decision = self._decider.decisions[(self._mode, layout.signature)]
         runner = self._decider.known(self._mode, layout.signature)
+        if type(runner) is Probation:  # a final decision whose steady time is watched
+            runner = runner.current
         donated = next((t.donated for t in made if t.name == JIT_DONATE and t.donated), ())
         if decision.chosen == JIT_DONATE and donated:
             starts = layout.starts

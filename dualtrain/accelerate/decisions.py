@@ -28,7 +28,7 @@ from dualtrain.version import __version__
 
 __all__ = ["DecisionCache", "code_digest", "default_folder", "fingerprint", "function_digest"]
 
-_FORMAT = 1  # bump when the file's fields change meaning
+_FORMAT = 2  # bump when the file's fields change meaning (2: speed-ups over `speedup_over`)
 
 
 def default_folder() -> Path | None:

@@ -41,11 +41,13 @@ from dualtrain.accelerate.report import (
     PENDING,
     REJECTED,
     UNAVAILABLE,
+    VERIFIED,
     Attempt,
     Decision,
     Explanation,
 )
-from dualtrain.accelerate.rungs import EAGER, STARTS, parse_backends
+from dualtrain.accelerate.rungs import EAGER, PRIORS, STARTS, parse_backends
+from dualtrain.accelerate.steady import SKIP, WINDOW, Steady, contradiction, margin, steady_of
 
 __all__ = ["Decider", "Probation", "RunnerTrial", "Verification", "deciding_seconds"]
 
@@ -235,7 +237,11 @@ class Probation:
         current: the runner that serves now (the start rung's, then any rung that won).
         current_name: its rung.
         pending: the candidates not tried yet, in the ladder's order.
+        expected: for a pending rival tried again after its decision was contradicted,
+            its expected speed-up over `current` (else the prior's, `payback`).
         verifying: the start's `Verification` while it runs, else None.
+        watching: "record" or "check" while the calls' steady time is watched (the
+            decision is final then; `dualtrain.accelerate.steady`), else None.
         started: the clock reading at the mode's first call; calls: calls served since.
     """
 
@@ -252,6 +258,7 @@ class Probation:
         self.decider, self.key = decider, key
         self.current, self.current_name = current, current_name
         self.pending = pending
+        self.expected: dict[str, float] = {}
         self.trials, self.settled = trials, settled
         self.over = 1.0  # the speed-up of `current` over the start rung
         self.started = decider.options.clock()
@@ -259,8 +266,17 @@ class Probation:
         self.due = self.started  # re-read at the second call, when a step time is known
         self.verifying: Verification | None = None
         self.trusted = True  # False: a start eager could not check (nothing is cached then)
+        self.watching: str | None = None
+        self.recorded = False  # a steady time was recorded this run (at most once)
+        self.final = False  # nothing waits or is watched: calls go straight to `current`
+        self._last_call: float | None = None
+        self._intervals: list[float] = []
         self._climbing = False
         self._lock = threading.RLock()
+
+    def watch(self, how: str) -> None:
+        """Watches the next ``SKIP + WINDOW`` calls' steady time ("record" or "check")."""
+        self.watching, self._last_call, self._intervals = how, None, []
 
     def serving(self) -> Callable[..., Any]:
         """The runner this call goes to, after any climb that is due (counts the call).
@@ -268,6 +284,20 @@ class Probation:
         Adapters that treat runners apart (torch snapshots a call under a candidate, JAX
         guards donation) ask this first and call what it returns.
         """
+        if self.final:
+            self.calls += 1
+            return self.current
+        if self.watching is not None:
+            now = self.decider.options.clock()
+            if self._last_call is not None:
+                self._intervals.append(now - self._last_call)
+            self._last_call = now
+            if len(self._intervals) >= SKIP + WINDOW and not self._climbing:
+                with self._lock:
+                    if self.watching is not None:
+                        self.decider._watched(self, self._intervals)
+            self.calls += 1
+            return self.current
         if (
             self.calls
             and not self._climbing  # a trial's own call of the model, inside the climb
@@ -378,11 +408,13 @@ class Decider:
             if built is not None:
                 cached.decide_s = self.options.clock() - start
                 _spent_deciding(cached.decide_s)
-                if waiting:  # candidates still wait: their payback is counted from here
+                if waiting or self._rivals(cached):
+                    # Candidates still wait (their payback is counted from here), or the
+                    # run watches its steady time against the one recorded with the decision.
                     probation = Probation(self, key, built, cached.chosen, waiting, trials, settled)
-                    chosen = next((a for a in cached.attempts if a.rung == cached.chosen), None)
-                    if cached.chosen != self.start and chosen is not None and chosen.speedup:
-                        probation.over = chosen.speedup
+                    probation.over = self._over_start(cached)
+                    if not waiting:
+                        probation.watch("check" if cached.steady_ms is not None else "record")
                     self.decisions[key] = cached
                     self._runners[key] = probation
                     return probation
@@ -443,7 +475,13 @@ class Decider:
         decision.decide_s = self.options.clock() - start
         _spent_deciding(decision.decide_s)
         self.cache.put(cache_key, decision)
-        return self._settle(key, decision, runner)
+        if not self._rivals(decision):
+            return self._settle(key, decision, runner)
+        # Final, with rivals a later run may try again: its steady time is recorded first.
+        probation = Probation(self, key, runner, decision.chosen, [], trials, settled)
+        probation.over = self._over_start(decision)
+        probation.watch("record")
+        return self._settle(key, decision, probation)
 
     def fall_back(self, mode: str, signature: str, error: BaseException) -> Callable[..., Any]:
         """Records that the runner of (mode, signature) failed; eager serves it from now on."""
@@ -491,7 +529,8 @@ class Decider:
         if self.start == self.eager:
             self._eager(trials)
             attempt = Attempt(self.eager, CHOSEN, "the start: candidates wait for their payback")
-            return Decision(mode, signature, self.eager, [attempt]), self._eager_runner, None
+            decision = Decision(mode, signature, self.eager, [attempt], speedup_over=self.eager)
+            return decision, self._eager_runner, None
         reference = self._eager(trials)
         (trial,) = trials([self.start])
         clock = self.options.clock
@@ -510,7 +549,7 @@ class Decider:
         attempt = Attempt(self.start, CHOSEN, "the start; verifying against eager beside the job")
         attempt.compile_s = clock() - began
         self.costs.record(self.start, attempt.compile_s)
-        decision = Decision(mode, signature, self.start, [attempt])
+        decision = Decision(mode, signature, self.start, [attempt], speedup_over=self.start)
 
         def remember(verification: Verification) -> None:
             # In the verifying thread: the decision as the next call will read it, kept now
@@ -568,10 +607,13 @@ class Decider:
         now = clock()
         horizon = Horizon(now - probation.started, probation.calls, options.budget)
         estimates = {n: self.costs.estimate(n) for n in probation.pending}
+        hoped = probation.expected
         due = [
             n
             for n in probation.pending
-            if worth_trying(n, horizon, estimates[n], options.warm_steps, probation.over)
+            if worth_trying(
+                n, horizon, estimates[n], options.warm_steps, probation.over, hoped.get(n)
+            )
         ]
         if due:
             expected = sum(estimates[n] for n in due)
@@ -601,7 +643,14 @@ class Decider:
                 for n in probation.pending
                 if n not in due
                 and math.isfinite(
-                    due_at(n, horizon.step_s, estimates[n], options.warm_steps, probation.over)
+                    due_at(
+                        n,
+                        horizon.step_s,
+                        estimates[n],
+                        options.warm_steps,
+                        probation.over,
+                        probation.expected.get(n),
+                    )
                 )
             ]
         probation.pending = waiting
@@ -609,7 +658,15 @@ class Decider:
         if waiting:
             step_s = horizon.step_s
             next_due = min(
-                due_at(n, step_s, estimates[n], options.warm_steps, probation.over) for n in waiting
+                due_at(
+                    n,
+                    step_s,
+                    estimates[n],
+                    options.warm_steps,
+                    probation.over,
+                    probation.expected.get(n),
+                )
+                for n in waiting
             )
             probation.due = probation.started + next_due
             for attempt in decision.attempts:
@@ -620,6 +677,7 @@ class Decider:
                         estimates[attempt.rung],
                         options.warm_steps,
                         probation.over,
+                        probation.expected.get(attempt.rung),
                     )
                     if attempt.rung in waiting:
                         attempt.reason = (
@@ -641,13 +699,129 @@ class Decider:
                     if options.budget is not None
                     else f"not tried: its prior cannot beat {probation.current_name}"
                 )
-        self._runners[probation.key] = probation.current
         key = self._keys.get(probation.key)
         if key is not None and probation.trusted:
             with self._writing:
                 self.cache.put(key, decision)
         if probation.settled is not None:
             probation.settled()
+        if not probation.recorded and probation.trusted and self._rivals(decision):
+            probation.watch("record")  # what a later run's steady time is held against
+            return
+        self._final(probation)
+
+    def _final(self, probation: Probation) -> None:
+        probation.final, probation.watching = True, None
+        self._runners[probation.key] = probation.current
+
+    def _start_in_base(self, decision: Decision) -> float:
+        """The start's speed-up in the unit of `decision`'s speed-ups (1.0: they are over it)."""
+        if decision.speedup_over in ("", self.eager) and self.start != self.eager:
+            start = next(
+                (a.speedup for a in decision.attempts if a.rung == self.start and a.speedup), None
+            )
+            return start or 1.0
+        return 1.0
+
+    def _over_start(self, decision: Decision) -> float:
+        """The chosen rung's speed-up over the start (1.0 when it is the start, or unknown)."""
+        speedups = {a.rung: a.speedup for a in decision.attempts if a.speedup}
+        chosen = speedups.get(decision.chosen)
+        if decision.chosen == self.start or chosen is None:
+            return 1.0
+        return chosen / self._start_in_base(decision)
+
+    def _rivals(self, decision: Decision) -> list[str]:
+        """The rungs a contradicted decision tries again, in the ladder's order.
+
+        Those verified and timed against the chosen one's reference that lost (a verdict on
+        speed, which the machine's state can turn), and the start when another rung won.
+        """
+        timed = {
+            a.rung
+            for a in decision.attempts
+            if a.speedup is not None and a.status in (VERIFIED, REJECTED, PENDING)
+        }
+        if decision.chosen != self.start:
+            timed.add(self.start)
+        timed.discard(decision.chosen)
+        if self.eager != self.start:
+            timed.discard(self.eager)  # op by op is the reference, never a contender
+        return [n for n in self.backends if n in timed]
+
+    def _watched(self, probation: Probation, intervals: list[float]) -> None:
+        """Ends a watch: records the steady time, or checks it against the record.
+
+        A check that contradicts the record beyond its margin puts the decision's rivals
+        back on probation (`_rivals`), each expected to win back at least the slowdown
+        seen; the new steady time is recorded either way it contradicts, so the next run
+        in the same state does not re-decide again.
+        """
+        how, probation.watching = probation.watching, None
+        now = steady_of(intervals)
+        decision = self.decisions[probation.key]
+        recorded = (
+            None
+            if decision.steady_ms is None
+            else Steady(decision.steady_ms, decision.steady_spread or 0.0)
+        )
+        cache_key = self._keys.get(probation.key)
+        if how == "record" or recorded is None:
+            probation.recorded = True
+            with self._writing:
+                decision.steady_ms, decision.steady_spread = now.ms, now.spread
+                if cache_key is not None and probation.trusted:
+                    self.cache.put(cache_key, decision)
+            self._final(probation)
+            return
+        chosen = next((a for a in decision.attempts if a.rung == decision.chosen), None)
+        low = None
+        if chosen is not None and chosen.speedup_low is not None and decision.chosen != self.start:
+            low = chosen.speedup_low / self._start_in_base(decision)  # at worst, over the start
+        allowed = margin(recorded, now, low)
+        ratio = contradiction(recorded, now, allowed)
+        if ratio is None:
+            self._final(probation)  # within the margin: the decision holds, nothing written
+            return
+        rivals = self._rivals(decision)
+        event = (
+            f"this run's steady calls take {now.ms:.3f} ms, {ratio:.2f}x the "
+            f"{recorded.ms:.3f} ms recorded with the decision (beyond its {allowed:.0%} "
+            "margin)"
+        )
+        over = probation.over
+        expected = {}
+        for name in rivals:
+            prior = (1.0 if name == self.start else PRIORS[name][1]) / over
+            # Slower than recorded: a rival may win back what was lost.
+            expected[name] = max(prior, ratio) if ratio > 1.0 else prior
+        tried = [n for n in rivals if expected[n] > 1.0]
+        event += (
+            f": {', '.join(tried)} "
+            f"{'waits for its' if len(tried) == 1 else 'wait for their'} payback again"
+            if tried
+            else ": no rival can win it back; the decision holds"
+        )
+        with self._writing:
+            decision.events.append(event)
+            decision.steady_ms, decision.steady_spread = now.ms, now.spread
+            decision.from_cache = False
+            lines = {a.rung: a for a in decision.attempts}
+            for name in tried:
+                attempt = lines.get(name)
+                if attempt is None:
+                    decision.attempts.append(Attempt(name, PENDING, _WAITING + " again"))
+                else:
+                    attempt.status, attempt.reason = PENDING, _WAITING + " again"
+            if cache_key is not None and probation.trusted:
+                self.cache.put(cache_key, decision)
+        if not tried:
+            probation.recorded = True
+            self._final(probation)
+            return
+        # Once they are decided, the steady time under what then serves is recorded.
+        probation.pending, probation.expected = tried, {n: expected[n] for n in tried}
+        probation.due = self.options.clock()  # the next call weighs their payback
 
     def _climb_failed(self, probation: Probation, due: list[str], error: Exception) -> None:
         """Records a climb that raised; what served goes on serving.
@@ -681,18 +855,25 @@ class Decider:
         for attempt in kept:
             if attempt.rung == reference.name and measured.step_ms is not None:
                 attempt.step_ms = measured.step_ms  # what it cost beside the candidates
-        for attempt in attempts:  # speed-ups over the start, as the cache restores `over`
+        # Speed-ups over the start (`over`: what served, over the start), then in the
+        # decision's own unit (a whole-ladder climb's were over eager).
+        base = self._start_in_base(decision)
+        over_start = {}
+        for attempt in attempts:
             if attempt.rung != reference.name and attempt.speedup is not None:
-                attempt.speedup *= probation.over
+                over_start[attempt.rung] = attempt.speedup * probation.over
+                attempt.speedup = over_start[attempt.rung] * base
+                if attempt.speedup_low is not None:
+                    attempt.speedup_low *= probation.over * base
         if chosen != probation.current_name:
-            winner = next(a for a in attempts if a.rung == chosen)
             for attempt in kept:
                 if attempt.status == CHOSEN:
                     attempt.status = "verified"
                     attempt.reason = f"{attempt.reason}; then {chosen} won"
             probation.current = next(t.runner() for t in candidates if t.name == chosen)
             probation.current_name = chosen
-            probation.over = winner.speedup or probation.over
+            probation.over = over_start.get(chosen, probation.over)
+            probation.expected = {}  # they were expected over what served before
             decision.chosen = chosen
         decision.from_cache = False
         # the reference's own line: the one kept from before (it served until now)
@@ -742,7 +923,7 @@ class Decider:
         chosen, attempts = climb(reference, built[:-1], self.options)
         self._eager_runner = reference.runner()
         runner = next(t.runner() for t in built if t.name == chosen)
-        return Decision(mode, signature, chosen, attempts), runner
+        return Decision(mode, signature, chosen, attempts, speedup_over=self.eager), runner
 
     def _reverify(
         self, mode: str, signature: str, name: str, trials: TrialsFor

@@ -26,6 +26,7 @@ from dualtrain.accelerate.report import (
     UNAVAILABLE,
     VERIFIED,
     Attempt,
+    over_label,
 )
 
 __all__ = [
@@ -226,10 +227,11 @@ def climb(
         margin = min(1.0, options.min_speedup)
         if attempt.speedup < options.min_speedup or attempt.speedup_low < margin:
             attempt.status = REJECTED
+            against = over_label(reference.name)  # what serves, on a later climb
             attempt.reason = (
-                f"verified, but not {options.min_speedup:g}x faster than eager"
+                f"verified, but not {options.min_speedup:g}x faster than {against}"
                 if attempt.speedup < options.min_speedup
-                else f"verified, but slower than eager in over a quarter of {len(cand)} "
+                else f"verified, but slower than {against} in over a quarter of {len(cand)} "
                 "alternated pairs (within the timing noise)"
             )
             trial.release()

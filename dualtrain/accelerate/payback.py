@@ -72,12 +72,19 @@ class Horizon:
         return max(self.budget_s - self.elapsed_s, 0.0)
 
 
-def _gain(speedup: float) -> float:
+def _gain(rung: str, over: float, expected: float | None) -> float:
+    # The fraction of each later step a rung is expected to save over what serves now.
+    speedup = PRIORS[rung][1] / over if expected is None else expected
     return 1.0 - 1.0 / speedup if speedup > 1.0 else 0.0
 
 
 def worth_trying(
-    rung: str, horizon: Horizon, compile_s: float, warm_steps: int, over: float = 1.0
+    rung: str,
+    horizon: Horizon,
+    compile_s: float,
+    warm_steps: int,
+    over: float = 1.0,
+    expected: float | None = None,
 ) -> bool:
     """Whether `rung` can win back its trial within `horizon`.
 
@@ -87,23 +94,32 @@ def worth_trying(
         compile_s: the expected seconds to build it here.
         warm_steps: `LadderOptions.warm_steps` (what a trial's timing costs).
         over: the speed-up of what runs now over the start rung (a rung must beat that).
+        expected: the speed-up over what runs now expected of `rung`, when known better
+            than its prior (a rival tried again after its decision was contradicted);
+            None: ``PRIORS[rung][1] / over``.
     """
-    speedup = PRIORS[rung][1] / over
-    gain = _gain(speedup)
+    gain = _gain(rung, over, expected)
     if gain <= 0.0:
         return False
     cost = compile_s + trial_steps(warm_steps) * horizon.step_s
     return horizon.left_s * gain >= cost
 
 
-def due_at(rung: str, step_s: float, compile_s: float, warm_steps: int, over: float = 1.0) -> float:
+def due_at(
+    rung: str,
+    step_s: float,
+    compile_s: float,
+    warm_steps: int,
+    over: float = 1.0,
+    expected: float | None = None,
+) -> float:
     """Seconds after the mode's first call at which `rung` becomes worth trying (ski rental).
 
     ``math.inf`` when it never does (no gain expected beyond what runs now). With a budget,
     a rung is worth trying at the first call or never (`worth_trying`), so this is for the
-    budget-free rule only.
+    budget-free rule only. `over` and `expected` as in `worth_trying`.
     """
-    gain = _gain(PRIORS[rung][1] / over)
+    gain = _gain(rung, over, expected)
     if gain <= 0.0:
         return math.inf
     return (compile_s + trial_steps(warm_steps) * step_s) / gain

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dualtrain.accelerate.rungs import FOLLOWS
+from dualtrain.accelerate.rungs import EAGER, FOLLOWS
 
-__all__ = ["Attempt", "Decision", "Explanation"]
+__all__ = ["Attempt", "Decision", "Explanation", "over_label"]
 
 # Attempt.status values
 CHOSEN, VERIFIED, REJECTED, UNAVAILABLE, FAILED, PENDING = (
@@ -36,7 +36,8 @@ class Attempt:
         reason: why, in words.
         compile_s: seconds to build and run the first batch (compiling included).
         step_ms: median step time over the warm steps, milliseconds.
-        speedup: eager's median step time over this rung's (alternated pairs).
+        speedup: the median step time of the decision's `Decision.speedup_over` rung
+            over this rung's (alternated pairs).
         speedup_low: the lower quartile of the pairs' own ratios (the verdict's margin
             beyond the samples' spread).
         max_error: the largest absolute difference from eager over outputs, gradients
@@ -53,17 +54,39 @@ class Attempt:
     speedup_low: float | None = None
 
 
+def over_label(rung: str) -> str:
+    """How a speed-up over `rung` is labelled: "eager" for the eager rungs, else the name."""
+    return "eager" if rung in ("", *EAGER.values()) else rung
+
+
 @dataclass
 class Decision:
-    """The ladder's answer for one mode ("train"/"eval") and one input signature."""
+    """The ladder's answer for one mode ("train"/"eval") and one input signature.
+
+    Attributes:
+        mode, signature: what it decides.
+        chosen: the rung that serves.
+        attempts: one per rung tried or waiting.
+        from_cache: read from the decision cache (not stored).
+        decide_s: seconds spent deciding (trials, or reading the cache).
+        events: fallbacks, climbs and re-decisions, in words (not stored).
+        speedup_over: the rung the attempts' speed-ups are over: the start rung on
+            payback ("" or an eager rung: eager).
+        steady_ms, steady_spread: the steady time between calls under the chosen rung
+            and its spread, as the run that decided saw them (`dualtrain.accelerate.steady`),
+            or None before it has seen enough calls.
+    """
 
     mode: str
     signature: str
     chosen: str
     attempts: list[Attempt] = field(default_factory=list)
     from_cache: bool = False
-    decide_s: float = 0.0  # seconds spent deciding (trials, or reading the cache)
-    events: list[str] = field(default_factory=list)  # fallbacks and re-verifications
+    decide_s: float = 0.0
+    events: list[str] = field(default_factory=list)
+    speedup_over: str = ""
+    steady_ms: float | None = None
+    steady_spread: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields the decision cache stores (not `from_cache`, not `events`)."""
@@ -80,12 +103,19 @@ class Decision:
             for name in ("compile_s", "step_ms", "speedup", "max_error", "speedup_low"):
                 if getattr(a, name) is not None:
                     setattr(a, name, float(getattr(a, name)))
+        steady_ms: float | None = None
+        steady_spread: float | None = None
+        if data.get("steady_ms") is not None and data.get("steady_spread") is not None:
+            steady_ms, steady_spread = float(data["steady_ms"]), float(data["steady_spread"])
         return cls(
             mode=str(data["mode"]),
             signature=str(data["signature"]),
             chosen=str(data["chosen"]),
             attempts=attempts,
             decide_s=float(data.get("decide_s", 0.0)),
+            speedup_over=str(data.get("speedup_over", "")),
+            steady_ms=steady_ms,
+            steady_spread=steady_spread,
         )
 
 
@@ -116,7 +146,8 @@ class Explanation:
         for d in self.decisions:
             chosen = next((a for a in d.attempts if a.rung == d.chosen), None)
             speedup = None if chosen is None else chosen.speedup
-            speed = f" {speedup:.1f}x eager" if speedup not in (None, 1.0) else ""
+            over = over_label(d.speedup_over)
+            speed = f" {speedup:.1f}x {over}" if speedup not in (None, 1.0) else ""
             waiting = sum(a.status == PENDING for a in d.attempts)
             ran = len(d.attempts) - waiting
             tried = f"{ran} rungs tried in {d.decide_s:.1f} s"
@@ -145,6 +176,12 @@ class Explanation:
         for d in self.decisions:
             source = "from the decision cache" if d.from_cache else f"decided in {d.decide_s:.1f} s"
             lines.append(f"{d.mode} {d.signature}: {d.chosen} ({source})")
+            if d.steady_ms is not None:
+                lines.append(
+                    f"  steady: {d.steady_ms:.3f} ms between calls "
+                    f"(spread {d.steady_spread or 0.0:.0%}); a later run re-decides only "
+                    "beyond its margin"
+                )
             for a in d.attempts:
                 cols = [f"  {a.rung:<14}{a.status:<12}"]
                 if a.compile_s is not None:
@@ -152,7 +189,7 @@ class Explanation:
                 if a.step_ms is not None:
                     cols.append(f"step {a.step_ms:8.3f} ms")
                 if a.speedup is not None:
-                    cols.append(f"{a.speedup:5.2f}x eager")
+                    cols.append(f"{a.speedup:5.2f}x {over_label(d.speedup_over)}")
                 if a.max_error is not None:
                     cols.append(f"max |err| {a.max_error:.2g}")
                 line = "  ".join(cols)

@@ -27,6 +27,7 @@ from dualtrain.accelerate.payback import (
     worth_trying,
 )
 from dualtrain.accelerate.rungs import PRIORS
+from dualtrain.accelerate.steady import SKIP, WINDOW
 from tests.core.test_accelerate_dispatch import PARTS, World
 from tests.core.test_accelerate_ladder import CLOCK, EAGER_MS
 
@@ -199,16 +200,23 @@ def test_each_candidate_is_tried_when_its_payback_is_due_and_the_winner_serves(t
     assert not decider.serves_eager(run)
     assert decider.decisions[key].chosen == "CHANNELS_LAST"
     # TORCH_COMPILE (1.3x) and CUDA_GRAPHS (1.5x by their priors) cannot beat CHANNELS_LAST's
-    # 2.5x: they are never tried, the decision is final, the batch let go, the clock unread
+    # 2.5x: they are never tried, the decision is final; its steady time is recorded over
+    # the next calls, then the batch is let go and the clock unread
+    watching = decider.known(*key)
+    assert isinstance(watching, Probation) and watching.watching == "record"
+    calls(run, SKIP + WINDOW + 1)
     runner = decider.known(*key)
     assert not isinstance(runner, Probation) and runner()[0] == "CHANNELS_LAST"
+    assert decider.decisions[key].steady_ms == pytest.approx(STEP_S * 1e3)
     never = {a.rung: (a.status, a.reason) for a in decider.decisions[key].attempts}
     for rung in ("TORCH_COMPILE", "CUDA_GRAPHS"):
         assert never[rung] == ("rejected", "not tried: its prior cannot beat CHANNELS_LAST")
     cached = decider.cache.get(decider._keys[key])
     assert cached is not None and cached.chosen == "CHANNELS_LAST"
+    assert cached.steady_ms == pytest.approx(STEP_S * 1e3)
     again, world2 = later_run(tmp_path)
-    assert not isinstance(again, Probation) and again()[0] == "CHANNELS_LAST"
+    assert isinstance(again, Probation) and again.watching == "check"  # held against it
+    assert again()[0] == "CHANNELS_LAST"
     assert world2.count("check") == 0  # trusted: nothing re-run
 
 
@@ -264,9 +272,14 @@ def test_a_second_job_reads_the_final_decision_and_starts_on_it(tmp_path):
     decider.decide("train", "s", PARTS, world.trials("train", "s"))
     later, world2 = Decider("torch", TORCH, options(tmp_path)), World()
     run = later.decide("train", "s", PARTS, world2.trials("train", "s"))
-    assert not isinstance(run, Probation)
     assert run() == ("TORCH_COMPILE", ("train", "s"))
     assert later.decisions[("train", "s")].from_cache
+    # the deciding run recorded no steady time (it made one call): this run records it
+    assert isinstance(run, Probation) and run.watching == "record"
+    calls(run, SKIP + WINDOW)
+    assert later.known("train", "s") is not run
+    assert later.cache.get(later._keys[("train", "s")]).steady_ms == pytest.approx(EAGER_MS)
+    assert world2.count("check") == 0
 
 
 def test_a_budget_tries_what_pays_back_within_it_at_the_second_call_and_nothing_later():
@@ -277,7 +290,7 @@ def test_a_budget_tries_what_pays_back_within_it_at_the_second_call_and_nothing_
     decision = decider.decisions[("train", "s")]
     assert decision.chosen == "CHANNELS_LAST"
     assert world.count("build", "TORCH_COMPILE") == 0
-    assert not isinstance(decider.known("train", "s"), Probation)  # final
+    assert run.watching == "record"  # final: its steady time is recorded, nothing tried
     never = {a.rung: a.reason for a in decision.attempts if a.status == "rejected"}
     assert "could not pay back" in never["TORCH_COMPILE"]
     # a budget too short for anything: the start serves, final, nothing built
@@ -291,8 +304,10 @@ def test_a_budget_tries_what_pays_back_within_it_at_the_second_call_and_nothing_
 def test_an_infinite_budget_climbs_the_whole_ladder_at_the_first_call():
     decider, world = Decider("torch", TORCH, options(None, budget=math.inf)), World()
     run = decider.decide("train", "s", PARTS, world.trials("train", "s"))
-    assert not isinstance(run, Probation)
     assert run()[0] == "TORCH_COMPILE"
+    assert world.count("build", "TORCH_COMPILE") == 1
+    # final: nothing waits; only the steady time of the calls is watched, then recorded
+    assert isinstance(run, Probation) and not run.pending and run.watching == "record"
 
 
 JAX = ("JIT_DONATE", "JIT", "EAGER")
@@ -321,6 +336,10 @@ def test_jax_starts_on_jit_verified_once_against_op_by_op_never_timed_against_it
     assert decider.decisions[("call", "s")].chosen == "JIT_DONATE"
     assert world.count("step", "EAGER") == 0
     assert world.count("check", "EAGER") == 1  # verified against JIT, the verified start
+    # and its speed-up is printed over JIT, the rung it was timed against
+    assert decider.explain().summary().startswith("call: JIT_DONATE 1.")
+    assert "x JIT (" in decider.explain().summary()
+    assert " 1.25x JIT " in str(decider.explain())
 
 
 class GatedWorld(World):
