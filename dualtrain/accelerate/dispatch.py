@@ -26,6 +26,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -136,8 +137,7 @@ class Verification:
         self.reason = ""
         self.max_error: float | None = None
         self.seconds = 0.0
-        self._finishing = False
-        self._state = threading.Lock()
+        self._left = False  # the thread has left `_verify`: no stop is sent from then on
         self._thread = threading.Thread(target=self._run, name="dualtrain-verify", daemon=True)
 
     def start(self) -> None:
@@ -147,15 +147,20 @@ class Verification:
         self._thread.start()
 
     def _run(self) -> None:
-        # _Abandoned may arrive at any instruction until the thread is gone (an exit):
-        # caught here, wherever it lands, so the thread ends quietly.
-        with contextlib.suppress(_Abandoned):
+        # An exit stops the thread with _Abandoned, sent (and re-sent) until `_left` reads
+        # True (`abandon`). It lands only at the interpreter's check points (calls, backward
+        # jumps), so the store of `_left` below, the finally's first instruction, has none
+        # before it: a stop sent before it is pending at most (one slot a thread), and
+        # `_checkpoint` makes it land inside this try, where it is caught.
+        try:
             try:
                 self._verify()
             finally:
+                self._left = True
                 _verifying.discard(self)
-                with self._state:  # from here no stop is sent: none lands outside this block
-                    self._finishing = True
+                _checkpoint()
+        except _Abandoned:
+            pass
 
     def _verify(self) -> None:
         clock = self.options.clock
@@ -182,21 +187,33 @@ class Verification:
         self._thread.join(timeout)
         return self.done
 
-    def abandon(self) -> None:
-        """Stops the thread at its next Python instruction (at interpreter exit)."""
+    def abandon(self, timeout_s: float = 10.0) -> None:
+        """Stops the thread at its next check point (at interpreter exit), within `timeout_s`.
+
+        The stop is sent again every 2 ms until the thread has left its work: one that
+        lands where it is swallowed (a ``__del__``, a weakref callback, a library's broad
+        ``except``) would otherwise leave the thread running into the interpreter's
+        finalization, which ends a thread inside native code with an abort.
+        """
         ident = self._thread.ident
-        with self._state:
-            if ident is None or self._finishing or not self._thread.is_alive():
-                return
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(ident), ctypes.py_object(_Abandoned)
-            )
-        self._thread.join(5.0)
+        if ident is None:
+            return
+        send = ctypes.pythonapi.PyThreadState_SetAsyncExc
+        tid, stop = ctypes.c_ulong(ident), ctypes.py_object(_Abandoned)
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            if not self._left:  # read and sent with no check point between: no thread switch
+                send(tid, stop)
+            self._thread.join(0.002)
 
     def _forked(self) -> None:
         # In a forked child the thread does not exist: the start stays unverified there.
         self.ok, self.verified, self.reason = True, False, "unverified: the process forked"
-        self.done = True
+        self._left = self.done = True
+
+
+def _checkpoint() -> None:
+    """Does nothing: calling a Python function is a check point for a pending stop."""
 
 
 def _abandon_verifications() -> None:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,8 +108,13 @@ def test_an_exit_while_op_by_op_still_verifies_is_clean(tmp_path):
         print(float(fast(jnp.ones(3))[0]), len(dispatch._verifying), flush=True)
         """
     )
+    exits_quietly_while_verifying(script, tmp_path, runs=3)
+
+
+def exits_quietly_while_verifying(script: str, tmp_path: Path, runs: int) -> None:
+    """`script` (printing its result and the live verifications) exits 0, stopped quietly."""
     env = {**os.environ, "DUALTRAIN_CACHE_DIR": str(tmp_path)}
-    for _ in range(3):
+    for _ in range(runs):
         done = subprocess.run(
             [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
         )
@@ -117,3 +123,29 @@ def test_an_exit_while_op_by_op_still_verifies_is_clean(tmp_path):
         assert float(value) > 1.0 and live == "1"  # it was still verifying at exit
         for sign in ("terminate", "Fatal", "Exception", "Traceback"):
             assert sign not in done.stderr, done.stderr  # stopped quietly
+
+
+def test_an_exit_stops_a_verification_whose_code_swallows_the_first_stops(tmp_path):
+    """A stop landing in a broad ``except`` of the user's or a library's code is swallowed;
+    one stop and a wait let the thread run into finalization, which aborted the process
+    (SIGABRT, "terminate called"): the stop is sent again until the thread has left."""
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp
+        from dualtrain.accelerate import dispatch
+        from dualtrain_jax import accelerate
+
+        def body(i, v):
+            try:  # most of op by op's time is spent here
+                return v * 1.0001 + 0.1
+            except BaseException:
+                return v
+
+        def slow(x):
+            return jax.lax.fori_loop(0, 300000, body, x)
+
+        fast = accelerate(slow, cache=False)
+        print(float(fast(jnp.ones(3))[0]), len(dispatch._verifying), flush=True)
+        """
+    )
+    exits_quietly_while_verifying(script, tmp_path, runs=2)
