@@ -34,6 +34,7 @@ from dualtrain.accelerate.dispatch import Decider
 from dualtrain.accelerate.ladder import UnavailableError
 from dualtrain_jax.compilation_keys import Layout
 from dualtrain_jax.compilation_probe import copy_tree, elements, host, projection, shapes
+from dualtrain_jax.compile_cache import every_program_kept
 from dualtrain_jax.craft import JaxModule
 
 __all__ = [
@@ -67,7 +68,8 @@ def eager(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with jax.disable_jit():
+        # Its one-primitive programs are kept on disk: the next run's check loads them.
+        with jax.disable_jit(), every_program_kept():
             return fn(*args, **kwargs)
 
     return run
@@ -235,7 +237,7 @@ def eager_apply(shell: JaxModule) -> Callable[..., Any]:
     def run(
         params: Any, state: Any, *inputs: Any, train: bool = False, rng: Any = None, **kw: Any
     ) -> Any:
-        with jax.disable_jit():
+        with jax.disable_jit(), every_program_kept():
             return shell.apply(params, state, *inputs, train=train, rng=rng, **kw)
 
     return run

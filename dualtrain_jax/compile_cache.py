@@ -8,6 +8,12 @@ caches (``$DUALTRAIN_CACHE_DIR/xla``). JAX's own rules stay in force: only progr
 took ``jax_persistent_cache_min_compile_time_secs`` (1 s by default) to compile are kept,
 and keys cover the program, the JAX and XLA versions, the flags and the devices.
 
+One exception to that threshold, in the calling thread only: op-by-op JAX, the ladder's
+reference (`every_program_kept`). It compiles one small program per primitive (a CNN's
+training step: 159 of them, 33 ms each, 5 of the 7 s its check takes), none of which
+reaches 1 s, so a job that ended before its start was verified paid them all again in the
+next run; kept, the next run's check loads them and finishes.
+
 Left alone: a folder the user named (``JAX_COMPILATION_CACHE_DIR`` or the config), and
 ``jax_enable_compilation_cache=False`` (JAX's own off switch; in the environment
 ``JAX_ENABLE_COMPILATION_CACHE=false``).
@@ -15,8 +21,10 @@ Left alone: a folder the user named (``JAX_COMPILATION_CACHE_DIR`` or the config
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +32,7 @@ import jax
 
 from dualtrain.caches import cache_folder
 
-__all__ = ["use_disk_cache"]
+__all__ = ["every_program_kept", "use_disk_cache"]
 
 _ENTRY_SUFFIX = "-cache"  # JAX's name for an entry: <key>-cache
 _STAMP = ".dualtrain-checked"  # touched after each check of the entries written since
@@ -42,6 +50,25 @@ def use_disk_cache() -> Path | None:
         if not _chosen:
             _chosen.append(_choose())
         return _chosen[0]
+
+
+@contextlib.contextmanager
+def every_program_kept() -> Iterator[None]:
+    """Within it, this thread's compiles are kept in dualtrain's folder however short.
+
+    Only when that folder is JAX's cache because of `use_disk_cache` (a folder or threshold
+    the user chose is left alone); JAX's threshold is set for the calling thread alone.
+    """
+    from jax._src import config  # the thread-local form of the option is JAX's own
+
+    threshold = getattr(config, "persistent_cache_min_compile_time_secs", None)
+    with _lock:
+        ours = bool(_chosen) and _chosen[0] is not None
+    if not ours or not callable(threshold):
+        yield
+        return
+    with threshold(0.0):
+        yield
 
 
 def _choose() -> Path | None:

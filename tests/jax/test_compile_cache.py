@@ -76,6 +76,63 @@ def test_a_folder_the_user_named_and_the_off_switch_are_left_alone(tmp_path: Pat
     assert not entries(tmp_path / "home" / "xla")
 
 
+OP_BY_OP = """
+import json, threading
+import jax, jax.numpy as jnp
+from jax._src import config, monitoring
+events = []
+monitoring.register_event_listener(lambda name, **kw: events.append(name))
+import dualtrain_jax
+from dualtrain_jax.compile_cache import every_program_kept
+threshold = config.persistent_cache_min_compile_time_secs
+def step(x):
+    return (jnp.sin(x) * 2.0 + jnp.cos(x)).sum()
+# budget=inf: the whole ladder now, so op by op runs here; no decision cache: every run
+fast = dualtrain_jax.accelerate(step, budget=float("inf"), cache=False)
+value = float(fast(jnp.ones(5)))
+seen = {}
+with every_program_kept():
+    seen["inside"] = threshold.value
+    other = threading.Thread(target=lambda: seen.setdefault("other", threshold.value))
+    other.start()
+    other.join()
+seen["after"] = threshold.value
+print(json.dumps({"value": value, "dir": jax.config.jax_compilation_cache_dir,
+                  "hits": events.count("/jax/compilation_cache/cache_hits"), **seen}))
+"""
+
+
+def run_op_by_op(tmp_path: Path, **env: str) -> dict:
+    """OP_BY_OP in a fresh process, under JAX's default threshold (1 s) unless `env` says."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    environ.update(DUALTRAIN_CACHE_DIR=str(tmp_path / "home"), JAX_PLATFORMS="cpu", **env)
+    done = subprocess.run(
+        [sys.executable, "-c", OP_BY_OP], env=environ, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_op_by_op_programs_are_kept_however_quick_and_read_by_the_next_run(
+    tmp_path: Path,
+) -> None:
+    """The reference's one-primitive programs (milliseconds each, under JAX's 1 s threshold)
+    are kept, so a check a short job could not finish goes faster in the next run; the
+    threshold is lowered for the checking thread only, and only in dualtrain's folder."""
+    folder = tmp_path / "home" / "xla"
+    first = run_op_by_op(tmp_path)
+    assert first["dir"] == str(folder)
+    assert (first["inside"], first["other"], first["after"]) == (0.0, 1.0, 1.0)
+    kept = entries(folder)
+    assert len(kept) >= 3, "op by op's programs were not kept"  # sin, cos, mul, add, sum...
+    second = run_op_by_op(tmp_path)
+    assert second["hits"] >= len(kept) - 1 and second["value"] == first["value"]
+    mine = run_op_by_op(tmp_path, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "mine"))
+    assert mine["inside"] == 1.0  # the user's cache, the user's threshold
+    assert not entries(tmp_path / "mine")  # nothing took a second to compile
+
+
 def test_an_entry_a_killed_writer_truncated_is_dropped_and_rewritten(tmp_path: Path) -> None:
     folder = tmp_path / "home" / "xla"
     run(tmp_path)
