@@ -211,11 +211,12 @@ def step_runs(
     """A whole training step, batched and as one member alone, for `dispatch.decide`.
 
     "batched": every member's forward and backward under `strategy`, then
-    `member_optimizer`'s Adam over copies of the stacked parameters; "separate": member 0
-    alone on its own contiguous copies (its inputs, a plain call of the template, the fused
-    Adam kernel of ``torch.optim.Adam(fused=True)``), as one of N separate trainings runs.
-    Nothing the caller holds changes. Empty outside
-    training (no gradients, or nothing trainable).
+    `member_optimizer`'s Adam over copies of the stacked parameters; "optimizer": that Adam
+    step alone (``dispatch.decide`` adds it to the forward and backward it has just timed,
+    rather than run the whole step again); "separate": member 0 alone on its own
+    contiguous copies (its inputs, a plain call of the template, the fused Adam kernel of
+    ``torch.optim.Adam(fused=True)``), as one of N separate trainings runs. Nothing the
+    caller holds changes. Empty outside training (no gradients, or nothing trainable).
     """
     names = [k for k, p in params.items() if p.requires_grad]
     if not torch.is_grad_enabled() or not names:
@@ -247,7 +248,14 @@ def step_runs(
             _step(out, alone, alone_opt.step)
         _sync(device)
 
-    return {"batched": batched, "separate": separate}
+    def optimizer() -> None:
+        for t in stacked:
+            if t.grad is None:  # Adam's step costs the same whatever the gradient's values
+                t.grad = torch.zeros_like(t)
+        batched_opt.step()
+        _sync(device)
+
+    return {"batched": batched, "optimizer": optimizer, "separate": separate}
 
 
 class _PlainAdam:

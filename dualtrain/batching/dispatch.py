@@ -27,6 +27,10 @@ from dualtrain.version import __version__
 
 __all__ = [
     "CACHE",
+    "FULL_ROUNDS",
+    "PRELIMINARY",
+    "PRELIMINARY_FROM",
+    "PRUNE",
     "Decision",
     "DecisionCache",
     "candidates",
@@ -40,13 +44,17 @@ __all__ = [
 
 # The most members one chunk holds when "chunked" (torch) runs without a memory budget.
 CHUNK = 8
-# Above this many members, "auto" first times the candidates on this many (a preliminary
-# round) and times only those within PRUNE of the best there on every member: some
-# strategies grow faster than linearly in the member count (XLA:CPU's gradient of a
-# vmapped conv: 2 s a call at 8 members, minutes at 128), and timing them at full size
-# would cost more than any training step saves.
+# From PRELIMINARY_FROM members, "auto" first times the candidates on PRELIMINARY of them
+# (a preliminary round) and times only those within PRUNE of the best there on every
+# member: some strategies grow faster than linearly in the member count (XLA:CPU's
+# gradient of a vmapped conv: 2 s a call at 8 members, minutes at 128), and timing them at
+# full size would cost more than any training step saves. Below, the round on 8 members
+# costs a third or more of the round on all of them and prunes too little to pay for it
+# (16 members of a small CNN: 0.87 s of a 2.1 s decision).
 PRELIMINARY = 8
+PRELIMINARY_FROM = 4 * PRELIMINARY
 PRUNE = 1.5
+FULL_ROUNDS = 2  # timed rounds on every member, after one warm call each
 # Strategies a backend offers only for some models (the adapter passes them as `extra`).
 OPTIONAL = frozenset({"stacked"})
 _FORMAT = 1  # bump when a stored decision's fields change meaning
@@ -293,8 +301,9 @@ def measure(
 
     Each candidate runs once untimed (compilation, caches, allocation), then up to
     `repeats` rounds taken round-robin so a change of machine load touches every candidate
-    alike; a candidate's time is its fastest round. One more than three times slower than
-    the best after a round is not run again. No round starts once the rounds have taken
+    alike; a candidate's time is its fastest round. One more than `PRUNE` times slower than
+    the best after a round is not run again (the preliminary round's rule: a warm call that
+    far behind does not come back). No round starts once the rounds have taken
     `budget` seconds (slow calls need fewer samples to be told apart). A candidate that
     raises is dropped with its error.
 
@@ -321,7 +330,7 @@ def measure(
             runs[name]()
             best[name] = min(best.get(name, math.inf), clock() - start)
         fastest = min(best.values(), default=math.inf)
-        live = [n for n in live if best[n] <= 3 * fastest]
+        live = [n for n in live if best[n] <= PRUNE * fastest]
     return dict(sorted(best.items(), key=lambda kv: kv[1])), errors
 
 
@@ -344,9 +353,9 @@ def decide(
 ) -> Decision:
     """The strategy for one call: forced, cached under `key`, or measured now.
 
-    Above `PRELIMINARY` members the candidates are first timed on that many members, and
-    those more than `PRUNE` times slower than the best there are dropped unmeasured at
-    full size (one survivor is chosen without more timing).
+    From `PRELIMINARY_FROM` members the candidates are first timed on `PRELIMINARY`
+    members, and those more than `PRUNE` times slower than the best there are dropped
+    unmeasured at full size (one survivor is chosen without more timing).
 
     Args:
         backend: ``"torch"`` or ``"jax"``.
@@ -359,9 +368,12 @@ def decide(
         extra: strategies this model allows beyond the backend's general ones (see
             `candidates`).
         make_step_runs: ``make_step_runs(strategy, chunk)`` builds ``{"batched": ...,
-            "separate": ...}``: one whole training step of every member under the chosen
-            strategy, and one member's step alone; timed after the choice, so `explain`
-            can say whether separate trainings would be faster (None or ``{}``: skipped).
+            "separate": ...}`` and optionally ``"optimizer"``: one whole training step of
+            every member under the chosen strategy, one member's step alone, and the
+            members' optimizer step alone; timed after the choice, so `explain` can say
+            whether separate trainings would be faster (None or ``{}``: skipped). With
+            "optimizer", the batched step is the chosen strategy's measured forward and
+            backward plus the optimizer's step (the whole step is not run again).
         clock: what `measure` times both rounds with (`time.perf_counter` by default).
 
     Raises:
@@ -379,7 +391,7 @@ def decide(
     options = candidates(backend, batch, chunk, extra)
     dropped: dict[str, float] = {}
     errors: dict[str, BaseException] = {}
-    if batch > PRELIMINARY and len(options) > 1:
+    if batch >= PRELIMINARY_FROM and len(options) > 1:
         small, errors = measure(make_runs(options, PRELIMINARY), clock=clock)
         if small:
             fastest = min(small.values())
@@ -388,16 +400,24 @@ def decide(
     if len(options) == 1 and (dropped or errors):
         timings: dict[str, float] = {}
     else:
-        timings, more = measure(make_runs(options, None), clock=clock)
+        # Two rounds after the warm call: a third changed the choice only between
+        # strategies within a few percent of each other, and cost 10% more of a short job.
+        timings, more = measure(make_runs(options, None), repeats=FULL_ROUNDS, clock=clock)
         errors |= more
         if not timings:
             raise next(iter(errors.values()))
     best = next(iter(timings), next(iter(options)))
     text = {k: f"{type(e).__name__}: {e}".splitlines()[0][:200] for k, e in errors.items()}
     step = separate = None
-    runs = make_step_runs(best, options[best]) if make_step_runs is not None else {}
+    runs = dict(make_step_runs(best, options[best])) if make_step_runs is not None else {}
+    if best in timings and "optimizer" in runs:
+        runs.pop("batched", None)  # its forward and backward were just timed
+    else:
+        runs.pop("optimizer", None)
     if runs:
         whole, failed = measure(runs, repeats=2, clock=clock)
+        if "batched" not in whole and "optimizer" in whole and best in timings:
+            whole["batched"] = timings[best] + whole["optimizer"]
         if "batched" in whole and "separate" in whole:
             step, separate = whole["batched"], whole["separate"] * batch
         text |= {

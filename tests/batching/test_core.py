@@ -157,13 +157,14 @@ def test_a_candidate_keeps_its_fastest_round():
     )
 
 
-def test_a_candidate_over_three_times_the_best_is_not_run_again():
+def test_a_candidate_over_prune_times_the_best_is_not_run_again():
     clock = FakeClock()
     calls: list[str] = []
-    runs = {n: clock.work(s, calls, n) for n, s in {"a": 1.0, "b": 3.0, "c": 3.25}.items()}
+    times = {"a": 1.0, "b": dispatch.PRUNE, "c": dispatch.PRUNE + 0.125}
+    runs = {n: clock.work(s, calls, n) for n, s in times.items()}
     timings, _ = dispatch.measure(runs, repeats=3, budget=math.inf, clock=clock)
-    assert timings == {"a": 1.0, "b": 3.0, "c": 3.25}
-    # c (over 3x) ran untimed and in round one; b (exactly 3x) stays for all three rounds.
+    assert timings == times
+    # c (over 1.5x) ran untimed and in round one; b (exactly 1.5x) stays for all three.
     assert collections.Counter(calls) == {"a": 4, "b": 4, "c": 2}
 
 
@@ -235,7 +236,7 @@ def test_close_candidates_are_timed_again_on_every_member():
     assert decision.strategy == "loop" and decision.chunk is None
     assert decision.timings == {"loop": 5.0, "chunked": 8.0}
     assert decision.preliminary == {"vmap": 4.0}
-    # At most PRELIMINARY members there is one round, on every member.
+    # Below PRELIMINARY_FROM members there is one round, on every member.
     make_runs, calls = _worker(clock, {None: {"vmap": 1.0, "map": 2.0, "loop": 2.0}})
     decision = dispatch.decide("jax", "auto", 8, 8, ("prelim", 3), make_runs, clock=clock)
     assert decision.strategy == "vmap" and decision.timings == {
@@ -263,7 +264,7 @@ costs = st.integers(1, 64).map(float)  # whole seconds: every difference of the 
 def test_decide_follows_its_rules_exactly_on_a_fake_clock(
     backend, batch, budget_chunk, small, full, failing
 ):
-    """The winner is the fastest survivor on every member; the preliminary round (above 8
+    """The winner is the fastest survivor on every member; the preliminary round (from 32
     members) drops exactly those over 1.5x its best; a lone survivor there is not timed
     again; a candidate that fails is reported, not chosen."""
     clock = FakeClock()
@@ -281,7 +282,7 @@ def test_decide_follows_its_rules_exactly_on_a_fake_clock(
     )
     working = [n for n in options if n not in failing]
     failed = set(failing) & set(options)
-    preliminary = batch > dispatch.PRELIMINARY and len(options) > 1
+    preliminary = batch >= dispatch.PRELIMINARY_FROM and len(options) > 1
     if preliminary:
         best = min(small[n] for n in working)
         dropped = {n: small[n] for n in working if small[n] > dispatch.PRUNE * best}
@@ -398,6 +399,34 @@ def test_the_whole_step_is_timed_beside_separate_trainings(tmp_path, batched, al
         "torch", "auto", 8, 8, ("no-step",), make_runs, make_step_runs=lambda s, c: {}, clock=clock
     )
     assert none.step is None and "whole step" not in dispatch.explain_text(none, "torch", 8)
+
+
+def test_with_an_optimizer_run_the_whole_step_is_the_timed_call_plus_the_optimizer():
+    """The chosen strategy's forward and backward were just timed: the batched step adds the
+    optimizer's step to them instead of running the whole step again."""
+    clock = FakeClock()
+    ran: list[str] = []
+
+    def make_step_runs(strategy, chunk):
+        costs = {"batched": 9.0, "optimizer": 0.25, "separate": 0.5}
+        return {name: clock.work(cost, ran, name) for name, cost in costs.items()}
+
+    make_runs, _ = _worker(clock, {None: {"vmap": 1.0, "chunked": 3.0, "loop": 2.0}})
+    decision = dispatch.decide(
+        "torch", "auto", 8, 8, ("optimizer",), make_runs, make_step_runs=make_step_runs,
+        clock=clock,
+    )  # fmt: skip
+    assert decision.step == 1.0 + 0.25 and decision.separate == 8 * 0.5
+    assert set(ran) == {"optimizer", "separate"}  # not "batched"
+    # A lone survivor of the preliminary round was not timed whole: the batched step runs.
+    make_runs, _ = _worker(clock, {8: {"vmap": 30.0, "chunked": 20.0, "loop": 1.0}})
+    ran.clear()
+    lone = dispatch.decide(
+        "torch", "auto", 64, 64, ("optimizer", 2), make_runs, make_step_runs=make_step_runs,
+        clock=clock,
+    )  # fmt: skip
+    assert lone.strategy == "loop" and lone.timings == {} and lone.step == 9.0
+    assert set(ran) == {"batched", "separate"}
 
 
 def test_a_decisions_notes_survive_the_disk_and_are_explained(tmp_path):
