@@ -14,6 +14,7 @@ and the only thing a trial could destroy, a donated buffer, is always a copy dur
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,8 +69,7 @@ def eager(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
-        # Its one-primitive programs are kept on disk: the next run's check loads them.
-        with jax.disable_jit(), every_program_kept():
+        with jax.disable_jit():
             return fn(*args, **kwargs)
 
     return run
@@ -201,8 +201,12 @@ class FunctionTrial:
         return args
 
     def check(self) -> tuple[list[str], list[np.ndarray]]:
-        out = self.runner()(*self._fresh(), **self.kwargs)
-        result = host(out, "out", self.layout.floor)
+        # The reference's one-primitive programs are kept on disk (not those of op by op
+        # serving a job): a check a short job could not finish goes further next run.
+        kept = every_program_kept() if self.name == EAGER else contextlib.nullcontext()
+        with kept:
+            out = self.runner()(*self._fresh(), **self.kwargs)
+            result = host(out, "out", self.layout.floor)
         if self.donated:
             # The timed steps go on from here, as a loop would: the first of them (untimed)
             # meets the outputs' placement, which may differ from the caller's (committed).
@@ -237,7 +241,7 @@ def eager_apply(shell: JaxModule) -> Callable[..., Any]:
     def run(
         params: Any, state: Any, *inputs: Any, train: bool = False, rng: Any = None, **kw: Any
     ) -> Any:
-        with jax.disable_jit(), every_program_kept():
+        with jax.disable_jit():
             return shell.apply(params, state, *inputs, train=train, rng=rng, **kw)
 
     return run
@@ -315,13 +319,16 @@ class ModuleTrial:
         return self.runner()(params, state, *inputs, train=self.train, rng=rng, **self.kwargs)
 
     def check(self) -> tuple[list[str], list[np.ndarray]]:
-        out, new_state = self._call()
-        names, arrays = host(out, "out", self.layout.floor)
-        more_names, more = host(new_state, "state", self.layout.floor)
-        names, arrays = names + more_names, arrays + more
-        if self.train:
-            grad_names, grads = host(self._gradients(projection(out)), "grad", self.layout.floor)
-            names, arrays = names + grad_names, arrays + grads
+        kept = every_program_kept() if self.name == EAGER else contextlib.nullcontext()
+        with kept:  # as FunctionTrial.check
+            out, new_state = self._call()
+            names, arrays = host(out, "out", self.layout.floor)
+            more_names, more = host(new_state, "state", self.layout.floor)
+            names, arrays = names + more_names, arrays + more
+            if self.train:
+                grads = self._gradients(projection(out))
+                grad_names, grad_arrays = host(grads, "grad", self.layout.floor)
+                names, arrays = names + grad_names, arrays + grad_arrays
         return names, arrays
 
     def _gradients(self, proj: list[np.ndarray | None]) -> Any:

@@ -36,6 +36,7 @@ __all__ = ["every_program_kept", "use_disk_cache"]
 
 _ENTRY_SUFFIX = "-cache"  # JAX's name for an entry: <key>-cache
 _STAMP = ".dualtrain-checked"  # touched after each check of the entries written since
+_JAX_DEFAULT_THRESHOLD_S = 1.0  # jax_persistent_cache_min_compile_time_secs's default
 _lock = threading.Lock()
 _chosen: list[Path | None] = []  # the decision, taken once per process
 
@@ -56,15 +57,16 @@ def use_disk_cache() -> Path | None:
 def every_program_kept() -> Iterator[None]:
     """Within it, this thread's compiles are kept in dualtrain's folder however short.
 
-    Only when that folder is JAX's cache because of `use_disk_cache` (a folder or threshold
-    the user chose is left alone); JAX's threshold is set for the calling thread alone.
+    Only when that folder is JAX's cache because of `use_disk_cache` and the threshold is
+    JAX's default (a folder or threshold the user chose is left alone); JAX's threshold is
+    set for the calling thread alone.
     """
     from jax._src import config  # the thread-local form of the option is JAX's own
 
     threshold = getattr(config, "persistent_cache_min_compile_time_secs", None)
     with _lock:
         ours = bool(_chosen) and _chosen[0] is not None
-    if not ours or not callable(threshold):
+    if not ours or not callable(threshold) or threshold.value != _JAX_DEFAULT_THRESHOLD_S:
         yield
         return
     with threshold(0.0):

@@ -190,7 +190,7 @@ class Verification:
     def abandon(self, timeout_s: float = 10.0) -> None:
         """Stops the thread at its next check point (at interpreter exit), within `timeout_s`.
 
-        The stop is sent again every 2 ms until the thread has left its work: one that
+        The stop is sent again every 20 ms until the thread has left its work: one that
         lands where it is swallowed (a ``__del__``, a weakref callback, a library's broad
         ``except``) would otherwise leave the thread running into the interpreter's
         finalization, which ends a thread inside native code with an abort.
@@ -204,7 +204,7 @@ class Verification:
         while self._thread.is_alive() and time.monotonic() < deadline:
             if not self._left:  # read and sent with no check point between: no thread switch
                 send(tid, stop)
-            self._thread.join(0.002)
+            self._thread.join(0.02)
 
     def _forked(self) -> None:
         # In a forked child the thread does not exist: the start stays unverified there.
@@ -305,17 +305,8 @@ class Probation:
             self.calls += 1
             return self.current
         if self.watching is not None:
-            now = self.decider.options.clock()
-            if self._last_call is not None:
-                self._intervals.append(now - self._last_call)
-            self._last_call = now
-            if len(self._intervals) >= SKIP + WINDOW and not self._climbing:
-                with self._lock:
-                    if self.watching is not None:
-                        self.decider._watched(self, self._intervals)
-            self.calls += 1
-            return self.current
-        if (
+            self._watch_call()
+        elif (
             self.calls
             and not self._climbing  # a trial's own call of the model, inside the climb
             and (self.verifying is not None or self.decider.options.clock() >= self.due)
@@ -323,7 +314,7 @@ class Probation:
             # Another thread's call waits for a climb in progress: under torch a trial
             # swaps the model's buffers and RNG state while it runs.
             with self._lock:
-                if not self._climbing:
+                if not self._climbing and not self.final and self.watching is None:
                     self._climbing = True
                     try:
                         self.decider._advance(self)
@@ -331,6 +322,18 @@ class Probation:
                         self._climbing = False
         self.calls += 1
         return self.current
+
+    def _watch_call(self) -> None:
+        # Under the lock: calls from several threads take their intervals in turn.
+        with self._lock:
+            if self.watching is None or self._climbing:
+                return
+            now = self.decider.options.clock()
+            if self._last_call is not None:
+                self._intervals.append(max(now - self._last_call, 0.0))
+            self._last_call = now
+            if len(self._intervals) >= SKIP + WINDOW:
+                self.decider._watched(self, self._intervals)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.serving()(*args, **kwargs)
@@ -624,13 +627,11 @@ class Decider:
         now = clock()
         horizon = Horizon(now - probation.started, probation.calls, options.budget)
         estimates = {n: self.costs.estimate(n) for n in probation.pending}
-        hoped = probation.expected
+        hoped = {n: self._hoped(probation, n) for n in probation.pending}
         due = [
             n
             for n in probation.pending
-            if worth_trying(
-                n, horizon, estimates[n], options.warm_steps, probation.over, hoped.get(n)
-            )
+            if worth_trying(n, horizon, estimates[n], options.warm_steps, expected=hoped[n])
         ]
         if due:
             expected = sum(estimates[n] for n in due)
@@ -652,6 +653,7 @@ class Decider:
                     f"{probation.current_name} serves {mode} "
                     f"(tried in {clock() - spent:.1f} s; explain() says more)"
                 )
+        hoped = {n: self._hoped(probation, n) for n in probation.pending}  # after the climb
         waiting: list[str] = []
         if options.budget is None:  # within a budget the horizon only shrinks: never later
             # A rung whose prior cannot beat what serves now (after this climb) never will.
@@ -660,14 +662,7 @@ class Decider:
                 for n in probation.pending
                 if n not in due
                 and math.isfinite(
-                    due_at(
-                        n,
-                        horizon.step_s,
-                        estimates[n],
-                        options.warm_steps,
-                        probation.over,
-                        probation.expected.get(n),
-                    )
+                    due_at(n, horizon.step_s, estimates[n], options.warm_steps, expected=hoped[n])
                 )
             ]
         probation.pending = waiting
@@ -675,14 +670,7 @@ class Decider:
         if waiting:
             step_s = horizon.step_s
             next_due = min(
-                due_at(
-                    n,
-                    step_s,
-                    estimates[n],
-                    options.warm_steps,
-                    probation.over,
-                    probation.expected.get(n),
-                )
+                due_at(n, step_s, estimates[n], options.warm_steps, expected=hoped[n])
                 for n in waiting
             )
             probation.due = probation.started + next_due
@@ -693,8 +681,7 @@ class Decider:
                         step_s,
                         estimates[attempt.rung],
                         options.warm_steps,
-                        probation.over,
-                        probation.expected.get(attempt.rung),
+                        expected=self._hoped(probation, attempt.rung),
                     )
                     if attempt.rung in waiting:
                         attempt.reason = (
@@ -729,38 +716,58 @@ class Decider:
 
     def _final(self, probation: Probation) -> None:
         probation.final, probation.watching = True, None
-        self._runners[probation.key] = probation.current
+        if self._runners.get(probation.key) is probation:  # not after a fall_back meanwhile
+            self._runners[probation.key] = probation.current
 
-    def _start_in_base(self, decision: Decision) -> float:
-        """The start's speed-up in the unit of `decision`'s speed-ups (1.0: they are over it)."""
+    def _start_in_base(self, decision: Decision) -> float | None:
+        """The start's speed-up in the unit of `decision`'s speed-ups.
+
+        1.0 when they are over the start; None when they are over eager and the start was
+        not timed (it differed from eager, failed or compiled over the budget).
+        """
         if decision.speedup_over in ("", self.eager) and self.start != self.eager:
-            start = next(
+            return next(
                 (a.speedup for a in decision.attempts if a.rung == self.start and a.speedup), None
             )
-            return start or 1.0
         return 1.0
+
+    def _hoped(self, probation: Probation, rung: str) -> float:
+        """The speed-up over what serves expected of `rung` (see `payback.worth_trying`).
+
+        What a contradiction set, else the prior over what serves; the start's prior is
+        1.0 (``PRIORS["JIT"]`` is jit's gain over op by op, not over the start).
+        """
+        if rung in probation.expected:
+            return probation.expected[rung]
+        return (1.0 if rung == self.start else PRIORS[rung][1]) / probation.over
 
     def _over_start(self, decision: Decision) -> float:
         """The chosen rung's speed-up over the start (1.0 when it is the start, or unknown)."""
         speedups = {a.rung: a.speedup for a in decision.attempts if a.speedup}
         chosen = speedups.get(decision.chosen)
-        if decision.chosen == self.start or chosen is None:
-            return 1.0
-        return chosen / self._start_in_base(decision)
+        base = self._start_in_base(decision)
+        if decision.chosen == self.start or chosen is None or base is None:
+            return 1.0  # unknown: what serves is judged as if it were the start
+        return chosen / base
 
     def _rivals(self, decision: Decision) -> list[str]:
         """The rungs a contradicted decision tries again, in the ladder's order.
 
-        Those verified and timed against the chosen one's reference that lost (a verdict on
-        speed, which the machine's state can turn), and the start when another rung won.
+        Those verified and timed that lost (a verdict on speed, which the machine's state
+        can turn), the start among them when another rung won it; never a rung rejected
+        for its results, and never op by op when it is not the start.
         """
         timed = {
             a.rung
             for a in decision.attempts
             if a.speedup is not None and a.status in (VERIFIED, REJECTED, PENDING)
         }
-        if decision.chosen != self.start:
-            timed.add(self.start)
+        # The start lost to a winner: verified, then "verified" when the winner took over.
+        timed |= {
+            a.rung
+            for a in decision.attempts
+            if a.rung == self.start and a.status == VERIFIED and a.step_ms is not None
+        }
         timed.discard(decision.chosen)
         if self.eager != self.start:
             timed.discard(self.eager)  # op by op is the reference, never a contender
@@ -775,7 +782,11 @@ class Decider:
         in the same state does not re-decide again.
         """
         how, probation.watching = probation.watching, None
-        now = steady_of(intervals)
+        try:
+            now = steady_of(intervals)
+        except ValueError:  # never the job's error: the decision simply holds
+            self._final(probation)
+            return
         decision = self.decisions[probation.key]
         recorded = (
             None
@@ -793,8 +804,14 @@ class Decider:
             return
         chosen = next((a for a in decision.attempts if a.rung == decision.chosen), None)
         low = None
-        if chosen is not None and chosen.speedup_low is not None and decision.chosen != self.start:
-            low = chosen.speedup_low / self._start_in_base(decision)  # at worst, over the start
+        base = self._start_in_base(decision)
+        if (
+            chosen is not None
+            and chosen.speedup_low is not None
+            and decision.chosen != self.start
+            and base is not None
+        ):
+            low = chosen.speedup_low / base  # at worst, over the start
         allowed = margin(recorded, now, low)
         ratio = contradiction(recorded, now, allowed)
         if ratio is None:
@@ -806,10 +823,9 @@ class Decider:
             f"{recorded.ms:.3f} ms recorded with the decision (beyond its {allowed:.0%} "
             "margin)"
         )
-        over = probation.over
         expected = {}
         for name in rivals:
-            prior = (1.0 if name == self.start else PRIORS[name][1]) / over
+            prior = self._hoped(probation, name)
             # Slower than recorded: a rival may win back what was lost.
             expected[name] = max(prior, ratio) if ratio > 1.0 else prior
         tried = [n for n in rivals if expected[n] > 1.0]
@@ -874,7 +890,7 @@ class Decider:
                 attempt.step_ms = measured.step_ms  # what it cost beside the candidates
         # Speed-ups over the start (`over`: what served, over the start), then in the
         # decision's own unit (a whole-ladder climb's were over eager).
-        base = self._start_in_base(decision)
+        base = self._start_in_base(decision) or 1.0
         over_start = {}
         for attempt in attempts:
             if attempt.rung != reference.name and attempt.speedup is not None:
@@ -892,6 +908,8 @@ class Decider:
             probation.over = over_start.get(chosen, probation.over)
             probation.expected = {}  # they were expected over what served before
             decision.chosen = chosen
+            # Its steady time was the old runner's: the next run records, not checks.
+            decision.steady_ms = decision.steady_spread = None
         decision.from_cache = False
         # the reference's own line: the one kept from before (it served until now)
         decision.attempts = [*kept, *(a for a in attempts if a.rung != reference.name)]

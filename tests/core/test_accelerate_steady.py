@@ -27,6 +27,7 @@ from dualtrain.accelerate.steady import (
     steady_of,
 )
 from tests.core.test_accelerate_dispatch import PARTS, World
+from tests.core.test_accelerate_ladder import CLOCK
 from tests.core.test_accelerate_payback import JAX, JAX_RULES, STEP_S, TORCH, calls, options
 
 KEY = ("train", "s")
@@ -206,3 +207,74 @@ def test_a_re_decision_keeps_the_decisions_speedups_in_one_unit(tmp_path):
     jit = next(a for a in again.attempts if a.rung == "JIT")
     assert jit.reason == "verified, but not 1.03x faster than JIT_DONATE"
     assert "10.00x eager" in str(Explanation(JAX, [again]))
+
+
+# -- what the review of this rule found (each failed before its fix) ---------------------
+
+
+def test_a_start_rejected_for_its_results_is_never_a_rival(tmp_path):
+    """JAX's JIT that differs from op by op: EAGER serves, and nothing is watched or tried
+    again, however much slower a later run's calls are."""
+    wrong = {**JAX_RULES, "JIT": {"step_ms": 5.0, "result": "wrong"}}
+    wrong["JIT_DONATE"] = {"step_ms": 4.0, "result": "wrong"}
+
+    def job(step_s: float, n: int, **kw: Any) -> tuple[Decider, World, Any]:
+        decider, world = Decider("jax", JAX, options(tmp_path, **kw)), World(wrong)
+        run = decider.decide(*KEY, PARTS, world.trials(*KEY))
+        calls(run, n, step_s)
+        return decider, world, run
+
+    decider, _, run = job(STEP_S, WATCHED, budget=math.inf)
+    assert decider.decisions[KEY].chosen == "EAGER"
+    assert not isinstance(run, Probation)  # no rival: nothing to watch
+    decider, world, run = job(10 * STEP_S, 3 * WATCHED)
+    assert not isinstance(run, Probation) and world.count("build", "JIT") == 0
+
+
+def test_a_switch_forgets_the_old_runners_steady_time(tmp_path):
+    """A run that re-decides and ends before recording leaves no steady time paired with
+    the new rung: the next run records instead of checking against the old runner's."""
+    busy = {"CHANNELS_LAST": {"step_ms": 5.5}, "TORCH_COMPILE": {"step_ms": 5.5}}
+    run_job(tmp_path, 2 * STEP_S, WATCHED, busy, budget=math.inf)  # eager, 10 ms recorded
+    decider, world = Decider("torch", TORCH, options(tmp_path)), World()
+    run = decider.decide(*KEY, PARTS, world.trials(*KEY))
+    for _ in range(5000):  # quiet: the contradiction, then CHANNELS_LAST's climb
+        run()
+        CLOCK.advance(STEP_S)
+        if decider.decisions[KEY].chosen != "PYTORCH":
+            break
+    assert decider.decisions[KEY].chosen == "CHANNELS_LAST"
+    assert cached(tmp_path).chosen == "CHANNELS_LAST" and cached(tmp_path).steady_ms is None
+    _, _, run = run_job(tmp_path, STEP_S, 3)
+    assert isinstance(run, Probation) and run.watching == "record"
+
+
+def test_a_waiting_start_is_weighed_over_what_serves_in_the_next_run(tmp_path):
+    """JIT waiting as a rival of JIT_DONATE (1.25x over it) is expected to gain 1/1.25 over
+    what serves, not jit's 3x over op by op: the next run never builds it."""
+
+    def job(step_s: float, n: int, **kw: Any) -> tuple[Decider, World]:
+        decider, world = Decider("jax", JAX, options(tmp_path, **kw)), World(JAX_RULES)
+        calls(decider.decide(*KEY, PARTS, world.trials(*KEY)), n, step_s)
+        return decider, world
+
+    job(STEP_S, WATCHED, budget=math.inf)  # JIT_DONATE chosen, JIT 1.25x behind it
+    decider, _ = job(20 * STEP_S, WATCHED)  # contradicted: JIT waits, the job ends
+    assert [a.rung for a in decider.decisions[KEY].attempts if a.status == "pending"] == ["JIT"]
+    decider, world = job(STEP_S, 20000)
+    assert world.count("build", "JIT") == 0
+    jit = next(a for a in decider.decisions[KEY].attempts if a.rung == "JIT")
+    assert jit.status == "rejected" and "cannot beat JIT_DONATE" in jit.reason
+
+
+def test_a_clock_read_out_of_order_during_the_watch_never_fails_a_call(tmp_path):
+    """Calls from several threads read the clock in turn; an interval that comes out
+    negative (another thread's reading, a clock stepped back) counts as 0, never raises."""
+    run_job(tmp_path, STEP_S, WATCHED, budget=math.inf)
+    decider, world = Decider("torch", TORCH, options(tmp_path)), World()
+    run = decider.decide(*KEY, PARTS, world.trials(*KEY))
+    assert run.watching == "check"
+    for i in range(WATCHED):
+        run()
+        CLOCK.advance(-3 * STEP_S if i == 5 else STEP_S)
+    assert run.final and decider.known(*KEY) is run.current

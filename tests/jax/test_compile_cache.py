@@ -131,6 +131,8 @@ def test_op_by_op_programs_are_kept_however_quick_and_read_by_the_next_run(
     mine = run_op_by_op(tmp_path, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "mine"))
     assert mine["inside"] == 1.0  # the user's cache, the user's threshold
     assert not entries(tmp_path / "mine")  # nothing took a second to compile
+    raised = run_op_by_op(tmp_path, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="5")
+    assert raised["inside"] == 5.0  # a threshold the user chose is left alone too
 
 
 def test_an_entry_a_killed_writer_truncated_is_dropped_and_rewritten(tmp_path: Path) -> None:
