@@ -762,11 +762,15 @@ class Decider:
             for a in decision.attempts
             if a.speedup is not None and a.status in (VERIFIED, REJECTED, PENDING)
         }
-        # The start lost to a winner: verified, then "verified" when the winner took over.
+        # The start, timed when a winner took over from it (then "verified"; "pending" or
+        # "rejected" by its prior after a contradiction): its line has a step time. Rejected
+        # for its results or failed, it never served a timed call and has none.
         timed |= {
             a.rung
             for a in decision.attempts
-            if a.rung == self.start and a.status == VERIFIED and a.step_ms is not None
+            if a.rung == self.start
+            and a.status in (VERIFIED, REJECTED, PENDING)
+            and a.step_ms is not None
         }
         timed.discard(decision.chosen)
         if self.eager != self.start:

@@ -278,3 +278,20 @@ def test_a_clock_read_out_of_order_during_the_watch_never_fails_a_call(tmp_path)
         run()
         CLOCK.advance(-3 * STEP_S if i == 5 else STEP_S)
     assert run.final and decider.known(*KEY) is run.current
+
+
+def test_a_start_put_back_on_probation_stays_a_rival_in_the_runs_after(tmp_path):
+    """Payback flow: a contradiction puts the start back on probation and the job ends; the
+    next run rejects it by its hope (nothing over what serves), records its own steady time,
+    and the run after is watched again (the start was dropped from the rivals for good)."""
+    decider, _, _ = run_job(tmp_path, STEP_S, 2000)  # CHANNELS_LAST won, by payback
+    assert decider.decisions[KEY].chosen == "CHANNELS_LAST"
+    assert cached(tmp_path).steady_ms == pytest.approx(STEP_S * 1e3)
+    decider, _, _ = run_job(tmp_path, 20 * STEP_S, WATCHED)  # busy: contradicted, then ends
+    waiting = [a.rung for a in decider.decisions[KEY].attempts if a.status == "pending"]
+    assert "PYTORCH" in waiting
+    decider, world, run = run_job(tmp_path, STEP_S, 3 * WATCHED)  # quiet again
+    assert world.count("build", "PYTORCH") == 1  # eager's own runner, never a trial
+    assert cached(tmp_path).steady_ms == pytest.approx(STEP_S * 1e3)  # recorded anew
+    _, _, run = run_job(tmp_path, 20 * STEP_S, 2)
+    assert isinstance(run, Probation) and run.watching == "check"
