@@ -98,14 +98,14 @@ def test_an_exit_while_op_by_op_still_verifies_is_clean(tmp_path):
     script = textwrap.dedent(
         """
         import jax, jax.numpy as jnp
-        from dualtrain.accelerate import dispatch
+        from dualtrain.accelerate import verification
         from dualtrain_jax import accelerate
 
         def slow(x):  # one loop under jit; 10^6 operations op by op
             return jax.lax.fori_loop(0, 300000, lambda i, v: v * 1.0001 + 0.1, x)
 
         fast = accelerate(slow, cache=False)
-        print(float(fast(jnp.ones(3))[0]), len(dispatch._verifying), flush=True)
+        print(float(fast(jnp.ones(3))[0]), len(verification._verifying), flush=True)
         """
     )
     exits_quietly_while_verifying(script, tmp_path, runs=3)
@@ -132,7 +132,7 @@ def test_an_exit_stops_a_verification_whose_code_swallows_the_first_stops(tmp_pa
     script = textwrap.dedent(
         """
         import jax, jax.numpy as jnp
-        from dualtrain.accelerate import dispatch
+        from dualtrain.accelerate import verification
         from dualtrain_jax import accelerate
 
         def body(i, v):
@@ -145,7 +145,7 @@ def test_an_exit_stops_a_verification_whose_code_swallows_the_first_stops(tmp_pa
             return jax.lax.fori_loop(0, 300000, body, x)
 
         fast = accelerate(slow, cache=False)
-        print(float(fast(jnp.ones(3))[0]), len(dispatch._verifying), flush=True)
+        print(float(fast(jnp.ones(3))[0]), len(verification._verifying), flush=True)
         """
     )
     exits_quietly_while_verifying(script, tmp_path, runs=2)

@@ -1,0 +1,173 @@
+"""The start rung checked against eager in a daemon thread, beside the job, and stopped at exit.
+
+Under JAX the start is ``jax.jit`` and the reference op-by-op JAX, which can take longer
+than a short job: `Verification` runs it beside the job (`dispatch.Decider` reads the
+verdict at a later call). At interpreter exit a thread still inside the framework is
+stopped at a Python check point first: torn down by finalization inside native code, it
+aborts the process. A forked child marks the start unverified (the thread is not there).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dualtrain.accelerate.compare import compare
+from dualtrain.accelerate.ladder import Trial, describe_error
+from dualtrain.accelerate.options import LadderOptions
+
+__all__ = ["Verification"]
+
+
+class _Abandoned(BaseException):
+    """Raised inside a verification thread still running when the interpreter exits."""
+
+
+_verifying: set[Verification] = set()
+
+
+class Verification:
+    """The start rung's results checked against eager's, in a daemon thread.
+
+    Under JAX the start is ``jax.jit`` and the reference op-by-op JAX, which can take
+    longer than a short job (seconds for a CNN's training step, one small XLA program per
+    operation): it runs beside the job instead of before it. The job is served by the
+    start meanwhile, exactly what ``jax.jit`` by hand would serve; the verdict is read at
+    a later call, and a start that differs is replaced by eager then, said on stderr and
+    in ``explain()``. Until the verdict, no candidate is tried and nothing is cached.
+
+    Args:
+        reference: the eager trial, built, on the batch the start ran.
+        names, got: the start's results on that batch (host copies).
+        options: the tolerances.
+        on_ok: called in the thread with the verdict when the start agrees (the decision
+            cache keeps it then, even when the job ends before it reads the verdict).
+    """
+
+    def __init__(
+        self,
+        reference: Trial,
+        names: list[str],
+        got: list[Any],
+        options: LadderOptions,
+        on_ok: Callable[[Verification], None] | None = None,
+    ) -> None:
+        self.reference, self.names, self.got, self.options = reference, names, got, options
+        self.on_ok = on_ok
+        self.done = False
+        self.ok = True
+        self.verified = False  # False with ok: eager could not run the batch (unverified)
+        self.reason = ""
+        self.max_error: float | None = None
+        self.seconds = 0.0
+        self._left = False  # the thread has left `_verify`: no stop is sent from then on
+        self._thread = threading.Thread(target=self._run, name="dualtrain-verify", daemon=True)
+
+    def start(self) -> None:
+        """Starts the thread (once the decision it may keep is registered)."""
+        _watch_exit()
+        _verifying.add(self)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # An exit stops the thread with _Abandoned, sent (and re-sent) until `_left` reads
+        # True (`abandon`). It lands only at the interpreter's check points (calls, backward
+        # jumps), so the store of `_left` below, the finally's first instruction, has none
+        # before it: a stop sent before it is pending at most (one slot a thread), and
+        # `_checkpoint` makes it land inside this try, where it is caught.
+        try:
+            try:
+                self._verify()
+            finally:
+                self._left = True
+                _verifying.discard(self)
+                _checkpoint()
+        except _Abandoned:
+            pass
+
+    def _verify(self) -> None:
+        clock = self.options.clock
+        start = clock()
+        try:
+            want_names, want = self.reference.check()
+            verdict = compare(want_names, want, self.got, self.options)
+            self.ok, self.reason, self.max_error = verdict.ok, verdict.reason, verdict.max_error
+            if want_names != self.names:
+                self.ok, self.reason = False, "results named differently"
+            self.verified = True
+        except Exception as error:  # eager cannot run the batch: the start stays unverified
+            self.ok, self.reason = True, "unverified: eager raised " + describe_error(error)
+        finally:
+            self.seconds = clock() - start
+            self.got = []  # the host copies are not needed past the verdict
+        if self.ok and self.verified and self.on_ok is not None:
+            with contextlib.suppress(Exception):  # keeping it is a saving, never a failure
+                self.on_ok(self)
+        self.done = True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the verdict (at most `timeout` seconds); whether it came."""
+        self._thread.join(timeout)
+        return self.done
+
+    def abandon(self, timeout_s: float = 10.0) -> None:
+        """Stops the thread at its next check point (at interpreter exit), within `timeout_s`.
+
+        The stop is sent again every 20 ms until the thread has left its work: one that
+        lands where it is swallowed (a ``__del__``, a weakref callback, a library's broad
+        ``except``) would otherwise leave the thread running into the interpreter's
+        finalization, which ends a thread inside native code with an abort.
+        """
+        ident = self._thread.ident
+        if ident is None:
+            return
+        send = ctypes.pythonapi.PyThreadState_SetAsyncExc
+        tid, stop = ctypes.c_ulong(ident), ctypes.py_object(_Abandoned)
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            if not self._left:  # read and sent with no check point between: no thread switch
+                send(tid, stop)
+            self._thread.join(0.02)
+
+    def _forked(self) -> None:
+        # In a forked child the thread does not exist: the start stays unverified there.
+        self.ok, self.verified, self.reason = True, False, "unverified: the process forked"
+        self._left = self.done = True
+
+
+def _checkpoint() -> None:
+    """Does nothing: calling a Python function is a check point for a pending stop."""
+
+
+def _abandon_verifications() -> None:
+    # A daemon thread still inside JAX when the interpreter finalizes is torn down mid-call
+    # (the class of abort a gloo thread caused at exit): stop each at a Python instruction.
+    for verification in list(_verifying):
+        verification.abandon()
+
+
+def _after_fork_in_child() -> None:
+    for verification in list(_verifying):
+        verification._forked()
+    _verifying.clear()
+
+
+_exit_watched = [False]
+
+
+def _watch_exit() -> None:
+    # Registered at the first verification, not at import: atexit runs handlers last in,
+    # first out, so this runs before the framework's own (JAX's clear_backends), imported
+    # by then, while the framework still stands.
+    if not _exit_watched[0]:
+        _exit_watched[0] = True
+        atexit.register(_abandon_verifications)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
