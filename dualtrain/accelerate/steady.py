@@ -25,7 +25,8 @@ __all__ = ["FLOOR", "SKIP", "WINDOW", "Steady", "contradiction", "margin", "stea
 SKIP = 2  # intervals left out first: the calls that build, warm up and page in
 WINDOW = 24  # intervals whose median is the steady time
 # The least margin: two runs of one job on one machine differ by this much without
-# anything changing that a re-decision could fix (measured: up to 20% on 2 busy cores).
+# anything changing that a re-decision could fix (bench_jobs' ladder job, 10 alternated
+# pairs on this 2-core machine: its p10-p90 ratios spread 0.78-1.31, docs/benchmarks.md).
 FLOOR = 0.25
 
 
