@@ -47,7 +47,7 @@ from dualtrain.layout import (
 from dualtrain.memory import aligned_empty
 from dualtrain.tree import Path, format_path, map_with_path
 
-__all__ = ["CopyCount", "convert", "count_copies"]
+__all__ = ["CopyCount", "convert", "count_copies", "record_copy"]
 
 _plans: dict[tuple[Any, ...], _Plan] = {}
 
@@ -74,7 +74,9 @@ _counters: contextvars.ContextVar[tuple[CopyCount, ...]] = contextvars.ContextVa
 
 @contextlib.contextmanager
 def count_copies() -> Iterator[CopyCount]:
-    """Counts the copies `convert` makes in this block (nested blocks all count).
+    """Counts the copies `convert` (and the adapters' roads) make in this block.
+
+    Nested blocks all count; copies are counted in the thread (context) that makes them.
 
     Example:
         >>> with count_copies() as c:
@@ -89,10 +91,18 @@ def count_copies() -> Iterator[CopyCount]:
         _counters.reset(token)
 
 
-def _record(nbytes: int) -> None:
+def record_copy(nbytes: int) -> None:
+    """Counts one copy of `nbytes` bytes in every open `count_copies` block.
+
+    For an adapter's road that copies outside `convert` (the JAX Tank courier copies small
+    batches itself), so that `count_copies` still sees every copy a batch takes.
+    """
     for count in _counters.get():
         count.copies += 1
         count.nbytes += int(nbytes)
+
+
+_record = record_copy
 
 
 def convert(

@@ -15,7 +15,7 @@ from dualtrain_jax import transfer
 __all__ = ["JaxBackend", "make_backend"]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-_OWN_COPY_BYTES = 256 * 1024  # copies up to this size go through jnp.array
+OWN_COPY_BYTES = 256 * 1024  # copies up to this size go through jnp.array
 
 # Whether arrays of a sharding live in one host buffer; shardings compare by their devices,
 # so this stays as small as the set of device placements in use.
@@ -88,7 +88,7 @@ class JaxBackend(BackendTraits):
 
     def from_numpy_copy(self, a: np.ndarray) -> jax.Array:
         # Below ~512 KiB JAX's own copy (18-45 µs) beats a DLPack import (~50 µs, measured).
-        if a.nbytes <= _OWN_COPY_BYTES and a.dtype != _BF16:
+        if a.nbytes <= OWN_COPY_BYTES and a.dtype != _BF16:
             return jnp.array(a, copy=True)
         return super().from_numpy_copy(a)
 

@@ -2,7 +2,8 @@
 
 `Courier(device)` is what `dualtrain.fuel.Tank` hands each batch to. It is the adapter's
 `Transfer` (`dualtrain_torch.transfer`) under Tank's name, so batches take the same road to
-the device as every other host array.
+the device as every other host array. (JAX's Courier is a subclass: it copies small host
+batches, which JAX copies faster than it imports; torch's import costs about 1 µs.)
 """
 
 from __future__ import annotations

@@ -110,7 +110,8 @@ class Transfer:
     def __call__(self, tree: Any) -> Any:
         """`tree` with every array leaf a tensor on `device` (see the class)."""
         if self.device is None:
-            return convert(tree, to="torch")
+            shared = _host_tensors(tree)
+            return shared if shared is not None else convert(tree, to="torch")
         if self._cuda:
             self._turn = (self._turn + 1) % _RING
         return map_with_path(self._send, tree)
@@ -162,6 +163,34 @@ class Transfer:
         ring[self._turn] = (pinned, done)
         self.sent += 1
         return out
+
+
+# Dtypes torch shares from NumPy as they are (what `convert` then does without a check).
+_SHARED = frozenset(
+    np.dtype(t) for t in ("bool", "uint8", "int8", "int16", "int32", "int64", "float16",
+                          "float32", "float64", "complex64", "complex128")
+)  # fmt: skip
+
+
+def _host_tensors(tree: Any) -> dict[Any, torch.Tensor] | None:
+    """A dict of plain arrays (a Tank's batch) as tensors sharing them, or None.
+
+    `convert(tree, to="torch")` gives the same tensors after its checks (about 10 µs a
+    leaf); arrays it would copy or refuse (read-only, strided, foreign byte order, other
+    dtypes) and other trees return None and go through it.
+    """
+    if type(tree) is not dict:
+        return None
+    for x in tree.values():
+        if type(x) is not np.ndarray or x.dtype not in _SHARED or not x.dtype.isnative:
+            return None
+        flags = x.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return None
+    try:
+        return {key: torch.from_numpy(x) for key, x in tree.items()}
+    except ValueError:  # a negative stride on a size-1 axis: convert makes it canonical
+        return None
 
 
 def _readable(a: np.ndarray) -> torch.Tensor:

@@ -118,6 +118,49 @@ def _check_value(key: str, index: int, stored: np.ndarray, out: np.ndarray) -> N
         )
 
 
+def _check_values(key: str, rows: np.ndarray, stored: np.ndarray, out: np.ndarray) -> None:
+    """`_check_value` for a batch: ``stored[j]`` is row ``rows[j]``, ``out`` its cast.
+
+    Vectorized; the first row that lost a value is reported by `_check_value`, with the
+    same message a row-by-row read gives.
+    """
+    first = _first_lost(rows, stored, out)
+    if first is not None:
+        _check_value(key, int(rows[first]), stored[first], out[first])
+
+
+def _first_lost(rows: np.ndarray, stored: np.ndarray, out: np.ndarray) -> int | None:
+    """The position in the batch of the first row whose cast lost a value, or None."""
+    if out.dtype.kind in "iub" and stored.dtype.kind in "iub":
+        # The target's bounds clipped to the stored type's: exact in the stored dtype.
+        have = np.iinfo(stored.dtype) if stored.dtype.kind != "b" else None
+        want = np.iinfo(out.dtype) if out.dtype.kind != "b" else None
+        low = max(0 if want is None else int(want.min), 0 if have is None else int(have.min))
+        high = min(1 if want is None else int(want.max), 1 if have is None else int(have.max))
+        values = stored.astype(np.int8) if have is None else stored
+        lost = (values < values.dtype.type(low)) | (values > values.dtype.type(high))
+    elif stored.dtype.kind in "iu":  # integers served as floats must be those floats exactly
+        with np.errstate(invalid="ignore", over="ignore"):
+            lost = out.astype(stored.dtype) != stored
+        # The stored bounds (the maximum + 1, a power of two) are exact as floats: a value
+        # beyond them (an overflow to inf included) is a loss however the conversion back
+        # saturates or wraps.
+        info, wide = np.iinfo(stored.dtype), out.astype(np.float64)
+        lost |= (wide >= float(int(info.max) + 1)) | (wide < float(int(info.min)))
+    elif out.dtype.kind in "iub" or stored.dtype.kind == "b":
+        for j, row in enumerate(rows.tolist()):  # no cast that `cast=` checks comes here
+            try:
+                _check_value("", int(row), stored[j], out[j])
+            except PackError:
+                return j
+        return None
+    else:
+        lost = np.isinf(out) & np.isfinite(stored)
+    if not lost.any():
+        return None
+    return int(np.argmax(lost.reshape(len(rows), -1).any(axis=1)))
+
+
 def _cast_hint(key: str, stored: np.dtype, wanted: np.dtype) -> str:
     """What to pass instead: only options that work for this pair of dtypes."""
     serve = [str(stored)]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,7 @@ class Pack:
         self.image: dict[str, Any] = first.get("image", {})
         self.exif: bool = bool(first.get("exif", False))
         self._column_cache: dict[str, Column] = {}
+        self._takeable: set[str] = set()  # keys `take` has checked
         self._starts = np.cumsum([0] + [f.meta["count"] for f in self._files]).tolist()
 
     def __len__(self) -> int:
@@ -157,6 +158,64 @@ class Pack:
                     )
             self._files, self._column_cache, self._closed = files, {}, False
 
+    def take(
+        self, keys: Sequence[str], rows: Any, outs: Callable[[str], np.ndarray | None] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Rows `rows` of numeric columns of one shape each, as stored (`Column.take`).
+
+        Args:
+            keys: the columns, each of kind "value" with a fixed-size type.
+            rows: a 1-D array (or sequence) of int row indices, in any order, repeats allowed.
+            outs: ``outs(key)`` is the array to fill for `key`, of shape
+                ``(len(rows), *shape)`` and the stored dtype, or None for a fresh one.
+
+        Returns:
+            key -> ``(len(rows), *shape)`` values; one gather per column per file holding
+            any of the rows. The rows are checked once, whatever the number of columns.
+        """
+        for key in keys:
+            if key in self._takeable:
+                continue
+            column = self[key]
+            if column.kind != "value" or column.type.variable:
+                raise bad_argument(
+                    "key", key, "a numeric column of one shape for take() (not an image, "
+                    "sequence, str or variable-length column: read those row by row)"
+                )  # fmt: skip
+            self._takeable.add(key)
+        index = rows if type(rows) is np.ndarray else np.asarray(rows)
+        if index.ndim != 1 or (index.size and index.dtype.kind not in "iu"):
+            raise bad_argument("rows", rows, "a 1-D array of int row indices")
+        if index.dtype != np.int64:
+            index = index.astype(np.int64)
+        n = int(self._starts[-1])
+        # One pass: a negative index read as uint64 is above any row count.
+        if index.size and int(index.view(np.uint64).max()) >= n:
+            bad = int(index[(index < 0) | (index >= n)][0])
+            raise IndexError(f"row {bad} is out of range for a pack of {n} rows")
+        self._reopen_if_closed()
+        files, out = self._files, {}
+        if len(files) == 1:
+            files[0].guard()
+            for key in keys:
+                out[key] = files[0].take(key, index, None if outs is None else outs(key))
+            return out
+        shard = np.searchsorted(self._starts, index, side="right") - 1
+        parts = [(s, shard == s) for s in np.unique(shard).tolist()]
+        for s, _ in parts:
+            files[s].guard()
+        for key in keys:
+            entry = self.columns[key]
+            into = None if outs is None else outs(key)
+            if into is None:
+                into = np.empty(
+                    (len(index), *entry["shape"]), ColumnType.parse(entry["type"]).dtype
+                )  # fmt: skip
+            for s, mask in parts:
+                into[mask] = files[s].take(key, index[mask] - self._starts[s])
+            out[key] = into
+        return out
+
     def row(self, index: int) -> dict[str, Any]:
         """Every column of row `index` (see `Column.__getitem__` for the value types)."""
         return {key: self[key][index] for key in self.columns}
@@ -179,6 +238,19 @@ class Column:
 
     def __len__(self) -> int:
         return len(self.pack)
+
+    def take(self, rows: Any, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows `rows` of a numeric column of one shape at once, as stored.
+
+        Args:
+            rows: a 1-D array (or sequence) of int row indices, in any order, repeats allowed.
+            out: an array of shape ``(len(rows), *shape)`` and the stored dtype to fill.
+
+        Returns:
+            ``(len(rows), *shape)`` values, equal to ``np.stack([column[i] for i in rows])``:
+            one gather per file holding any of the rows, no Python per row.
+        """
+        return self.pack.take([self.key], rows, None if out is None else lambda key: out)[self.key]
 
     def __getitem__(self, index: int) -> Any:
         f, i = self.pack.locate(int(index))

@@ -133,6 +133,28 @@ class PackFile:
             source = self._sources[name] = self._source(name)
         return source[start:stop]
 
+    def take(self, name: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``dataset[rows]`` for an int64 index array already checked to lie in range.
+
+        One gather over the mapping (or the npz member); an h5py dataset that is not mapped
+        (chunked or compressed) is read once at the sorted distinct rows, as h5py requires.
+        `out`, when given, receives the rows (same dtype and shape) and is returned.
+        """
+        if self.format == "npz":
+            source: Any = self.whole(name)
+        else:
+            source = self._sources.get(name)
+            if source is None:
+                source = self._sources[name] = self._source(name)
+        if isinstance(source, np.ndarray):
+            # mode="clip": the rows are in range, and "raise" would buffer `out` once more.
+            return source.take(rows, axis=0, out=out, mode="clip")
+        distinct, where = np.unique(rows, return_inverse=True)
+        values = np.asarray(source[distinct]) if len(distinct) else np.empty(
+            (0, *source.shape[1:]), source.dtype
+        )  # fmt: skip
+        return values.take(where, axis=0, out=out, mode="clip")
+
     def _source(self, name: str) -> Any:
         """A read-only array mapped over a contiguous dataset, else the h5py dataset."""
         dataset = self._open()[name]

@@ -41,15 +41,21 @@ class Recipe:
             without one, a fetch_fn) returning anything else is an ArgumentError naming it.
         fixed: keys whose values the default collate must stack (a pack column of one
             shape: a row that returns another shape or dtype is a ShapeError naming it).
+        gather: ``gather(data, rows, blocks) -> {key: values}``, the columns read for a set
+            of rows at once (a `ColumnGather`; default collate only). fetch_fn then reads
+            the other columns row by row, and is None when there are none.
+        keys: the batch's keys in order, when `gather` is given.
     """
 
     def __init__(
-        self, data: Any, fetch_fn: Fn, prep_fn: Fn | None, seed: int,
+        self, data: Any, fetch_fn: Fn | None, prep_fn: Fn | None, seed: int,
         finish_fn: Fn | None = None, dict_samples: bool = False,
-        fixed: frozenset[str] = frozenset(),
+        fixed: frozenset[str] = frozenset(), gather: Fn | None = None,
+        keys: tuple[str, ...] = (),
     ) -> None:  # fmt: skip
         self.data, self.fetch_fn, self.prep_fn, self.seed = data, fetch_fn, prep_fn, seed
         self.finish_fn, self.dict_samples, self.fixed = finish_fn, dict_samples, fixed
+        self.gather, self.keys = gather, keys
         # The callback whose output the later steps read: named in their errors.
         self.source = "prep_fn" if prep_fn is not None else "fetch_fn"
 
@@ -61,6 +67,7 @@ class Recipe:
 
     def sample(self, epoch: int, index: int) -> Any:
         """fetch_fn then prep_fn on row `index`, with the sample in scope."""
+        assert self.fetch_fn is not None  # a Recipe without one reads nothing by row
         with sample_scope(SampleKey(self.seed, epoch, index)):
             try:
                 datum = self.fetch_fn(self.data, index)
@@ -74,6 +81,19 @@ class Recipe:
             except Exception as e:
                 e.add_note(f"while preparing row {index} of epoch {epoch}")
                 raise
+
+    def columns(
+        self, epoch: int, rows: np.ndarray, first: int, stacked: _Stacked | None
+    ) -> dict[str, np.ndarray]:
+        """The gathered columns of `rows` (into `stacked` from slot `first`, when given)."""
+        if self.gather is None:
+            return {}
+        blocks = None if stacked is None else stacked.blocks(first, len(rows))
+        try:
+            return dict(self.gather(self.data, rows, blocks))
+        except Exception as e:
+            e.add_note(f"while preparing rows {[int(r) for r in rows]} of epoch {epoch}")
+            raise
 
     def _returned(self, name: str, value: Any) -> Any:
         if self.dict_samples and not isinstance(value, dict):
@@ -125,6 +145,21 @@ class _Stacked:
                 continue
             arr[slot] = value
 
+    def blocks(self, first: int, count: int) -> Callable[..., np.ndarray]:
+        """``block(key, shape, dtype)``: slots [first, first + count) of key's array."""
+
+        def block(key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            arr = self.arrays.get(key)
+            if arr is None:
+                with self._lock:
+                    arr = self.arrays.get(key)
+                    if arr is None:
+                        arr = aligned_empty((self.size, *shape[1:]), dtype)
+                        self.arrays[key] = arr
+            return arr[first : first + count]
+
+        return block
+
     def _same_kind(self, key: str, value: Any, row: int | None) -> None:
         """Raises ShapeError unless `value` is of the kind the first row's was."""
         if isinstance(value, (np.ndarray, np.generic, int, float, bool)):
@@ -144,16 +179,18 @@ class _Stacked:
 
 def _run_chunk(
     recipe: Recipe, epoch: int, rows: np.ndarray, first: int, stacked: _Stacked | None
-) -> list[Any]:
+) -> tuple[list[Any], dict[str, np.ndarray]]:
+    """The samples of `rows` read row by row, and the columns gathered for all of them."""
     # The files are checked before the rows are read (a truncated file is an error, not a
     # SIGBUS of the mapping) and after (a file rewritten during the read is not served).
     recipe.check(rows)
-    samples = [recipe.sample(epoch, int(i)) for i in rows]
+    samples = [] if recipe.fetch_fn is None else [recipe.sample(epoch, int(i)) for i in rows]
+    columns = recipe.columns(epoch, rows, first, stacked)
     recipe.check(rows)
     if stacked is not None:
         for offset, sample in enumerate(samples):
             stacked.put(first + offset, sample, int(rows[offset]))
-    return samples
+    return samples, columns
 
 
 def default_collate(
@@ -180,6 +217,19 @@ def default_collate(
             out[key] = [s[key] for s in samples]
         else:
             out[key] = stacked.arrays[key]
+    return out
+
+
+def _joined(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The gathered columns of a batch's parts (from worker processes), joined.
+
+    Into 64-byte-aligned arrays, as the default collate makes them.
+    """
+    out = {}
+    for key in parts[0]:
+        pieces = [p[key] for p in parts]
+        arr = aligned_empty((sum(len(p) for p in pieces), *pieces[0].shape[1:]), pieces[0].dtype)
+        out[key] = np.concatenate(pieces, out=arr)
     return out
 
 
@@ -231,9 +281,7 @@ class Pipeline:
     def _finish(self, started: Any) -> Any:
         key, rows, stacked, parts = started
         try:
-            samples = [
-                s for part in parts for s in (part.result() if isinstance(part, Future) else part)
-            ]
+            done = [part.result() if isinstance(part, Future) else part for part in parts]
         except BrokenProcessPool as e:
             # The pool is dead: every batch started on it is lost; the next call starts anew.
             self.close()
@@ -245,9 +293,14 @@ class Pipeline:
                 "for memory (see dmesg); the rows above are the ones in flight",
                 key[0], key[1], listed,
             ) from e  # fmt: skip
+        samples = [s for part_samples, _ in done for s in part_samples]
         if self.collate_fn is not None:
             return self.collate_fn(samples)
-        return default_collate(samples, stacked, self.recipe, rows)
+        if self.recipe.gather is None:
+            return default_collate(samples, stacked, self.recipe, rows)
+        by_row = default_collate(samples, stacked, self.recipe, rows) if samples else {}
+        columns = stacked.arrays if stacked is not None else _joined([c for _, c in done])
+        return {k: by_row[k] if k in by_row else columns[k] for k in self.recipe.keys}
 
     def get(self, key: tuple[int, int], plan: Callable[[tuple[int, int]], Any]) -> Any:
         """The batch `key` = (epoch, number); `plan(key)` gives its rows and the next key.

@@ -15,6 +15,7 @@ from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.decoded import PackFetch
 from dualtrain.fuel.fetch import DefaultFetch
 from dualtrain.fuel.finish import Finish
+from dualtrain.fuel.gather import ColumnGather
 from dualtrain.fuel.order import EpochOrder
 from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.pipeline import Pipeline, Recipe
@@ -174,12 +175,21 @@ class Tank:
             len(self.pack), batch_size, shuffle=bool(shuffle), full=bool(in_same_size),
             seed=seed, rank=rank, world=world, last=last,
         )  # fmt: skip
+        # Without callbacks or a cache, numeric columns of one shape are read a batch at a
+        # time (one gather each); only what needs decoding is read row by row.
+        gather = None
+        by_row = self.spec
+        if fetch_fn is None and prep_fn is None and collate_fn is None and preload_kw is None:
+            gather = ColumnGather(self.pack, self.spec)
+            by_row = {k: v for k, v in self.spec.items() if k not in gather.spec}
         # A custom fetch_fn reads a DecodedPack: ``data["image"][i]`` is the decoded image.
-        fetch: Callable[[Any, int], Any] = (
-            PackFetch(fetch_fn) if fetch_fn is not None else DefaultFetch(self.pack, self.spec)
-        )
+        fetch: Callable[[Any, int], Any] | None = (
+            PackFetch(fetch_fn) if fetch_fn is not None
+            else DefaultFetch(self.pack, by_row) if by_row else None
+        )  # fmt: skip
         self.preloader: PreloadCache | None = None
         if preload_kw is not None:
+            assert fetch is not None  # a cache reads every column row by row
             processes = workers > 0 and worker_mode == "process"
             window = batch_size * ((prefetch + 2) if workers else 2)  # pipeline + 1 batch
             self.preloader, fetch = cached_fetch(preload_kw, fetch, self.pack, processes, window)
@@ -188,6 +198,7 @@ class Tank:
             self.pack, fetch, prep_fn, seed, finish_fn=finish if finish.keys else None,
             dict_samples=collate_fn is None or finish.keys != {},
             fixed=_fixed(self.pack, self.spec),
+            gather=gather if gather is not None and gather.keys else None, keys=tuple(self.spec),
         )  # fmt: skip
         self._pipeline = Pipeline(recipe, collate_fn, workers, worker_mode, prefetch)
         self._deliver = deliver

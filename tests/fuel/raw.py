@@ -106,3 +106,34 @@ def save_deep(path: str, arr: np.ndarray) -> None:
             f.write(png16(arr))
     else:
         Image.fromarray(arr).save(path, format="TIFF")
+
+
+def write_table(path: str, columns: dict[str, np.ndarray], *, chunked: bool = False) -> str:
+    """A pack of numeric columns of one shape each (row i of each array is row i).
+
+    HDF5 by h5py, or npz (`path` ends in .npz); the metadata is the pack format's
+    (docs/fuel.md, "The format"). `chunked` stores the HDF5 datasets chunked, so readers
+    take them through h5py rather than a mapping.
+    """
+    import json
+
+    import h5py
+
+    count = len(next(iter(columns.values())))
+    meta = {
+        "format": "dualtrain.fuel", "version": 1, "count": count, "keys": list(columns),
+        "columns": {
+            key: {"type": str(a.dtype), "kind": "value", "shape": list(a.shape[1:])}
+            for key, a in columns.items()
+        },
+    }  # fmt: skip
+    if path.endswith(".npz"):
+        text = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        np.savez(path, **columns, __fuel__=text)
+        return path
+    with h5py.File(path, "w") as f:
+        for key, a in columns.items():
+            chunks = (max(1, min(7, count)), *a.shape[1:]) if chunked else None
+            f.create_dataset(key, data=a, chunks=chunks)
+        f.attrs["__fuel__"] = json.dumps(meta)
+    return path

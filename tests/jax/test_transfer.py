@@ -99,8 +99,35 @@ def test_courier_takes_cpu_as_convert_does():
 
 
 def test_tank_courier_is_the_transfer():
-    assert Courier is Transfer
-    assert backends.load_part("jax", "data").Courier is Transfer
+    # The Transfer, but for host batches of the Tank's own arrays (dualtrain_jax.data).
+    assert issubclass(Courier, Transfer)
+    assert backends.load_part("jax", "data").Courier is Courier
+    courier = Courier("cpu")
+    out = courier({"image": np.zeros((2, 2), np.uint8), "label": np.arange(2, dtype=np.int32)})
+    assert out["label"].devices() == {jax.devices("cpu")[0]} and courier.sent == 2
+
+
+@given(a=arrays(dtypes=DTYPES_32), b=arrays(dtypes=DTYPES_32))
+def test_a_host_courier_gives_what_convert_gives_and_counts_its_copies(a, b):
+    # A Tank's batch (a dict of its own arrays): leaves up to 256 KiB copied by JAX.
+    with count_copies() as c:
+        out = Courier()({"a": a, "b": b})
+    assert list(out) == ["a", "b"]
+    for key, x in (("a", a), ("b", b)):
+        assert_same_array(out[key], convert(x, to="jax"))
+    copied = [0 < x.nbytes <= 256 * 1024 and x.dtype.name != "bfloat16" for x in (a, b)]
+    assert c.copies == sum(1 if cp else copies_of(x) for cp, x in zip(copied, (a, b), strict=True))
+    # Any other tree takes convert's road: shared, as convert counts it.
+    with count_copies() as c:
+        out = Courier()([a])
+    assert_same_array(out[0], convert(a, to="jax"))
+    assert c.copies == copies_of([a])
+
+
+def copies_of(tree) -> int:
+    with count_copies() as c:
+        convert(tree, to="jax")
+    return c.copies
 
 
 def test_convert_places_through_the_shared_transfer():

@@ -83,6 +83,21 @@ def test_other_devices_go_through_put():
 # ---- the one road ------------------------------------------------------------------------
 
 
+@given(a=arrays(dtypes=DTYPES), b=arrays(dtypes=DTYPES))
+def test_a_host_batch_is_what_convert_gives_without_its_checks(a, b):
+    """Dicts of plain arrays (a Tank's batch) skip convert's per-leaf checks; same tensors."""
+    for batch in ({"a": a, "b": b}, {"a": a, "b": b[::-1] if b.ndim else b}):
+        with count_copies() as fast:
+            out = Transfer()(batch)
+        with count_copies() as slow:
+            want = convert(batch, to="torch")
+        assert (fast.copies, fast.nbytes) == (slow.copies, slow.nbytes)
+        for key in batch:
+            got = out[key]
+            assert got.dtype == want[key].dtype and got.shape == want[key].shape
+            assert same_bits(convert(got, to="numpy"), convert(want[key], to="numpy"))
+
+
 def test_tank_courier_is_the_transfer():
     assert Courier is Transfer
     assert backends.load_part("torch", "data").Courier is Transfer

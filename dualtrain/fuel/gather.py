@@ -1,0 +1,98 @@
+"""ColumnGather: a batch's numeric columns of one shape, each read by one gather.
+
+A Tank with no fetch_fn, prep_fn, collate_fn or preload serves its columns of kind
+``"value"`` whose cells share one shape (numbers and fixed-size vectors) this way: one
+`Column.take` per column for a whole batch, or for one worker's part of it, cast to the
+served dtype and checked as a row-by-row read checks it. Images, sequences and str or
+variable-length columns are still read row by row. The batches are equal to the row-by-row
+ones, value for value and dtype for dtype (tests/fuel/test_gather.py says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from dualtrain.fuel.casts import _check_value, _first_lost, _Served
+from dualtrain.fuel.columns import ColumnType
+from dualtrain.fuel.pack import Pack
+
+__all__ = ["ColumnGather", "gathered_keys"]
+
+# key, shape, dtype -> the array the rows of that column go into (a part of the batch's)
+Blocks = Callable[[str, tuple[int, ...], np.dtype], np.ndarray]
+
+
+def gathered_keys(pack: Pack, spec: Mapping[str, _Served]) -> list[str]:
+    """The served columns a gather can read: kind "value", numeric, one shape in every row."""
+    out = []
+    for key, served in spec.items():
+        entry = pack.columns[key]
+        fixed = entry["kind"] == "value" and not ColumnType.parse(entry["type"]).variable
+        if fixed and served.base != "str":
+            out.append(key)
+    return out
+
+
+class ColumnGather:
+    """Reads the gathered columns of a set of rows (picklable: it holds no file).
+
+    Args:
+        pack: the pack the Tank reads.
+        spec: the Tank's served columns; only `gathered_keys` of it are read here.
+    """
+
+    def __init__(self, pack: Pack, spec: Mapping[str, _Served]) -> None:
+        self.spec = {key: spec[key] for key in gathered_keys(pack, spec)}
+        self.shapes = {key: tuple(pack.columns[key]["shape"]) for key in self.spec}
+        # Per key: the served dtype, and whether it is the stored one (gathered in place).
+        self.dtypes = {key: served.dtype for key, served in self.spec.items()}
+        self.as_stored = {key: served.dtype == served.stored for key, served in self.spec.items()}
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.spec)
+
+    def __call__(
+        self, pack: Pack, rows: np.ndarray, blocks: Blocks | None = None
+    ) -> dict[str, np.ndarray]:
+        """Key -> ``(len(rows), *shape)`` values of the served dtype, for each column.
+
+        `blocks(key, shape, dtype)`, when given, is where each column's values go (a part
+        of the batch's array, filled in place); else fresh arrays are returned.
+        """
+        shapes, dtypes = self.shapes, self.dtypes
+
+        def target(key: str) -> np.ndarray | None:
+            if blocks is None:
+                return None
+            return blocks(key, (len(rows), *shapes[key]), dtypes[key])
+
+        # Columns served as stored go straight into the batch; the others are cast below.
+        read = pack.take(
+            list(self.spec), rows, lambda key: target(key) if self.as_stored[key] else None
+        )
+        # The first row (then the first column) whose checked cast lost a value: the one a
+        # row-by-row read, row after row and column after column, stops at.
+        lost: tuple[int, str, np.ndarray, np.ndarray] | None = None
+        for key, served in self.spec.items():
+            if self.as_stored[key]:
+                continue
+            stored = read[key]
+            into = target(key)
+            if into is None:
+                into = np.empty(stored.shape, served.dtype)
+            if served.checked:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    np.copyto(into, stored, casting="unsafe")
+                first = _first_lost(rows, stored, into)
+                if first is not None and (lost is None or first < lost[0]):
+                    lost = (first, key, stored, into)
+            else:  # NumPy's astype, its warnings included, as a row-by-row read casts
+                np.copyto(into, stored, casting="unsafe")
+            read[key] = into
+        if lost is not None:
+            first, key, stored, into = lost
+            _check_value(key, int(rows[first]), stored[first], into[first])
+        return read
