@@ -4,8 +4,10 @@
 `Transfer` (`dualtrain_jax.transfer`), so batches take the same road to the device as every
 other host array, with one difference on the host. A Tank's batch arrays are its own (fresh
 each batch, never written again), so sharing or copying them is the same to the caller, and
-the cheaper is taken: leaves up to 256 KiB are copied by JAX (``convert(..., copy=True)``,
-counted by `dualtrain.count_copies`), larger ones imported without a copy. JAX copies
+the cheaper is taken: on a CPU-only JAX with no default device set, leaves up to 256 KiB
+are copied by JAX (``jnp.array``, onto the first CPU device as the import would place them,
+uncommitted as ``jnp.asarray`` makes them; counted by `dualtrain.count_copies`), larger
+ones imported without a copy. JAX copies
 256 KiB in about 25-30 µs where its DLPack import of any size takes 35-40 µs (measured here,
 one core; the import wins from about 512 KiB up: 40 µs against 195 µs at 1 MiB). bfloat16
 leaves are imported as before (JAX copies them either way).
@@ -41,7 +43,7 @@ class Courier(Transfer):
     """
 
     def __call__(self, tree: Any) -> Any:
-        if self.device is not None or type(tree) is not dict:
+        if self.device is not None or type(tree) is not dict or not _copies_to_host_cpu():
             return super().__call__(tree)
         if not all(type(v) is np.ndarray for v in tree.values()):
             return super().__call__(tree)
@@ -52,6 +54,16 @@ class Courier(Transfer):
             record_copy(tree[key].nbytes)
             out[key] = jnp.array(tree[key], copy=True)
         return {key: out[key] for key in tree}
+
+
+def _copies_to_host_cpu() -> bool:
+    """Whether ``jnp.array`` puts a copy where `convert` puts an import: the first CPU.
+
+    True unless a default device is set (``jax.default_device``) or the default backend is
+    a GPU. The copy is uncommitted, as ``jnp.asarray`` makes it; the import is committed.
+    """
+    default = jax.config.jax_default_device  # type: ignore[attr-defined]
+    return default is None and jax.default_backend() == "cpu"
 
 
 def _copied_by_jax(x: np.ndarray) -> bool:

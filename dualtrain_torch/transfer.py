@@ -24,6 +24,7 @@ import torch
 from dualtrain.cockpit.engine import Engine
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.interop import convert
+from dualtrain.layout import canonical_strides
 from dualtrain.tree import Path, map_with_path
 
 __all__ = ["Transfer", "parse_device", "shared"]
@@ -185,7 +186,8 @@ def _host_tensors(tree: Any) -> dict[Any, torch.Tensor] | None:
         if type(x) is not np.ndarray or x.dtype not in _SHARED or not x.dtype.isnative:
             return None
         flags = x.flags
-        if not (flags.c_contiguous and flags.writeable):
+        # Unused strides (of size-1 axes) that are not row-major: convert rewrites them.
+        if not (flags.c_contiguous and flags.writeable) or canonical_strides(x) is not x:
             return None
     try:
         return {key: torch.from_numpy(x) for key, x in tree.items()}

@@ -5,12 +5,16 @@ A Tank with no fetch_fn, prep_fn, collate_fn or preload serves its columns of ki
 `Column.take` per column for a whole batch, or for one worker's part of it, cast to the
 served dtype and checked as a row-by-row read checks it. Images, sequences and str or
 variable-length columns are still read row by row. The batches are equal to the row-by-row
-ones, value for value and dtype for dtype (tests/fuel/test_gather.py says so).
+ones, value for value and dtype for dtype, and so are the errors (the first row, then the
+first column, that fails); tests/fuel/test_gather.py says so. One exception: a
+``cast="unsafe"`` of a float that is not finite or out of an integer type's range has no
+defined result, and NumPy's whole-batch and one-row loops may give different ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,7 +22,7 @@ from dualtrain.fuel.casts import _check_value, _first_lost, _Served
 from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.pack import Pack
 
-__all__ = ["ColumnGather", "gathered_keys"]
+__all__ = ["ColumnGather", "Lost", "gathered_keys"]
 
 # key, shape, dtype -> the array the rows of that column go into (a part of the batch's)
 Blocks = Callable[[str, tuple[int, ...], np.dtype], np.ndarray]
@@ -56,11 +60,15 @@ class ColumnGather:
 
     def __call__(
         self, pack: Pack, rows: np.ndarray, blocks: Blocks | None = None
-    ) -> dict[str, np.ndarray]:
-        """Key -> ``(len(rows), *shape)`` values of the served dtype, for each column.
+    ) -> tuple[dict[str, np.ndarray], Lost | None]:
+        """Each column's ``(len(rows), *shape)`` values (served dtype), and what a cast lost.
 
         `blocks(key, shape, dtype)`, when given, is where each column's values go (a part
-        of the batch's array, filled in place); else fresh arrays are returned.
+        of the batch's array, filled in place); else fresh arrays are returned. A checked
+        cast that changed a value raises nothing here: the `Lost` names the first row (then
+        the first column) where one did, and `Lost.raise_` raises its PackError. The caller
+        reads the rows before it row by row first, so that the error raised is the one a
+        row-by-row read, row after row and column after column, stops at.
         """
         shapes, dtypes = self.shapes, self.dtypes
 
@@ -73,9 +81,7 @@ class ColumnGather:
         read = pack.take(
             list(self.spec), rows, lambda key: target(key) if self.as_stored[key] else None
         )
-        # The first row (then the first column) whose checked cast lost a value: the one a
-        # row-by-row read, row after row and column after column, stops at.
-        lost: tuple[int, str, np.ndarray, np.ndarray] | None = None
+        lost: Lost | None = None
         for key, served in self.spec.items():
             if self.as_stored[key]:
                 continue
@@ -87,12 +93,23 @@ class ColumnGather:
                 with np.errstate(over="ignore", invalid="ignore"):
                     np.copyto(into, stored, casting="unsafe")
                 first = _first_lost(rows, stored, into)
-                if first is not None and (lost is None or first < lost[0]):
-                    lost = (first, key, stored, into)
+                if first is not None and (lost is None or first < lost.position):
+                    lost = Lost(first, key, int(rows[first]), stored[first], into[first])
             else:  # NumPy's astype, its warnings included, as a row-by-row read casts
                 np.copyto(into, stored, casting="unsafe")
             read[key] = into
-        if lost is not None:
-            first, key, stored, into = lost
-            _check_value(key, int(rows[first]), stored[first], into[first])
-        return read
+        return read, lost
+
+
+class Lost(NamedTuple):
+    """The first value a gathered cast changed: its place in the rows and its column."""
+
+    position: int  # in the rows gathered
+    key: str
+    row: int  # the pack row
+    stored: np.ndarray
+    served: np.ndarray
+
+    def raise_(self) -> None:
+        """Raises the PackError a row-by-row read of this cell raises."""
+        _check_value(self.key, self.row, self.stored, self.served)

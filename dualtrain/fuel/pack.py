@@ -195,15 +195,14 @@ class Pack:
             raise IndexError(f"row {bad} is out of range for a pack of {n} rows")
         self._reopen_if_closed()
         files, out = self._files, {}
+        # Each read is preceded by a guard (a check at most a millisecond old).
         if len(files) == 1:
-            files[0].guard()
             for key in keys:
+                files[0].guard()
                 out[key] = files[0].take(key, index, None if outs is None else outs(key))
             return out
         shard = np.searchsorted(self._starts, index, side="right") - 1
         parts = [(s, shard == s) for s in np.unique(shard).tolist()]
-        for s, _ in parts:
-            files[s].guard()
         for key in keys:
             entry = self.columns[key]
             into = None if outs is None else outs(key)
@@ -212,6 +211,7 @@ class Pack:
                     (len(index), *entry["shape"]), ColumnType.parse(entry["type"]).dtype
                 )  # fmt: skip
             for s, mask in parts:
+                files[s].guard()
                 into[mask] = files[s].take(key, index[mask] - self._starts[s])
             out[key] = into
         return out

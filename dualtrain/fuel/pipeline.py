@@ -41,21 +41,24 @@ class Recipe:
             without one, a fetch_fn) returning anything else is an ArgumentError naming it.
         fixed: keys whose values the default collate must stack (a pack column of one
             shape: a row that returns another shape or dtype is a ShapeError naming it).
-        gather: ``gather(data, rows, blocks) -> {key: values}``, the columns read for a set
-            of rows at once (a `ColumnGather`; default collate only). fetch_fn then reads
-            the other columns row by row, and is None when there are none.
+        gather: ``gather(data, rows, blocks) -> ({key: values}, lost)``, the columns read
+            for a set of rows at once (a `ColumnGather`; default collate only). fetch_fn
+            then reads the other columns row by row, and is None when there are none.
         keys: the batch's keys in order, when `gather` is given.
+        whole_row: with `gather`, a fetch_fn reading every column of a row: the row a
+            gathered cast lost a value in is read with it, so the error raised is the
+            row-by-row read's (the first failing column of that row).
     """
 
     def __init__(
         self, data: Any, fetch_fn: Fn | None, prep_fn: Fn | None, seed: int,
         finish_fn: Fn | None = None, dict_samples: bool = False,
         fixed: frozenset[str] = frozenset(), gather: Fn | None = None,
-        keys: tuple[str, ...] = (),
+        keys: tuple[str, ...] = (), whole_row: Fn | None = None,
     ) -> None:  # fmt: skip
         self.data, self.fetch_fn, self.prep_fn, self.seed = data, fetch_fn, prep_fn, seed
         self.finish_fn, self.dict_samples, self.fixed = finish_fn, dict_samples, fixed
-        self.gather, self.keys = gather, keys
+        self.gather, self.keys, self.whole_row = gather, keys, whole_row
         # The callback whose output the later steps read: named in their errors.
         self.source = "prep_fn" if prep_fn is not None else "fetch_fn"
 
@@ -65,12 +68,13 @@ class Recipe:
         if check is not None:
             check(rows)
 
-    def sample(self, epoch: int, index: int) -> Any:
-        """fetch_fn then prep_fn on row `index`, with the sample in scope."""
-        assert self.fetch_fn is not None  # a Recipe without one reads nothing by row
+    def sample(self, epoch: int, index: int, fetch_fn: Fn | None = None) -> Any:
+        """fetch_fn (or the one given) then prep_fn on row `index`, with the sample in scope."""
+        fetch_fn = fetch_fn or self.fetch_fn
+        assert fetch_fn is not None  # a Recipe without one reads nothing by row
         with sample_scope(SampleKey(self.seed, epoch, index)):
             try:
-                datum = self.fetch_fn(self.data, index)
+                datum = fetch_fn(self.data, index)
                 if self.prep_fn is None:
                     datum = self._returned("fetch_fn", datum)
                 else:  # a prep_fn may turn any fetched value into the sample
@@ -84,15 +88,30 @@ class Recipe:
 
     def columns(
         self, epoch: int, rows: np.ndarray, first: int, stacked: _Stacked | None
-    ) -> dict[str, np.ndarray]:
-        """The gathered columns of `rows` (into `stacked` from slot `first`, when given)."""
+    ) -> tuple[dict[str, np.ndarray], Any]:
+        """The gathered columns of `rows`, and the first value a checked cast lost.
+
+        Into `stacked` from slot `first`, when given. The loss is a
+        `dualtrain.fuel.gather.Lost`, or None.
+        """
         if self.gather is None:
-            return {}
+            return {}, None
         blocks = None if stacked is None else stacked.blocks(first, len(rows))
         try:
-            return dict(self.gather(self.data, rows, blocks))
+            columns, lost = self.gather(self.data, rows, blocks)
         except Exception as e:
-            e.add_note(f"while preparing rows {[int(r) for r in rows]} of epoch {epoch}")
+            e.add_note(f"while reading {len(rows)} rows of epoch {epoch} from row {rows[0]}")
+            raise
+        return dict(columns), lost
+
+    def report(self, epoch: int, lost: Any) -> None:
+        """Raises the error a row-by-row read of the row `lost` names raises first."""
+        if self.whole_row is not None:
+            self.sample(epoch, lost.row, self.whole_row)  # raises, column after column
+        try:
+            lost.raise_()
+        except Exception as e:
+            e.add_note(f"while preparing row {lost.row} of epoch {epoch}")
             raise
 
     def _returned(self, name: str, value: Any) -> Any:
@@ -184,8 +203,12 @@ def _run_chunk(
     # The files are checked before the rows are read (a truncated file is an error, not a
     # SIGBUS of the mapping) and after (a file rewritten during the read is not served).
     recipe.check(rows)
-    samples = [] if recipe.fetch_fn is None else [recipe.sample(epoch, int(i)) for i in rows]
-    columns = recipe.columns(epoch, rows, first, stacked)
+    columns, lost = recipe.columns(epoch, rows, first, stacked)
+    # Up to a row whose gathered cast lost a value: the errors come in row-by-row order.
+    upto = len(rows) if lost is None else lost.position
+    samples = [] if recipe.fetch_fn is None else [recipe.sample(epoch, int(i)) for i in rows[:upto]]
+    if lost is not None:
+        recipe.report(epoch, lost)
     recipe.check(rows)
     if stacked is not None:
         for offset, sample in enumerate(samples):

@@ -64,7 +64,9 @@ class Tank:
             the pack with images decoded (a `dualtrain.fuel.decoded.DecodedPack`; its
             ``raw`` is the Pack, whose image cells are the encoded bytes). The default
             reads the specified columns of the row, decodes images and casts values to
-            their dtypes.
+            their dtypes; with no fetch_fn, prep_fn, collate_fn or preload, numeric
+            columns of one shape are read for the whole batch by one gather each
+            (`Pack.take`), with the same values, dtypes and errors (docs/fuel.md).
         prep_fn: ``prep_fn(sample) -> sample``, e.g. a Comburant; runs in the workers.
         collate_fn: ``collate_fn(list of samples) -> batch``; the default stacks each key
             into one array (keys of varying shape become lists), inside the workers.
@@ -199,6 +201,7 @@ class Tank:
             dict_samples=collate_fn is None or finish.keys != {},
             fixed=_fixed(self.pack, self.spec),
             gather=gather if gather is not None and gather.keys else None, keys=tuple(self.spec),
+            whole_row=DefaultFetch(self.pack, self.spec) if gather is not None else None,
         )  # fmt: skip
         self._pipeline = Pipeline(recipe, collate_fn, workers, worker_mode, prefetch)
         self._deliver = deliver

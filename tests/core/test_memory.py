@@ -1,3 +1,5 @@
+import gc
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -39,3 +41,24 @@ def test_negative_shape_is_refused_with_the_house_message():
         ValueError, match=r"shape must be a tuple of non-negative ints; got shape=\(2, -1\)"
     ):
         aligned_empty((2, -1))
+
+
+@given(shape=shapes, dtype=strategies_sampled(DTYPES))
+def test_an_aligned_array_outlives_every_other_reference_to_its_memory(shape, dtype):
+    a = aligned_empty(shape, np_dtype(dtype))
+    raw = a.reshape(-1).view(np.uint8)
+    raw[...] = 7  # written through its own memory
+    del raw
+    gc.collect()
+    assert a.base is not None and np.all(a.reshape(-1).view(np.uint8) == 7)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "error"),
+    [(object, TypeError), ([("a", "O")], TypeError), (("f4", (3,)), ValueError)],
+)
+def test_dtypes_a_byte_buffer_cannot_hold_as_given_are_refused(dtype, error):
+    # Python references over uninitialized bytes would crash the interpreter; a subarray
+    # dtype would silently change the shape.
+    with pytest.raises(error):
+        aligned_empty((2,), dtype)

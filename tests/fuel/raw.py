@@ -109,7 +109,8 @@ def save_deep(path: str, arr: np.ndarray) -> None:
 
 
 def write_table(path: str, columns: dict[str, np.ndarray], *, chunked: bool = False) -> str:
-    """A pack of numeric columns of one shape each (row i of each array is row i).
+    """A pack of numeric columns (row i of each array is row i; a list of 1-D arrays, one a
+    row, is a variable-length column).
 
     HDF5 by h5py, or npz (`path` ends in .npz); the metadata is the pack format's
     (docs/fuel.md, "The format"). `chunked` stores the HDF5 datasets chunked, so readers
@@ -124,9 +125,19 @@ def write_table(path: str, columns: dict[str, np.ndarray], *, chunked: bool = Fa
         "format": "dualtrain.fuel", "version": 1, "count": count, "keys": list(columns),
         "columns": {
             key: {"type": str(a.dtype), "kind": "value", "shape": list(a.shape[1:])}
+            if isinstance(a, np.ndarray) else {"type": f"v{a[0].dtype}", "kind": "value"}
             for key, a in columns.items()
         },
     }  # fmt: skip
+    # A list of 1-D arrays is a variable-length column: its values and their offsets.
+    flat: dict[str, np.ndarray] = {}
+    for key, a in columns.items():
+        if isinstance(a, np.ndarray):
+            flat[key] = a
+        else:
+            flat[key] = np.concatenate(a)
+            flat[f"{key}.offsets"] = np.concatenate([[0], np.cumsum([len(v) for v in a])])
+    columns = flat
     if path.endswith(".npz"):
         text = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         np.savez(path, **columns, __fuel__=text)

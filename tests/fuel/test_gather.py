@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import warnings
 
 import numpy as np
@@ -242,6 +243,40 @@ def test_a_value_lost_by_a_cast_names_its_row_as_row_by_row_reading_does(tmp_pat
         tank = Tank(path, {"label": "int8"}, 20, shuffle=False, cast="same_kind", **extra)
         with pytest.raises(PackError, match="column 'label', row 13: the stored int64 value 300"):
             tank.next()
+
+
+@pytest.mark.parametrize(("gathered_row", "by_row_row", "first"), [
+    (2, 5, "column 'a', row 2"),  # the gathered column's row comes first
+    (5, 2, "column 'v', row 2"),  # the row-by-row column's row comes first
+    (3, 3, "column 'a', row 3"),  # one row: the column first in data_specf
+])  # fmt: skip
+def test_errors_come_in_row_by_row_order_whatever_reads_the_column(
+    tmp_path, gathered_row, by_row_row, first
+):
+    a = np.zeros(12, np.int64)
+    a[gathered_row] = 300
+    cells = [np.zeros(1 + i % 2, np.int64) for i in range(12)]
+    cells[by_row_row][-1] = 300
+    paths = write_table(str(tmp_path / "p.h5"), {"a": a, "v": cells})
+    spec = {"a": "int8", "v": "vint8"}
+    for extra in ({}, {"prep_fn": unchanged}):
+        tank = Tank(paths, spec, 8, shuffle=False, cast="same_kind", **extra)
+        with pytest.raises(PackError, match=first) as caught:
+            tank.next()
+        row = int(first.rsplit(" ", 1)[1])
+        assert f"while preparing row {row} of epoch 0" in caught.value.__notes__
+
+
+def test_a_gather_guards_each_read(tmp_path):
+    path = write_table(str(tmp_path / "t.h5"), {"x": np.arange(40.0)})
+    pack = Pack(path)
+    pack["x"].take([1, 2])
+    with open(path, "r+b") as f:
+        f.seek(0, os.SEEK_END)
+        f.write(b"\0")
+    time.sleep(0.002)  # past the guard's millisecond
+    with pytest.raises(PackError, match="changed since it was opened"):
+        pack["x"].take([3])
 
 
 def test_an_unsafe_cast_warns_as_numpy_astype_does(tmp_path):

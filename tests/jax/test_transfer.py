@@ -124,6 +124,21 @@ def test_a_host_courier_gives_what_convert_gives_and_counts_its_copies(a, b):
     assert c.copies == copies_of([a])
 
 
+@pytest.mark.multidevice
+def test_a_host_courier_places_batches_where_convert_does():
+    cpu = jax.devices("cpu")
+    small, big = np.arange(8, dtype=np.int32), np.ones(70_000, np.float32)  # 32 B, 273 KiB
+    batch = {"small": dualtrain.aligned_copy(small), "big": dualtrain.aligned_copy(big)}
+    out = Courier()(batch)
+    assert {k: out[k].devices() for k in out} == {"small": {cpu[0]}, "big": {cpu[0]}}
+    with jax.default_device(cpu[-1]):  # a default device set: convert's road for every leaf
+        out = Courier()(batch)
+        want = convert(batch, to="jax")
+    for key in batch:
+        assert out[key].devices() == want[key].devices() == {cpu[0]}
+        assert out[key].committed == want[key].committed
+
+
 def copies_of(tree) -> int:
     with count_copies() as c:
         convert(tree, to="jax")

@@ -83,19 +83,49 @@ def test_other_devices_go_through_put():
 # ---- the one road ------------------------------------------------------------------------
 
 
-@given(a=arrays(dtypes=DTYPES), b=arrays(dtypes=DTYPES))
-def test_a_host_batch_is_what_convert_gives_without_its_checks(a, b):
+def _variant(a: np.ndarray, how: str) -> np.ndarray:
+    if how == "read-only":
+        a = a.copy()
+        a.flags.writeable = False
+    elif how == "byte-swapped":
+        a = a.view(a.dtype.newbyteorder())
+    elif how == "reversed":
+        a = a[::-1] if a.ndim else a
+    elif how == "every other row":
+        a = a[::2] if a.ndim else a
+    elif how == "a column":
+        a = a.reshape(-1, 1)
+    return a
+
+
+VARIANTS = st.sampled_from(
+    ["as is", "read-only", "byte-swapped", "reversed", "every other row", "a column"]
+)
+
+
+@given(a=arrays(dtypes=DTYPES), b=arrays(dtypes=DTYPES), how=VARIANTS)
+def test_a_host_batch_is_what_convert_gives_without_its_checks(a, b, how):
     """Dicts of plain arrays (a Tank's batch) skip convert's per-leaf checks; same tensors."""
-    for batch in ({"a": a, "b": b}, {"a": a, "b": b[::-1] if b.ndim else b}):
-        with count_copies() as fast:
-            out = Transfer()(batch)
-        with count_copies() as slow:
-            want = convert(batch, to="torch")
-        assert (fast.copies, fast.nbytes) == (slow.copies, slow.nbytes)
-        for key in batch:
-            got = out[key]
-            assert got.dtype == want[key].dtype and got.shape == want[key].shape
-            assert same_bits(convert(got, to="numpy"), convert(want[key], to="numpy"))
+    batch = {"a": a, "b": _variant(b, how)}
+    with count_copies() as fast:
+        out = Transfer()(batch)
+    with count_copies() as slow:
+        want = convert(batch, to="torch")
+    assert (fast.copies, fast.nbytes) == (slow.copies, slow.nbytes)
+    for key, x in batch.items():
+        got = out[key]
+        assert got.dtype == want[key].dtype and got.shape == want[key].shape
+        assert got.stride() == want[key].stride()
+        assert same_bits(convert(got, to="numpy"), convert(want[key], to="numpy"))
+        if slow.copies == 0 and x.size:  # shared by both: the same memory as the array
+            assert got.data_ptr() == want[key].data_ptr() == x.ctypes.data
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int64", "uint8"])
+def test_a_host_batch_with_unused_odd_strides_gets_convert_s_strides(dtype):
+    x = np.zeros((2, 3), dtype)[::2]  # shape (1, 3): the first stride is never used
+    got, want = Transfer()({"x": x})["x"], convert({"x": x}, to="torch")["x"]
+    assert got.stride() == want.stride()  # (3, 1) or (6, 1): what convert gives per dtype
 
 
 def test_tank_courier_is_the_transfer():
