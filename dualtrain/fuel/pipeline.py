@@ -293,7 +293,11 @@ class Pipeline:
         stacked = _Stacked(len(rows), self.recipe.fixed, self.recipe.source) if in_workers else None
         if self.workers == 0:
             return key, rows, stacked, [_run_chunk(self.recipe, epoch, rows, 0, stacked)]
-        bounds = np.linspace(0, len(rows), min(self.workers, len(rows)) + 1).astype(int)
+        # A batch read by gathers alone (no row-by-row work) is one task: split over
+        # threads, its few NumPy calls would only contend for the GIL (64 rows: 250 µs in
+        # two parts against 105 µs in one).
+        parts = 1 if self.recipe.fetch_fn is None else min(self.workers, len(rows))
+        bounds = np.linspace(0, len(rows), parts + 1).astype(int)
         pool = self._executor()
         futures = [
             pool.submit(_run_chunk, self.recipe, epoch, rows[lo:hi], int(lo), stacked)
