@@ -24,6 +24,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
 from dualtrain.accelerate.decisions import function_digest
 from dualtrain.accelerate.dispatch import Decider, Probation
 from dualtrain.accelerate.options import LadderOptions
@@ -37,9 +39,12 @@ from dualtrain_jax.compilation_rungs import (
     JIT_DONATE,
     LAYOUTS_KEPT,
     FunctionTrial,
+    NewSignatureError,
     eager,
     jit_disabled,
     jitted,
+    lane_call,
+    lane_ready,
     recover,
 )
 from dualtrain_jax.compile_cache import use_disk_cache
@@ -96,6 +101,10 @@ class AcceleratedFunction:
         self._names: dict[str, int] = {}  # signature text -> hash of its key (`Layout.of`)
         # signature -> (its JIT_DONATE runner, the donated leaves' indices, an undonating jit)
         self._donating: dict[str, tuple[Any, frozenset[int], list[Any]]] = {}
+        # The fast lane: (runner, signature, its donated leaves or None) while one signature
+        # was ever seen and its decision is final; calls then go to jit's own dispatch.
+        self._lane: tuple[Any, str, frozenset[int] | None] | None = None
+        self._lane_closed = False  # a second signature was met: the ladder's road for good
         self._key_parts = {
             "kind": "function",
             "function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
@@ -117,6 +126,20 @@ class AcceleratedFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if jit_disabled():
             return self._fn(*args, **kwargs)
+        lane = self._lane
+        if lane is not None:
+            fast, signature, donated = lane
+            if self._decider.known(self._mode, signature) is not fast:
+                self._lane = None  # the decision changed (a fall-back): the road below
+            elif donated is None or not _aliased(
+                jax.tree_util.tree_leaves((args, kwargs)), donated
+            ):
+                try:
+                    return lane_call(lane[0], *args, **kwargs)
+                except NewSignatureError:  # traced, nothing ran: the ladder decides below
+                    self._lane, self._lane_closed = None, True
+                except Exception:  # the road below runs it again and recovers
+                    self._lane = None
         found = call_key((args, kwargs))
         if found is None:  # traced by the caller's transformation, or unhashable fixed leaves
             return self._fn(*args, **kwargs)
@@ -132,6 +155,8 @@ class AcceleratedFunction:
             runner = self._decide(layout, args, kwargs)
         if type(runner) is Probation:  # what this call runs, after any climb that is due
             runner = runner.serving()
+        else:
+            self._open_lane(runner, layout)
         donating = self._donating.get(signature)
         if donating is not None and donating[0] is runner and _aliased(leaves, donating[1]):
             runner = self._undonated(layout, donating[2])
@@ -146,6 +171,21 @@ class AcceleratedFunction:
                 (args, kwargs),
                 lambda: eager(self._fn)(*args, **kwargs),
             )
+
+    def _open_lane(self, runner: Any, layout: Layout) -> None:
+        """Calls go straight to `runner` from now on, while nothing else is seen.
+
+        Only while one signature was ever seen (jit's dispatch then tells a new one by a
+        trace, `NewSignatureError`), its decision final (`runner` is no `Probation`) and
+        `runner` a plain jit (no fixed leaves to pick out of each call).
+        """
+        if self._lane_closed or self._lane is not None or len(self._layouts) != 1:
+            return
+        if layout.fixed or not lane_ready(runner):
+            return
+        donating = self._donating.get(layout.signature)
+        donated = donating[1] if donating is not None and donating[0] is runner else None
+        self._lane = (runner, layout.signature, donated)
 
     def _undonated(self, layout: Layout, made: list[Any]) -> Callable[..., Any]:
         # A buffer donated and passed again in the same call is refused by XLA; this call

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,16 +52,51 @@ __all__ = [
     "jitted",
     "recover",
     "LAYOUTS_KEPT",
+    "NewSignatureError",
+    "lane_call",
+    "lane_ready",
 ]
 
 EAGER, JIT, JIT_DONATE = "EAGER", "JIT", "JIT_DONATE"
 
 
+class NewSignatureError(Exception):
+    """A call through a fast lane (`lane_call`) met a signature its jit had not compiled.
+
+    Raised while jit traces the function, before anything runs: nothing was donated.
+    """
+
+
+_LANE = threading.local()  # .on: this thread is inside a call through a fast lane
+
+
+def lane_call(runner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`runner` (a `jitted` jit) called with no Python check of the call's signature.
+
+    jit's own dispatch matches the signature against what it compiled; a call it has not
+    compiled would trace the function, which raises `NewSignatureError` instead (the caller then
+    takes its ladder's road). Only for runners `lane_ready` accepts.
+    """
+    _LANE.on = True
+    try:
+        return runner(*args, **kwargs)
+    finally:
+        _LANE.on = False
+
+
+def lane_ready(runner: Any) -> bool:
+    """Whether `runner` is a jit of `jitted` (no fixed leaves): a lane may call it."""
+    return bool(getattr(getattr(runner, "__wrapped__", None), "lane", False))
+
+
 def _plain(fn: Callable[..., Any]) -> Callable[..., Any]:
     # A plain def: jax.jit takes it whatever `fn` is (a partial, a callable object).
     def call(*args: Any, **kwargs: Any) -> Any:
+        if getattr(_LANE, "on", False):  # traced under a fast lane: a signature not compiled
+            raise NewSignatureError
         return fn(*args, **kwargs)
 
+    call.lane = True  # type: ignore[attr-defined]
     return call
 
 

@@ -322,7 +322,8 @@ def test_a_corrupted_cache_file_is_ignored_and_replaced(tmp_path):
     assert json.loads(path.read_text())["decision"]["chosen"] == "JIT"
 
 
-def test_a_runtime_failure_falls_back_to_eager_for_good():
+def breaking_when_armed():
+    """`busy` behind a host callback that raises, in compiled code only, once armed."""
     armed = [False]
 
     def fussy(x):
@@ -333,8 +334,15 @@ def test_a_runtime_failure_falls_back_to_eager_for_good():
         jax.debug.callback(fussy, x)
         return busy(x)
 
+    return armed, fn
+
+
+@pytest.mark.parametrize("calls", [1, 40])  # 40: the decision final, calls through the lane
+def test_a_runtime_failure_falls_back_to_eager_for_good(calls):
+    armed, fn = breaking_when_armed()
     fast = accelerate(fn, backends=("JIT", "EAGER"), **ANY_WIN)
-    fast(X)
+    for _ in range(calls):
+        fast(X)
     assert fast.explain().chosen("call") == "JIT"
     armed[0] = True
     np.testing.assert_allclose(np.asarray(fast(X)), np.asarray(busy(X)), rtol=1e-6)
@@ -553,3 +561,83 @@ def test_tied_arrays_in_a_donated_argument_run_that_call_undonated():
     np.testing.assert_array_equal(np.asarray(got["decoder"]), [0.5] * 3)
     decision = step.explain().decisions[0]
     assert decision.chosen == "JIT_DONATE" and decision.events == [] and not w.is_deleted()
+
+
+# ---- the fast lane: one signature, a final decision, jit's own dispatch ----------------
+
+
+def settled(fast, *args, calls=40):
+    """`fast` called until its decision is final (the steady-time watch included)."""
+    for _ in range(calls):
+        out = fast(*args)
+    return out
+
+
+@pytest.fixture
+def signatures_built(monkeypatch):
+    """Counts the calls whose signature the ladder builds in Python (`call_key`)."""
+    import dualtrain_jax.compilation as compilation
+
+    built = [0]
+    real = compilation.call_key
+
+    def counted(tree):
+        built[0] += 1
+        return real(tree)
+
+    monkeypatch.setattr(compilation, "call_key", counted)
+    return built
+
+
+def test_after_a_final_decision_calls_go_straight_to_jit(signatures_built):
+    fast = accelerate(busy, **ANY_WIN)
+    settled(fast, X)
+    before = signatures_built[0]
+    for seed in range(5):
+        x = jnp.asarray(np.random.default_rng(seed).normal(size=(4, 3)).astype(np.float32))
+        np.testing.assert_allclose(np.asarray(fast(x)), np.asarray(jax.jit(busy)(x)), rtol=1e-6)
+    assert signatures_built[0] == before  # no Python signature per call
+
+
+def test_a_second_signature_leaves_the_lane_for_the_ladder(signatures_built):
+    fast = accelerate(busy, **ANY_WIN)
+    settled(fast, X)
+    wide = jnp.ones((6, 3), jnp.float32)
+    np.testing.assert_allclose(np.asarray(fast(wide)), np.asarray(busy(wide)), rtol=1e-6)
+    assert len(fast.explain().decisions) == 2  # the ladder decided the new signature
+    before = signatures_built[0]
+    fast(X), fast(wide)
+    assert signatures_built[0] == before + 2  # two signatures: each call is looked up again
+
+
+def test_an_array_passed_twice_through_a_donating_lane_runs_that_call_undonated(
+    signatures_built,
+):
+    fast = accelerate(lambda p, q: p + q, backends=("JIT_DONATE", "EAGER"), **ANY_WIN)
+    settled(fast, jnp.ones(3), jnp.ones(3), calls=1)
+    for _ in range(40):
+        fast(jnp.ones(3), jnp.ones(3))
+    assert fast.explain().chosen("call") == "JIT_DONATE"
+    c = jnp.full(3, 2.0)
+    np.testing.assert_array_equal(np.asarray(fast(c, c)), [4.0, 4.0, 4.0])
+    assert not c.is_deleted() and fast.explain().decisions[0].events == []
+    before = signatures_built[0]
+    a = jnp.ones(3)
+    fast(a, jnp.ones(3))
+    assert a.is_deleted()  # distinct arrays: donated as before
+    # Seen in the lane, before XLA was asked to donate one buffer twice: the lane stays.
+    assert signatures_built[0] == before
+
+
+def test_the_callers_transformations_pass_through_a_lane_and_keep_it(signatures_built):
+    fast = accelerate(busy, **ANY_WIN)
+    settled(fast, X)
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(fast)(X * 2)), np.asarray(jax.jit(busy)(X * 2)), rtol=1e-6
+    )
+    assert jax.vmap(fast)(X).shape == X.shape
+    with jax.disable_jit():
+        np.testing.assert_allclose(np.asarray(fast(X)), np.asarray(busy(X)), rtol=1e-6)
+    before = signatures_built[0]
+    fast(X)
+    assert signatures_built[0] == before and len(fast.explain().decisions) == 1
