@@ -34,6 +34,10 @@ class _LayerTable:
     def __init__(self) -> None:
         self.pairs: list[tuple[Any, nn.Module]] = []
         self._ids: dict[int, nn.Module] = {}
+        # Calls whose input checks passed: (layer id, training, input shape and dtype, weight
+        # dtype). The checks read shapes and dtypes only (but Embedding's, which reads ids),
+        # so they run once per input signature, not per call.
+        self.checked: set[tuple[Any, ...]] = set()
 
     def get(self, part: Any) -> nn.Module | None:
         return self._ids.get(id(part))
@@ -47,11 +51,15 @@ class _LayerTable:
 
     def __setstate__(self, pairs: list[tuple[Any, nn.Module]]) -> None:
         self.pairs, self._ids = pairs, {id(part): module for part, module in pairs}
+        self.checked = set()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _LayerTable:
         new = memo[id(self)] = _LayerTable()  # nested CraftModules refer back to it
         new.__setstate__(copy.deepcopy(self.pairs, memo))
         return new
+
+
+_CHECKED_KEPT = 4096  # checked call signatures kept per realized Craft
 
 
 class _TorchBinding:
@@ -67,17 +75,29 @@ class _TorchBinding:
                 f"a {type(layer).__name__} layer was called that is not an attribute of the "
                 "Craft being run; assign layers in __init__ so they are named and realized"
             )
+        if not inputs:
+            return module(*inputs, **kwargs)
+        weight = module._parameters.get("weight")  # not nn.Module.__getattr__: slower
+        x = inputs[0]
+        key = None
+        if len(inputs) == 1 and not kwargs and type(x) is torch.Tensor and layer.by_signature:
+            key = (id(layer), module.training, x.shape, x.dtype, getattr(weight, "dtype", None))
+            if key in self.modules.checked:
+                return module(x)
         # Under an export's trace sizes are tensors, and this call's inputs were checked
         # when it ran eagerly (the ladder exports a signature it has run).
-        if inputs and not torch.jit.is_tracing():
+        if not torch.jit.is_tracing():
             layer.check_input(*inputs, train=module.training, **kwargs)
-            weight = module._parameters.get("weight")  # not nn.Module.__getattr__: slower
             # An input of the weight's own dtype is what every "params" rule takes (under
             # autocast too): skipped, as this runs on every layer call.
-            same = weight is not None and inputs[0].dtype == weight.dtype
+            same = weight is not None and x.dtype == weight.dtype
             if not (same and layer.input_dtypes == "params"):
                 dtype = checks.params_dtype(layer, lambda local: getattr(module, local, None))
-                layer.check_dtype(inputs[0], dtype, train=module.training)
+                layer.check_dtype(x, dtype, train=module.training)
+            if key is not None:
+                if len(self.modules.checked) >= _CHECKED_KEPT:
+                    self.modules.checked.clear()
+                self.modules.checked.add(key)
         return module(*inputs, **kwargs)
 
     def native(self, obj: Any, *inputs: Any, **kwargs: Any) -> Any:
@@ -98,6 +118,7 @@ class CraftModule(nn.Module):
         super().__init__()
         self.craft = craft
         self._layer_modules = modules
+        self.__dict__["_binding"] = _TorchBinding(modules)  # what runs its layers
         craft.param_specs()  # refuses names that cannot be parameter names, as JAX does
         for name, part in craft.parts().items():
             # Straight into _modules: add_module refuses names that are nn.Module attributes
@@ -105,8 +126,11 @@ class CraftModule(nn.Module):
             self._modules[name] = _module_for(part, modules)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        with binding.active(_TorchBinding(self._layer_modules)):
-            return self.craft.run(*inputs, **kwargs)
+        # Made in __init__ (a forward changes no attribute: the ladder checks that).
+        bound = self.__dict__.get("_binding")
+        if bound is None or bound.modules is not self._layer_modules:
+            bound = _TorchBinding(self._layer_modules)
+        return binding.run_bound(bound, self.craft.run, *inputs, **kwargs)
 
     def extra_repr(self) -> str:
         return f"craft={type(self.craft).__name__}, scope={self.craft.scope!r}"

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from dualtrain.craft import checks
 from dualtrain.errors import NotRealizedError
 
-__all__ = ["Binding", "NotRealizedError", "active", "current"]
+__all__ = ["Binding", "NotRealizedError", "active", "current", "run_bound"]
 
 
 class Binding(Protocol):
@@ -52,6 +52,18 @@ def active(binding: Binding) -> Iterator[None]:
     token = _current.set(binding)
     try:
         yield
+    finally:
+        _current.reset(token)
+
+
+def run_bound(binding: Binding, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with `binding` installed: `active` without a generator.
+
+    A forward pass calls this once per call; the context manager's generator cost 1-2 µs.
+    """
+    token = _current.set(binding)
+    try:
+        return fn(*args, **kwargs)
     finally:
         _current.reset(token)
 

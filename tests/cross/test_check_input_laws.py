@@ -37,10 +37,14 @@ class One(Craft):
         return self.layer(x)
 
 
+fitting: dict = {}  # layer -> the input it was drawn with (which fits it)
+
+
 @st.composite
 def bent_cases(draw, kind: str):
     """A dock layer of `kind`, an input that may no longer fit it, and the mode."""
     layer, x = draw(dock_cases(kind))
+    fitting[layer] = x
     shape = list(x.shape)
     how = draw(st.sampled_from(["resize", "drop", "add", "keep"]))
     if how == "resize":
@@ -124,3 +128,24 @@ def test_windows_refuse_an_empty_spatial_axis_even_with_padding(layer):
     # Found by the law above: padding made room for a window, torch still refuses.
     with pytest.raises(DualtrainError, match="spatial"):
         layer.check_input(np.zeros((1, 1, 1, 0), np.float32))
+
+
+@pytest.mark.parametrize("kind", LAYER_KINDS)
+@FEW
+@given(data=st.data())
+def test_a_check_remembered_for_one_input_never_passes_another(kind, data):
+    """A realized torch module remembers the checks an input signature passed; a bent
+    input, run after fitting ones, is still refused exactly as `check_input` refuses it."""
+    layer, x, train = data.draw(bent_cases(kind))
+    module = tcraft.realize(One(layer), seed=0)
+    module.train(train)
+    fit = fitting.pop(layer)
+    fit = fit.astype(np.float32) if fit.dtype.kind == "f" else fit  # the parameters' dtype
+    with torch.no_grad():
+        for _ in range(2):  # the second call takes the remembered check
+            module(torch.from_numpy(fit))
+        for value in (x, x, x.astype(np.float64)):
+            want = _outcome(layer.check_input, value, train=train)
+            if want is None and value.dtype == np.float64:  # the dtype rule, checked too
+                want = _outcome(_torch, layer, value, train)
+            assert _outcome(module, torch.from_numpy(value)) == want

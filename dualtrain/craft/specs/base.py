@@ -31,6 +31,9 @@ class Layer:
     """
 
     input_dtypes: ClassVar[str] = "any"
+    # Whether the input checks read only shapes and dtypes (a binding may then run them once
+    # per input signature); False where they read values (Embedding's ids).
+    by_signature: ClassVar[bool] = True
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         return binding.current(type(self).__name__).layer(self, *inputs, **kwargs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from dualtrain.craft.checks import check_ids, concrete
 from dualtrain.craft.params import ParamSpec
@@ -46,6 +46,7 @@ class Dense(Layer):
 class Embedding(Layer):
     """Looks rows up: int ids ``(...)`` -> ``(..., dim)``."""
 
+    by_signature: ClassVar[bool] = False  # concrete ids are checked, each call
     num_embeddings: int
     dim: int
 
