@@ -5,7 +5,7 @@
 other host array, with one difference on the host. A Tank's batch arrays are its own (fresh
 each batch, never written again), so sharing or copying them is the same to the caller, and
 the cheaper is taken: on a CPU-only JAX with no default device set, leaves up to 256 KiB
-are copied by JAX (``jnp.array``, onto the first CPU device as the import would place them,
+are copied by JAX (``jnp.asarray``, onto the first CPU device as the import would place them,
 uncommitted as ``jnp.asarray`` makes them; counted by `dualtrain.count_copies`), larger
 ones imported without a copy. JAX copies
 256 KiB in about 25-30 µs where its DLPack import of any size takes 35-40 µs (measured here,
@@ -52,12 +52,14 @@ class Courier(Transfer):
         out = super().__call__(rest) if rest else {}
         for key in copied:
             record_copy(tree[key].nbytes)
-            out[key] = jnp.array(tree[key], copy=True)
+            # jnp.asarray copies a NumPy array by device_put; jnp.array(copy=True) would run
+            # a copy primitive, compiled once per shape (0.2 s in a fresh process).
+            out[key] = jnp.asarray(tree[key])
         return {key: out[key] for key in tree}
 
 
 def _copies_to_host_cpu() -> bool:
-    """Whether ``jnp.array`` puts a copy where `convert` puts an import: the first CPU.
+    """Whether ``jnp.asarray`` puts a copy where `convert` puts an import: the first CPU.
 
     True unless a default device is set (``jax.default_device``) or the default backend is
     a GPU. The copy is uncommitted, as ``jnp.asarray`` makes it; the import is committed.
