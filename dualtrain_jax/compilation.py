@@ -40,6 +40,7 @@ from dualtrain_jax.compilation_rungs import (
     LAYOUTS_KEPT,
     FunctionTrial,
     NewSignatureError,
+    compiled_count,
     eager,
     jit_disabled,
     jitted,
@@ -103,7 +104,8 @@ class AcceleratedFunction:
         self._donating: dict[str, tuple[Any, frozenset[int], list[Any]]] = {}
         # The fast lane: (runner, signature, its donated leaves or None) while one signature
         # was ever seen and its decision is final; calls then go to jit's own dispatch.
-        self._lane: tuple[Any, str, frozenset[int] | None] | None = None
+        # (runner, signature, donated leaves or None, leaf count, programs compiled then)
+        self._lane: tuple[Any, str, frozenset[int] | None, int, int | None] | None = None
         self._lane_closed = False  # a second signature was met: the ladder's road for good
         self._key_parts = {
             "kind": "function",
@@ -128,18 +130,25 @@ class AcceleratedFunction:
             return self._fn(*args, **kwargs)
         lane = self._lane
         if lane is not None:
-            fast, signature, donated = lane
+            fast, signature, donated, count, compiled = lane
             if self._decider.known(self._mode, signature) is not fast:
                 self._lane = None  # the decision changed (a fall-back): the road below
-            elif donated is None or not _aliased(
-                jax.tree_util.tree_leaves((args, kwargs)), donated
-            ):
+            elif donated is not None and _lane_aliased((args, kwargs), donated, count):
+                pass  # this call alone takes the road below (undonated), or a new structure
+            else:
                 try:
-                    return lane_call(lane[0], *args, **kwargs)
+                    out = lane_call(lane[0], *args, **kwargs)
                 except NewSignatureError:  # traced, nothing ran: the ladder decides below
                     self._lane, self._lane_closed = None, True
-                except Exception:  # the road below runs it again and recovers
+                except Exception as error:  # as the road below handles a runtime failure
                     self._lane = None
+                    return self._recover(signature, error, args, kwargs)
+                else:
+                    if compiled is not None and compiled_count(lane[0]) != compiled:
+                        # jit compiled anew without a trace (another device, NumPy
+                        # arrays): later calls take the road below, where it is decided.
+                        self._lane, self._lane_closed = None, True
+                    return out
         found = call_key((args, kwargs))
         if found is None:  # traced by the caller's transformation, or unhashable fixed leaves
             return self._fn(*args, **kwargs)
@@ -163,14 +172,19 @@ class AcceleratedFunction:
         try:
             return runner(*args, **kwargs)
         except Exception as error:
-            return recover(
-                self._decider,
-                self._mode,
-                signature,
-                error,
-                (args, kwargs),
-                lambda: eager(self._fn)(*args, **kwargs),
-            )
+            return self._recover(signature, error, args, kwargs)
+
+    def _recover(
+        self, signature: str, error: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        return recover(
+            self._decider,
+            self._mode,
+            signature,
+            error,
+            (args, kwargs),
+            lambda: eager(self._fn)(*args, **kwargs),
+        )
 
     def _open_lane(self, runner: Any, layout: Layout) -> None:
         """Calls go straight to `runner` from now on, while nothing else is seen.
@@ -185,7 +199,8 @@ class AcceleratedFunction:
             return
         donating = self._donating.get(layout.signature)
         donated = donating[1] if donating is not None and donating[0] is runner else None
-        self._lane = (runner, layout.signature, donated)
+        count = len(layout.fixed) + len(layout.traced)
+        self._lane = (runner, layout.signature, donated, count, compiled_count(runner))
 
     def _undonated(self, layout: Layout, made: list[Any]) -> Callable[..., Any]:
         # A buffer donated and passed again in the same call is refused by XLA; this call
@@ -243,6 +258,16 @@ class AcceleratedFunction:
     def __repr__(self) -> str:
         name = getattr(self._fn, "__qualname__", repr(self._fn))
         return f"AcceleratedFunction({name}, {' -> '.join(self.backends)})"
+
+
+def _lane_aliased(call: Any, donated: frozenset[int], count: int) -> bool:
+    """Whether a lane call must leave the lane for the road below.
+
+    A donated array passed twice, or a call of another structure (its leaves are not the
+    lane's, so the donated places say nothing).
+    """
+    leaves = jax.tree_util.tree_leaves(call)
+    return len(leaves) != count or _aliased(leaves, donated)
 
 
 def _aliased(leaves: Sequence[Any], donated: frozenset[int]) -> bool:

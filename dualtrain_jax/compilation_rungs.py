@@ -53,6 +53,7 @@ __all__ = [
     "recover",
     "LAYOUTS_KEPT",
     "NewSignatureError",
+    "compiled_count",
     "lane_call",
     "lane_ready",
 ]
@@ -67,21 +68,34 @@ class NewSignatureError(Exception):
     """
 
 
-_LANE = threading.local()  # .on: this thread is inside a call through a fast lane
+# .target: the function (a `_plain` wrapper) whose trace this thread's lane call forbids.
+# Any other jit traced meanwhile (a host callback's, on the CPU in this thread) is not it.
+_LANE = threading.local()
 
 
 def lane_call(runner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """`runner` (a `jitted` jit) called with no Python check of the call's signature.
 
     jit's own dispatch matches the signature against what it compiled; a call it has not
-    compiled would trace the function, which raises `NewSignatureError` instead (the caller then
-    takes its ladder's road). Only for runners `lane_ready` accepts.
+    compiled would trace the function, which raises `NewSignatureError` instead (the
+    caller then takes its ladder's road). Only for runners `lane_ready` accepts.
     """
-    _LANE.on = True
+    before = getattr(_LANE, "target", None)
+    _LANE.target = runner.__wrapped__  # type: ignore[attr-defined]
     try:
         return runner(*args, **kwargs)
     finally:
-        _LANE.on = False
+        _LANE.target = before
+
+
+def compiled_count(runner: Any) -> int | None:
+    """How many programs `runner` (a jit) has compiled, where JAX says (else None).
+
+    A lane call that made it grow ran a signature jit tells apart without a new trace
+    (an array on another device, NumPy arrays): the ladder must see the next such call.
+    """
+    size = getattr(runner, "_cache_size", None)
+    return int(size()) if callable(size) else None
 
 
 def lane_ready(runner: Any) -> bool:
@@ -92,7 +106,7 @@ def lane_ready(runner: Any) -> bool:
 def _plain(fn: Callable[..., Any]) -> Callable[..., Any]:
     # A plain def: jax.jit takes it whatever `fn` is (a partial, a callable object).
     def call(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_LANE, "on", False):  # traced under a fast lane: a signature not compiled
+        if getattr(_LANE, "target", None) is call:  # traced under its lane: not compiled
             raise NewSignatureError
         return fn(*args, **kwargs)
 

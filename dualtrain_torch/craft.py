@@ -34,9 +34,9 @@ class _LayerTable:
     def __init__(self) -> None:
         self.pairs: list[tuple[Any, nn.Module]] = []
         self._ids: dict[int, nn.Module] = {}
-        # Calls whose input checks passed: (layer id, training, input shape and dtype, weight
-        # dtype). The checks read shapes and dtypes only (but Embedding's, which reads ids),
-        # so they run once per input signature, not per call.
+        # Calls whose input checks passed: (layer id, training, input shape and dtype), for
+        # inputs of the layer weight's dtype. The checks read shapes and dtypes only (but
+        # Embedding's, which reads ids), so they run once per input signature, not per call.
         self.checked: set[tuple[Any, ...]] = set()
 
     def get(self, part: Any) -> nn.Module | None:
@@ -80,8 +80,19 @@ class _TorchBinding:
         weight = module._parameters.get("weight")  # not nn.Module.__getattr__: slower
         x = inputs[0]
         key = None
-        if len(inputs) == 1 and not kwargs and type(x) is torch.Tensor and layer.by_signature:
-            key = (id(layer), module.training, x.shape, x.dtype, getattr(weight, "dtype", None))
+        # Remembered only for an input of the weight's own dtype (what every dtype rule
+        # takes, autocast or not), never while torch.compile traces (the set would become
+        # one of its guards).
+        if (
+            len(inputs) == 1
+            and not kwargs
+            and type(x) is torch.Tensor
+            and weight is not None
+            and x.dtype == weight.dtype
+            and layer.by_signature
+            and not torch.compiler.is_compiling()
+        ):
+            key = (id(layer), module.training, x.shape, x.dtype)
             if key in self.modules.checked:
                 return module(x)
         # Under an export's trace sizes are tensors, and this call's inputs were checked

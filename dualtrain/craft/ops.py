@@ -33,8 +33,8 @@ _by_type: dict[type, dict[str, Callable[..., Any]]] = {}
 
 
 def _op(name: str, *arrays: Any) -> Callable[..., Any]:
-    kind = type(arrays[0])
-    table = _by_type.get(kind)
+    kind = type(arrays[0]) if arrays else None  # none: backend_of's error below
+    table = _by_type.get(kind) if kind is not None else None
     if table is not None and all(type(a) is kind for a in arrays[1:]):
         return table[name]
     backend = backends.backend_of(*arrays).name
@@ -45,7 +45,7 @@ def _op(name: str, *arrays: Any) -> Callable[..., Any]:
         else:
             table = backends.load_part(backend, "layers").OPS
         _tables[backend] = table
-    if all(type(a) is kind for a in arrays[1:]):
+    if kind is not None and all(type(a) is kind for a in arrays[1:]):
         _by_type[kind] = table
     return table[name]
 

@@ -149,3 +149,24 @@ def test_a_check_remembered_for_one_input_never_passes_another(kind, data):
             if want is None and value.dtype == np.float64:  # the dtype rule, checked too
                 want = _outcome(_torch, layer, value, train)
             assert _outcome(module, torch.from_numpy(value)) == want
+
+
+@pytest.mark.parametrize("layer", [dock.Dense(3, 2), dock.BatchNorm(3), dock.LayerNorm(3)])
+def test_a_check_passed_under_autocast_is_made_again_outside_it(layer):
+    """An input autocast lets through (bfloat16 into float32 weights) is refused outside it,
+    however often it ran inside: only inputs of the weight's dtype are remembered."""
+    module = tcraft.realize(One(layer), seed=0).eval()
+    x = torch.ones(4, 3, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                module(x)
+        with pytest.raises(DualtrainError, match="dtype"):
+            module(x)
+
+
+def test_an_op_with_no_array_names_the_problem():
+    from dualtrain.errors import BackendError
+
+    with pytest.raises(BackendError):
+        dock.concat([])

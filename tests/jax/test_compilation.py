@@ -565,6 +565,9 @@ def test_tied_arrays_in_a_donated_argument_run_that_call_undonated():
 
 # ---- the fast lane: one signature, a final decision, jit's own dispatch ----------------
 
+# `busy` returns its input's shape: JIT_DONATE could take X (a module constant) away.
+NO_DONATION = {**ANY_WIN, "backends": ("JIT", "EAGER")}
+
 
 def settled(fast, *args, calls=40):
     """`fast` called until its decision is final (the steady-time watch included)."""
@@ -590,7 +593,7 @@ def signatures_built(monkeypatch):
 
 
 def test_after_a_final_decision_calls_go_straight_to_jit(signatures_built):
-    fast = accelerate(busy, **ANY_WIN)
+    fast = accelerate(busy, **NO_DONATION)
     settled(fast, X)
     before = signatures_built[0]
     for seed in range(5):
@@ -600,7 +603,7 @@ def test_after_a_final_decision_calls_go_straight_to_jit(signatures_built):
 
 
 def test_a_second_signature_leaves_the_lane_for_the_ladder(signatures_built):
-    fast = accelerate(busy, **ANY_WIN)
+    fast = accelerate(busy, **NO_DONATION)
     settled(fast, X)
     wide = jnp.ones((6, 3), jnp.float32)
     np.testing.assert_allclose(np.asarray(fast(wide)), np.asarray(busy(wide)), rtol=1e-6)
@@ -630,7 +633,7 @@ def test_an_array_passed_twice_through_a_donating_lane_runs_that_call_undonated(
 
 
 def test_the_callers_transformations_pass_through_a_lane_and_keep_it(signatures_built):
-    fast = accelerate(busy, **ANY_WIN)
+    fast = accelerate(busy, **NO_DONATION)
     settled(fast, X)
     np.testing.assert_allclose(
         np.asarray(jax.jit(fast)(X * 2)), np.asarray(jax.jit(busy)(X * 2)), rtol=1e-6
@@ -641,3 +644,66 @@ def test_the_callers_transformations_pass_through_a_lane_and_keep_it(signatures_
     before = signatures_built[0]
     fast(X)
     assert signatures_built[0] == before and len(fast.explain().decisions) == 1
+
+
+def test_a_donating_lane_takes_a_call_of_another_structure_to_the_ladder():
+    def step(batch, state):
+        return batch.sum(), tuple(s + 1 for s in state)
+
+    fast = accelerate(step, donate_argnums=1, **ANY_WIN)
+    for _ in range(40):
+        fast(jnp.ones(2), (jnp.ones(3), jnp.ones(3), jnp.ones(3)))
+    out = fast(jnp.ones(2), (jnp.ones(3),))  # fewer leaves than the lane's signature
+    np.testing.assert_array_equal(np.asarray(out[1][0]), [2.0, 2.0, 2.0])
+    assert len(fast.explain().decisions) == 2
+
+
+def test_a_host_callback_may_decide_another_accelerated_function_during_a_lane_call():
+    inner = accelerate(lambda v: jnp.tanh(v) * 2, **NO_DONATION)
+    armed = [False]
+
+    def report(v):
+        if armed[0]:  # its first call, inside a lane call of `outer`: a ladder of its own
+            inner(jnp.asarray(v))
+
+    def outer(x):
+        jax.debug.callback(report, x)
+        return busy(x)
+
+    fast = accelerate(outer, **NO_DONATION)
+    settled(fast, X)
+    armed[0] = True
+    fast(X)
+    inner_decisions = inner.explain().decisions
+    assert [d.chosen for d in inner_decisions] == ["JIT"]  # not refused as a lane's trace
+    assert all("NewSignature" not in a.reason for d in inner_decisions for a in d.attempts)
+
+
+@pytest.mark.multidevice
+def test_inputs_jit_runs_without_a_trace_still_reach_the_ladder():
+    fast = accelerate(busy, **NO_DONATION)
+    settled(fast, X)
+    for x in (np.asarray(X), jax.device_put(X, jax.devices()[1])):
+        for _ in range(2):  # the first may run on the lane; the ladder sees the next
+            np.testing.assert_allclose(np.asarray(fast(x)), np.asarray(busy(X)), rtol=1e-6)
+    assert len(fast.explain().decisions) == 3
+
+
+def test_a_runtime_failure_in_the_lane_runs_the_compiled_step_once_then_eager():
+    runs, armed = [], [False]
+
+    def count(x):
+        runs.append(jax.config.jax_disable_jit)
+        if armed[0] and not jax.config.jax_disable_jit:
+            raise RuntimeError("the compiled kernel broke")
+
+    def fn(x):
+        jax.debug.callback(count, x)
+        return busy(x)
+
+    fast = accelerate(fn, backends=("JIT", "EAGER"), **ANY_WIN)
+    settled(fast, X)
+    armed[0], before = True, len(runs)
+    np.testing.assert_allclose(np.asarray(fast(X)), np.asarray(busy(X)), rtol=1e-6)
+    assert runs[before:] == [False, True]  # the compiled run that failed, then eager's
+    assert fast.explain().decisions[0].chosen == "EAGER"
