@@ -102,9 +102,6 @@ def record_copy(nbytes: int) -> None:
         count.nbytes += int(nbytes)
 
 
-_record = record_copy
-
-
 def convert(
     tree: Any,
     to: str,
@@ -186,7 +183,7 @@ class _Plan(_ForeignInputs):
             y = x
             if self.copy:
                 y = dst.copy(x)
-                _record(_nbytes(x))
+                record_copy(_nbytes(x))
         elif src.on_host(x):
             y = self._fast_from_host(path, src, x)
         else:
@@ -202,7 +199,7 @@ class _Plan(_ForeignInputs):
         except BufferError as err:  # a lazy view (torch conj/neg): its values are not in memory
             self._allow_copy(path, str(err))
             x = src.exportable(x)
-            _record(_nbytes(x))
+            record_copy(_nbytes(x))
             a = src.to_numpy(x)
         except (TypeError, RuntimeError, ValueError) as err:  # no NumPy view of this kind
             what = src.unsupported(x)
@@ -234,11 +231,11 @@ class _Plan(_ForeignInputs):
             a, swapped = self._native(path, src, x, a), True
         if dst.device_only:  # host -> GPU is a transfer whatever the layout
             self._allow_copy(path, f"{dst.name} arrays live on the GPU, this one in host memory")
-            _record(a.nbytes)
+            record_copy(a.nbytes)
             return dst.from_numpy(a, readonly=False)
         if src.may_copy_silently and a.size and not src.shares(x, a):
             self._allow_copy(path, f"its {src.name} layout is not row-major")
-            _record(a.nbytes)
+            record_copy(a.nbytes)
         readonly = src.immutable or not a.flags.writeable
         reason = None if not self.copy or swapped else "copy=True"  # swapped: copied already
         fresh = None
@@ -254,7 +251,7 @@ class _Plan(_ForeignInputs):
                 if src.name != "numpy":  # NumPy cannot carry it over DLPack; frameworks can
                     return dst.from_dlpack(src.exportable(x), copy=False)
                 self._allow_copy(path, f"{dst.name} copies {a.dtype} arrays from NumPy")
-                _record(a.nbytes)
+                record_copy(a.nbytes)
                 return dst.from_numpy(a, readonly=readonly)
             return self._import(path, a, readonly)
         self._allow_copy(path, reason)
@@ -262,9 +259,9 @@ class _Plan(_ForeignInputs):
             fresh = aligned_empty(a.shape, target_dtype)
             np.copyto(fresh, a, casting="unsafe")
             a = fresh  # narrowed: this was the copy; import it as it is
-        _record(a.nbytes)
+        record_copy(a.nbytes)
         if a.dtype in self.special:  # the import copies again (bfloat16 into JAX)
-            _record(a.nbytes)
+            record_copy(a.nbytes)
         return dst.from_numpy(a, readonly=False) if a is fresh else dst.from_numpy_copy(a)
 
     def _native(self, path: Path, src: Any, x: Any, a: np.ndarray) -> np.ndarray:
@@ -276,7 +273,7 @@ class _Plan(_ForeignInputs):
         self._allow_copy(path, f"its byte order is not native ({a.dtype.str!r})")
         fresh = aligned_empty(a.shape, native)
         np.copyto(fresh, a)
-        _record(a.nbytes)
+        record_copy(a.nbytes)
         return fresh
 
     def _import(self, path: Path, a: np.ndarray, readonly: bool) -> Any:
@@ -288,11 +285,11 @@ class _Plan(_ForeignInputs):
             self._allow_copy(
                 path, f"{self.dst.name} refused its layout ({describe_layout(a)}: {err})"
             )
-            _record(a.nbytes)
+            record_copy(a.nbytes)
             return self.dst.from_numpy_copy(a)
         if self.dst.may_copy_silently and a.size and self.dst.data_address(y) != a.ctypes.data:
             self._allow_copy(path, f"{self.dst.name} would not share this layout")
-            _record(a.nbytes)
+            record_copy(a.nbytes)
         return y
 
     def _from_device(self, path: Path, src: Any, x: Any) -> Any:
@@ -304,12 +301,12 @@ class _Plan(_ForeignInputs):
         if view is not None:  # resolving it writes new memory
             self._allow_copy(path, view)
             x = src.exportable(x)
-            _record(_nbytes(x))
+            record_copy(_nbytes(x))
         if dst.name == "numpy" or where.startswith("sharded:"):
             # No single device buffer to share: gather into host memory, then go on from there.
             self._allow_copy(path, f"the array lives on {where}, not in one host buffer")
             a = src.to_host(x)
-            _record(a.nbytes)
+            record_copy(a.nbytes)
             if dst.name == "numpy":
                 return a
             return self._fast_from_host(path, backends.load("numpy"), a)
@@ -317,15 +314,15 @@ class _Plan(_ForeignInputs):
         if not src.is_contiguous(x):  # negative or gapped strides abort some importers
             self._allow_copy(path, "its strides are not contiguous")
             x = src.copy(x)
-            _record(_nbytes(x))
+            record_copy(_nbytes(x))
         name = _dtype_name(x)
         dtype = None if name == "bfloat16" else np.dtype(name)
         if dtype in NARROWER and not dst.supports_x64():
             self._check_narrowing(path, dtype, on_device=True)
             self._allow_copy(path, f"{dst.name} without x64 cannot hold {dtype}")
-            _record(_nbytes(x) // 2)
+            record_copy(_nbytes(x) // 2)
         elif self.copy or (src.immutable and not dst.marks_readonly and self.copy is None):
-            _record(_nbytes(x))
+            record_copy(_nbytes(x))
             return dst.from_dlpack(x, copy=True)
         return dst.from_dlpack(x, copy=self.copy, readonly=src.immutable)
 
@@ -339,7 +336,7 @@ class _Plan(_ForeignInputs):
             raise ArgumentError(
                 f"{format_path(path)} could not be moved to device={self.device!r}: {err}"
             ) from err
-        _record(_nbytes(y))
+        record_copy(_nbytes(y))
         return moved
 
     def _allow_copy(self, path: Path, reason: str) -> None:
@@ -397,7 +394,7 @@ class _Plan(_ForeignInputs):
                 f"{format_path(path)} cannot be converted to {self.dst.name}: its producer "
                 f"would not export it ({err})"
             ) from err
-        _record(_nbytes(y))
+        record_copy(_nbytes(y))
         return y
 
 

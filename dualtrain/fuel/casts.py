@@ -118,19 +118,12 @@ def _check_value(key: str, index: int, stored: np.ndarray, out: np.ndarray) -> N
         )
 
 
-def _check_values(key: str, rows: np.ndarray, stored: np.ndarray, out: np.ndarray) -> None:
-    """`_check_value` for a batch: ``stored[j]`` is row ``rows[j]``, ``out`` its cast.
-
-    Vectorized; the first row that lost a value is reported by `_check_value`, with the
-    same message a row-by-row read gives.
-    """
-    first = _first_lost(rows, stored, out)
-    if first is not None:
-        _check_value(key, int(rows[first]), stored[first], out[first])
-
-
 def _first_lost(rows: np.ndarray, stored: np.ndarray, out: np.ndarray) -> int | None:
-    """The position in the batch of the first row whose cast lost a value, or None."""
+    """The position in the batch of the first row whose cast lost a value, or None.
+
+    `_check_value` for a batch, vectorized: ``stored[j]`` is row ``rows[j]``, ``out`` its
+    cast; `_check_value` on that row raises the error a row-by-row read gives.
+    """
     if out.dtype.kind in "iub" and stored.dtype.kind in "iub":
         # The target's bounds clipped to the stored type's: exact in the stored dtype.
         have = np.iinfo(stored.dtype) if stored.dtype.kind != "b" else None

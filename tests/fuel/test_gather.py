@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from dualtrain.errors import ArgumentError, PackError
 from dualtrain.fuel import FuelGenerator, Pack, Tank
-from dualtrain.fuel.casts import _check_value, _check_values
+from dualtrain.fuel.casts import _check_value, _first_lost
 from tests.fuel.raw import DTYPES, SPEC, make_folder, write_table
 
 STORED = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
@@ -319,7 +319,9 @@ def test_the_batch_check_is_the_row_check(pair, data):
             _check_value("c", int(ids[j]), stored[j], out[j])
 
     def batch():
-        _check_values("c", ids, stored, out)
+        first = _first_lost(ids, stored, out)
+        if first is not None:
+            _check_value("c", int(ids[first]), stored[first], out[first])
 
     results = []
     for check in (by_row, batch):
