@@ -279,13 +279,18 @@ class DataParallelLearner:
                     "mask", mask, f"booleans of shape ({rows},), one per row of targets"
                 )
         masked = mask is not None
-        if rng is None:
-            rng = jax.random.fold_in(jax.random.key(_RNG_SEED), self.steps)
-        impl, key = _key_data(rng)  # raw uint32: crosses any sharding
         self._adopt()
+        key: np.ndarray
         if self.engine == "jit":
+            if rng is None:  # the step derives fold_in(key(0), steps) itself: no op outside
+                impl, key = None, np.asarray(self.steps % 2**32, np.uint32)
+            else:
+                impl, key = _key_data(rng)  # raw uint32: crosses any sharding
             loss = self._jit_step(inputs, targets, mask, (masked, impl), key)
         else:
+            if rng is None:
+                rng = jax.random.fold_in(jax.random.key(_RNG_SEED), self.steps)
+            impl, key = _key_data(rng)
             loss = self._pmap_step(inputs, targets, mask, (masked, impl), key)
         self.steps += 1
         self.runtime.on_step()
@@ -308,18 +313,22 @@ class DataParallelLearner:
             value = jnp.where(mask, value, 0)
         return value.sum() / count
 
-    def _build_step(self, impl: str, axis: str | None) -> Callable[..., Any]:
+    def _build_step(self, impl: str | None, axis: str | None) -> Callable[..., Any]:
         """The step both engines compile (one body, so jit and pmap cannot drift apart).
 
         Under pmap (`axis`) each device holds its rows: the row count, the gradients and the
         loss are summed over the axis and each device draws its own dropout key. Under jit,
-        XLA does the same for the global batch.
+        XLA does the same for the global batch. `impl` None: `key` is the step count and the
+        dropout key is ``fold_in(key(0), count)``, derived inside the step.
         """
         forward, optimizer, mean = self._forward, self.optimizer, self._mean
 
         def step(params: Any, state: Any, opt_state: Any, batch: Any, key: Any) -> Any:
             inputs, targets, mask = (*batch, None)[:3]
-            rng = jax.random.wrap_key_data(key, impl=impl)
+            if impl is None:
+                rng = jax.random.fold_in(jax.random.key(_RNG_SEED), key)
+            else:
+                rng = jax.random.wrap_key_data(key, impl=impl)
             rows = jax.tree.leaves(targets)[0].shape[0]
             mask = None if mask is None else mask.astype(bool)
             count = rows if mask is None else mask.sum()

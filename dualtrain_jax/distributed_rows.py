@@ -28,16 +28,20 @@ AXIS = "data"  # the mesh's one axis: replicas of the model, shards of the batch
 
 
 def place(rt: JaxRuntime, transfer: Transfer, batch: Any) -> Any:
-    """`batch` (this process's rows) as global arrays split by rows over the mesh."""
+    """`batch` (this process's rows) as global arrays split by rows over the mesh.
+
+    With one process, NumPy rows are left for the jitted step to place (its in-sharding
+    splits them, in C++, as a hand-written ``jit`` call does); their rows are checked here.
+    """
     leaves, treedef = jax.tree.flatten(batch)
-    out = []
+    out: list[Any] = []
     for leaf in leaves:
         if isinstance(leaf, jax.Array) and leaf.sharding == rt.batched:
             out.append(leaf)
             continue
         x = leaf if isinstance(leaf, jax.Array) and rt.processes == 1 else np.asarray(leaf)
         check_rows(x.shape, rt.local_devices)
-        out.append(transfer(x))
+        out.append(x if rt.processes == 1 and isinstance(x, np.ndarray) else transfer(x))
     return jax.tree.unflatten(treedef, out)
 
 

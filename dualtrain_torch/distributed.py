@@ -5,6 +5,10 @@ CUDA, one process per device) and returns a `TorchRuntime`, the `dualtrain.multi
 Runtime that `dualtrain.Multiverse` drives. Nothing here moves bytes itself: parameters are
 broadcast and gradients mean-reduced by ``DistributedDataParallel``, metrics by
 ``dist.all_reduce``, objects by ``dist.all_gather`` of their pickled bytes.
+
+A world of one process is a plain program: no process group, no DDP (a `SoloModule` wraps
+the model with DDP's surface and nothing else), no collective. A hand-written loop on one
+process has none of them, and each cost a step a few hundred microseconds.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dualtrain_torch.distributed_exit import handed, release
 from dualtrain_torch.distributed_learner import DistributedLearner
 from dualtrain_torch.distributed_reduce import reduce_value
 
-__all__ = ["SyncedModule", "TorchRuntime", "join"]
+__all__ = ["SoloModule", "SyncedModule", "TorchRuntime", "join"]
 
 # sync_model's options: what each one is passed to DDP as, checked before any wrapping.
 OPTIONS = (
@@ -47,11 +51,11 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchR
     """Joins the run `world` describes: the default process group, then this process's Runtime.
 
     The backend is nccl when CUDA is available (this process then drives
-    ``cuda:<local_rank>``), else gloo. A world of one process uses an in-memory
-    ``dist.HashStore`` (no port); a torchrun world joins through ``env://`` (torchrun's own
-    store); any other through ``tcp://<master_addr>:<master_port>``, rank 0 listening. A
-    default group that already exists (the script called ``init_process_group``) is reused
-    when its rank and size match `world`.
+    ``cuda:<local_rank>``), else gloo. A world of one process makes no group at all; a
+    torchrun world joins through ``env://`` (torchrun's own store); any other through
+    ``tcp://<master_addr>:<master_port>``, rank 0 listening. A default group that already
+    exists (the script called ``init_process_group``) is reused when its rank and size match
+    `world` (a group of one is left unused: a world of one runs no collective).
 
     Args:
         world: this process's place in the run.
@@ -87,7 +91,7 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchR
                 f"the default process group is rank {rank} of {size}; world says rank "
                 f"{world.rank} of {world.processes}"
             )
-    else:
+    elif world.processes > 1:
         _init_group(world, "nccl" if cuda else "gloo", device, float(timeout))
         _ours[0] = True
     return TorchRuntime(world, device, on_step)
@@ -100,9 +104,7 @@ def _init_group(world: World, backend: str, device: torch.device, timeout: float
     }  # fmt: skip
     if device.type == "cuda":
         options["device_id"] = device  # nccl binds its communicator to this device now
-    if world.processes == 1:
-        options["store"] = dist.HashStore()
-    elif world.source == "torchrun":
+    if world.source == "torchrun":
         options["init_method"] = "env://"  # torchrun's agent already serves the store
     elif not world.master_addr or not world.master_port:
         raise bad_argument(
@@ -134,6 +136,53 @@ class SyncedModule(DistributedDataParallel):
             return getattr(self.module, name)
 
 
+class SoloModule(nn.Module):
+    """A world of one's synced model: the module itself, behind DDP's surface, with no DDP.
+
+    One process has no replica to agree with, so there is nothing to broadcast and no
+    gradient to reduce: the forward is the module's. What code written for several workers
+    reads keeps working: ``synced.module``, ``no_sync()``, attributes answered by the
+    wrapped module, and `state_dict` keys under ``module.`` as DDP's are (a checkpoint of a
+    run of one loads into a run of two).
+    """
+
+    def __init__(self, module: nn.Module, on_forward: Callable[[nn.Module], None]) -> None:
+        super().__init__()
+        self.module = module
+        self.require_backward_grad_sync = True  # DDP's flag: False inside no_sync()
+        self._on_forward = on_forward  # counts a training forward as a step
+
+    @property
+    def dualtrain_wrapped(self) -> nn.Module:
+        """The wrapped module: what `TimeMachine.drop` and `to` take in this one's place."""
+        return self.module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped module's forward (a training-mode call counts as a step)."""
+        self._on_forward(self)
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """DDP's ``no_sync``: with one process, gradients accumulate locally anyway."""
+        before, self.require_backward_grad_sync = self.require_backward_grad_sync, False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = before
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":  # half-built (unpickling): no recursion
+                raise
+            return getattr(self.module, name)
+
+
+_SYNCED = (DistributedDataParallel, SoloModule)
+
+
 class TorchRuntime:
     """One process's handle on a joined torch run (`dualtrain.multiverse.seams.Runtime`).
 
@@ -142,14 +191,19 @@ class TorchRuntime:
         local_devices: replicas this process drives: 1.
         rank, local_rank: this process's place, as in its `World`.
         device: where its replica lives (``cuda:<local_rank>`` or the CPU).
-        backend: the process group's backend, "gloo" or "nccl".
+        backend: the process group's backend, "gloo" or "nccl"; None in a world of one
+            (no group, no collective).
     """
 
     def __init__(self, world: World, device: torch.device, on_step: Callable[[], None]) -> None:
         self.world, self.device, self._on_step = world, device, on_step
-        self.nworld, self.local_devices = dist.get_world_size(), 1
-        self.rank, self.local_rank = dist.get_rank(), world.local_rank
-        self.backend = str(dist.get_backend())
+        self.local_rank, self.local_devices = world.local_rank, 1
+        self.backend: str | None = None
+        if world.processes == 1:
+            self.nworld, self.rank = 1, 0
+        else:
+            self.nworld, self.rank = dist.get_world_size(), dist.get_rank()
+            self.backend = str(dist.get_backend())
         self._quiet = 0  # > 0 inside a learner step: it counts its own step
         self._left = False
 
@@ -164,7 +218,8 @@ class TorchRuntime:
 
         Rank 0's parameters and buffers are broadcast at wrapping; every backward then
         mean-reduces the gradients. On CUDA the model moves to ``cuda:<local_rank>`` first.
-        A model that is already a DDP is returned as it is.
+        A model that is already a DDP is returned as it is. In a world of one the wrapper
+        is a `SoloModule`: no DDP (the options are checked, and have nothing to act on).
 
         Args:
             model: the module; its parameters are kept (an optimizer made before still fits).
@@ -176,7 +231,7 @@ class TorchRuntime:
             ArgumentError: not a module, no parameter that requires grad, an unknown option
                 or a bad option value (each named).
         """
-        if isinstance(model, DistributedDataParallel):
+        if isinstance(model, _SYNCED):
             return model
         if not isinstance(model, nn.Module):
             raise bad_argument("model", model, "a torch.nn.Module (or a realized Craft)")
@@ -186,17 +241,19 @@ class TorchRuntime:
         if self.device.type == "cuda":
             model.to(self.device)
             ddp.update(device_ids=[self.device.index], output_device=self.device.index)
+        if self.nworld == 1:
+            return SoloModule(model, self._forward_hook)
         synced = SyncedModule(model, **ddp)
         synced.register_forward_pre_hook(self._forward_hook)
         return synced
 
-    def _forward_hook(self, synced: DistributedDataParallel, args: Any) -> None:
+    def _forward_hook(self, synced: Any, args: Any = ()) -> None:
         if synced.module.training and not self._quiet:
             self._on_step()
 
     def unwrap(self, model: Any, /) -> Any:
-        """The module inside a DDP (what checkpoints and `TimeMachine` take); else `model`."""
-        return model.module if isinstance(model, DistributedDataParallel) else model
+        """The module a synced model wraps (what `TimeMachine` takes), else `model`."""
+        return model.module if isinstance(model, _SYNCED) else model
 
     def batch_device(self, to: str, /) -> Any:
         """Where a Tank serving `to` delivers: torch on CUDA ``cuda:<local_rank>``, else None."""
@@ -251,7 +308,9 @@ class TorchRuntime:
         ]
 
     def barrier(self) -> None:
-        """Waits until every process reaches it (``dist.barrier``)."""
+        """Waits until every process reaches it (``dist.barrier``; nothing in a world of one)."""
+        if self.nworld == 1:
+            return
         if self.backend == "nccl":
             dist.barrier(device_ids=[self.device.index])
         else:
@@ -268,7 +327,7 @@ class TorchRuntime:
 
         The first backward after it reduces everything accumulated.
         """
-        if not isinstance(model, DistributedDataParallel):
+        if not isinstance(model, _SYNCED):
             raise bad_argument("model", type(model).__name__, "a model returned by sync()")
         return model.no_sync()
 

@@ -35,8 +35,9 @@ def reduce_value(runtime: TorchRuntime, value: Any, aggregate: bool) -> Any:
     for dtype in sorted({w.dtype for w in wires}, key=str):  # the same order on every rank
         picked = [i for i, w in enumerate(wires) if w.dtype == dtype]
         flat = torch.cat([wires[i].reshape(-1) for i in picked]).to(runtime.comm_device)
-        handed(flat)
-        dist.all_reduce(flat)
+        if runtime.nworld > 1:  # a world of one has no group: its sum is its value
+            handed(flat)
+            dist.all_reduce(flat)
         parts = flat.cpu().split([wires[i].numel() for i in picked])
         for i, part in zip(picked, parts, strict=True):
             results[i] = part.reshape(wires[i].shape)

@@ -276,6 +276,44 @@ def test_step_refuses_inputs_that_would_give_wrong_numbers_and_takes_any_key():
     assert all(np.isfinite(losses))
 
 
+class DropoutMLP(MLP):
+    def __init__(self) -> None:
+        super().__init__("DMLP")
+        self.drop = dualtrain.dock.Dropout(0.5)
+
+    def run(self, x):
+        return self.fc2(self.drop(jnp.tanh(self.fc1(x))))
+
+
+@pytest.mark.parametrize("nworld", [1, 4])
+def test_the_default_dropout_key_is_fold_in_of_the_step_count_derived_in_one_call(nworld):
+    """The step derives ``fold_in(key(0), steps)`` inside its one jitted call: the same
+    masks as that key given by hand, NumPy rows placed by the call itself, one compile."""
+    net = realize(DropoutMLP(), seed=2)
+    batches = [batch(40 + k, 8) for k in range(3)]
+
+    def universe(mv):
+        default = mv.learner(mv.sync(net), optax.sgd(0.1))
+        given_key = mv.learner(mv.sync(net), optax.sgd(0.1))
+        pairs = []
+        for k, (x, y) in enumerate(batches):
+            rng = jax.random.fold_in(jax.random.key(0), k)
+            pairs.append((float(default.step(x, y)), float(given_key.step(x, y, rng=rng))))
+        params = host(default.model.params), host(given_key.model.params)
+        other = float(default.step(*batches[0], rng=jax.random.key(9)))
+        (fn,) = [f for v, f in default._steps.items() if v[1] is None]
+        return pairs, *params, other, fn._cache_size()
+
+    pairs, got, want, other, compiled = run(universe, nworld)
+    for a, b in pairs:
+        assert a == b
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key])
+    assert len({a for a, _ in pairs}) == 3  # the masks differ from step to step
+    assert np.isfinite(other)
+    assert compiled == 1  # NumPy rows at every step: one compile
+
+
 def test_a_checkpoint_loaded_into_learner_model_and_opt_state_resumes_the_run(tmp_path):
     net = realize(MLP(), seed=6)
     batches = [batch(20 + k, 8) for k in range(3)]

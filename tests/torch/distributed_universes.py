@@ -193,6 +193,11 @@ def laws(mv: Any) -> list[dict[str, Any]] | None:
     F.cross_entropy(synced(x[2, rows]), y[2, rows]).backward()
     out["accumulated_grad"] = net[0].weight.grad.clone().numpy()
     out["steps"] = mv.step
+    # The Multiverse's DDP options reach a learner's DDP (a world of one has no DDP).
+    net = model("module", seed=rank)
+    learner = mv.learner(net, optimizer("sgd", net.parameters()))
+    out["ddp"] = (type(learner.model).__name__, learner.model.find_unused_parameters,
+                  learner.model.bucket_bytes_cap)  # fmt: skip
     # What leaving waits for: gloo's threads have dropped every tensor the adapter handed
     # them (an abort at exit, now and then, otherwise: dualtrain_torch.distributed_exit).
     mv.reduce(float(rank))
