@@ -115,6 +115,16 @@ def _init_group(world: World, backend: str, device: torch.device, timeout: float
     dist.init_process_group(**options)
 
 
+def _wrapped_attribute(synced: nn.Module, name: str) -> Any:
+    """A synced model's attribute, else the wrapped module's (``synced.fc`` is ``.module.fc``)."""
+    try:
+        return nn.Module.__getattr__(synced, name)
+    except AttributeError:
+        if name == "module":  # half-built (unpickling): no recursion
+            raise
+        return getattr(nn.Module.__getattr__(synced, "module"), name)
+
+
 class SyncedModule(DistributedDataParallel):
     """A DDP that answers for the module it wraps: ``synced.fc`` is ``synced.module.fc``.
 
@@ -128,12 +138,7 @@ class SyncedModule(DistributedDataParallel):
         return self.module
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name == "module":  # half-built (unpickling): no recursion
-                raise
-            return getattr(self.module, name)
+        return _wrapped_attribute(self, name)
 
 
 class SoloModule(nn.Module):
@@ -172,12 +177,7 @@ class SoloModule(nn.Module):
             self.require_backward_grad_sync = before
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name == "module":  # half-built (unpickling): no recursion
-                raise
-            return getattr(self.module, name)
+        return _wrapped_attribute(self, name)
 
 
 _SYNCED = (DistributedDataParallel, SoloModule)
