@@ -10,6 +10,13 @@ the new pid).
 
 from __future__ import annotations
 
+# Before this module's hook is registered: Python runs fork hooks newest first, and these
+# two take a lock in theirs (logging's module lock, the thread pools' shutdown lock). Were
+# they registered after this one, a thread forking would take that lock and then wait here
+# for a loader thread whose own fork waits for that lock: a deadlock (seen when `import
+# dualtrain` stopped loading every part up front, so these came later).
+import concurrent.futures.thread  # noqa: F401
+import logging  # noqa: F401
 import os
 import threading
 import weakref
