@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -164,6 +165,6 @@ def test_the_preloaders_fork_hook_runs_before_the_lock_taking_ones():
         print(order)
         """
     )
-    order = eval(out.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's list
+    order = ast.literal_eval(out.strip().splitlines()[-1])
     forks = order.index("dualtrain.preload.forks")
     assert {"logging", "concurrent.futures.thread"} <= set(order[:forks]), order
