@@ -1,16 +1,21 @@
-"""The anchor file: safetensors, a JSON manifest in its header, a CRC-32 per tensor.
+"""The anchor file: safetensors, a JSON manifest in its header, checksums of every tensor.
 
 Both kinds of anchor (a Craft's, an embedding store's) are written and read here:
 
-- `write_anchor` adds each tensor's CRC-32 to the manifest and writes the safetensors file
-  itself through `dualtrain.atomic` (a temporary name with the writer's pid, fsync, rename,
-  umask permissions); a disk error is raised as the `OSError` it is, naming the file;
+- `write_anchor` adds each tensor's CRC-32Cs (one per 32 MiB chunk, `CHUNK`) to the
+  manifest and writes the safetensors file itself through `dualtrain.atomic` (a temporary
+  name with the writer's pid, fsync, rename, umask permissions); a disk error is raised as
+  the `OSError` it is, naming the file;
 - `Anchor` opens one private memory mapping of a file and checks its whole structure before
   anything is read: the header length against the file size, the header's JSON, every
   tensor's dtype, shape and byte range (contiguous, each exactly ``prod(shape) * itemsize``
   bytes, together exactly the file's data), and the manifest's JSON. `Anchor.array` checks
-  a tensor's CRC-32 before handing it out. Every problem is a `CheckpointError` naming the
-  file.
+  a tensor's checksums before handing it out (CRC-32Cs, or an older format's one zlib
+  CRC-32 a tensor). Every problem is a `CheckpointError` naming the file.
+
+The checksums run on every core this process may use, chunk by chunk (CRC-32C in hardware,
+about 10 GB/s a core here, the GIL released): writing, they are computed while the data is
+written; reading, they are checked over the mapping, which is all the reading there is.
 
 Reading and checking go through the same mapping, so a file renamed over the anchor
 meanwhile (another `drop`) cannot mix two files' bytes.
@@ -29,12 +34,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import numpy as np
 
 from dualtrain import atomic, dtypes
+from dualtrain.checkpoint.vocabulary import CHUNKED_CRC32C
 from dualtrain.errors import ArgumentError, CheckpointError
 
 __all__ = [
+    "CHUNK",
     "MAX_HEADER",
     "Anchor",
     "CheckpointError",
@@ -73,26 +81,55 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)
 
 
-# zlib.crc32 releases the GIL on buffers over 5 KiB, so tensors are checked side by side
-# when there is enough to check: a 410 MB anchor's CRCs take 117 ms on one core here.
-_PARALLEL_BYTES = 1 << 25
+# The bytes one CRC-32C covers: a tensor's data is checked in chunks of this size, side by
+# side on every core (a 400 MB embedding table is one tensor). Fixed by the format (/4).
+CHUNK = 1 << 25
+# Under this many bytes in all, the checksums run in the calling thread (a pool costs more).
+_PARALLEL_BYTES = 1 << 24
 
 
-def _workers(buffers: Mapping[str, Any]) -> int:
-    """Threads for the CRCs of `buffers`: one under `_PARALLEL_BYTES`, else up to 8 cores."""
-    if sum(memoryview(b).nbytes for b in buffers.values()) < _PARALLEL_BYTES:
+def _chunks(buffer: Any) -> list[memoryview]:
+    """`buffer` (bytes-like) as its `CHUNK`-byte pieces, the last one shorter (none if empty)."""
+    view = memoryview(buffer).cast("B")
+    return [view[at : at + CHUNK] for at in range(0, view.nbytes, CHUNK)]
+
+
+def _workers(nbytes: int, pieces: int) -> int:
+    """Threads for checksums of `nbytes` in `pieces`: one when small, else every core."""
+    if nbytes < _PARALLEL_BYTES or pieces < 2:
         return 1
-    return max(1, min(len(buffers), len(os.sched_getaffinity(0)), 8))
+    return max(1, min(pieces, len(os.sched_getaffinity(0))))
 
 
-def _crc32s(buffers: Mapping[str, Any]) -> dict[str, int]:
-    """CRC-32 of each buffer (bytes-like), on as many cores as this process may use."""
-    workers = _workers(buffers)
+def _checksums(buffers: Mapping[str, Any], chunked: bool = True) -> dict[str, Any]:
+    """Each buffer's CRC-32Cs (a list, one a chunk), or with `chunked` False its zlib CRC-32.
+
+    The zlib CRC-32, one a tensor, is what formats before /4 stored.
+    """
+    if chunked:
+        pieces = [(name, piece) for name, b in buffers.items() for piece in _chunks(b)]
+        fn: Callable[[Any], int] = crc32c.crc32c
+    else:
+        pieces = list(buffers.items())
+        fn = zlib.crc32
+    nbytes = sum(memoryview(p).nbytes for _, p in pieces)
+    workers = _workers(nbytes, len(pieces))
     if workers < 2:
-        return {name: zlib.crc32(b) for name, b in buffers.items()}
-    with ThreadPoolExecutor(workers, thread_name_prefix="dualtrain-crc") as pool:
-        done = dict(zip(buffers, pool.map(zlib.crc32, buffers.values()), strict=True))
-    return done
+        values = [fn(p) for _, p in pieces]
+    else:
+        with ThreadPoolExecutor(workers, thread_name_prefix="dualtrain-crc") as pool:
+            values = list(pool.map(fn, (p for _, p in pieces)))
+    if not chunked:
+        return {name: v for (name, _), v in zip(pieces, values, strict=True)}
+    out: dict[str, Any] = {name: [] for name in buffers}
+    for (name, _), value in zip(pieces, values, strict=True):
+        out[name].append(value)
+    return out
+
+
+def _widest(arrays: Mapping[str, Any]) -> dict[str, list[int]]:
+    """The CRC-32C table with the widest values: the room the header reserves for it."""
+    return {k: [2**32 - 1] * -(-v.nbytes // CHUNK) for k, v in arrays.items()}
 
 
 def write_anchor(
@@ -108,8 +145,8 @@ def write_anchor(
         path: the final file.
         tensors: host arrays (views of the caller's tensors: nothing is copied here unless
             an array is not contiguous).
-        manifest: JSON data stored under the header's ``dualtrain`` key; a ``crc32`` entry
-            ``{name: CRC-32}`` is added.
+        manifest: JSON data stored under the header's ``dualtrain`` key; a ``crc32c``
+            entry ``{name: [CRC-32C of each CHUNK bytes]}`` is added.
         default: `json.dumps`' fallback for values JSON cannot hold.
         replace: replace a file already at `path`; if False, FileExistsError instead.
 
@@ -169,7 +206,7 @@ def _write(
     # The header holds the CRCs but comes first in the file. Room is reserved for the widest
     # CRCs (which also checks that the manifest is JSON before anything is written), the
     # data is written while a pool computes the CRCs, and the header goes last into its room.
-    widest = {**manifest, "crc32": dict.fromkeys(arrays, 2**32 - 1)}
+    widest = {**manifest, "crc32c": _widest(arrays)}
     room = len(_header(arrays, {"dualtrain": json.dumps(widest, default=default)}))
     if room - 8 > MAX_HEADER:  # callers check first (`check_header`), naming their argument
         raise ArgumentError(
@@ -179,16 +216,21 @@ def _write(
     # Written here rather than by safetensors.save_file, which writes to a temporary file of
     # its own (``.tmpXXXXXX``, mode 0600) that a killed process leaves behind unrecognised,
     # and reports a full disk as its own error type.
+    pieces = {k: _chunks(b) for k, b in flat.items()}
+    workers = _workers(sum(a.nbytes for a in arrays.values()), sum(map(len, pieces.values())))
     with (
         open(tmp, "wb") as f,
-        ThreadPoolExecutor(_workers(flat), thread_name_prefix="dualtrain-crc") as pool,
+        ThreadPoolExecutor(workers, thread_name_prefix="dualtrain-crc") as pool,
     ):
-        pending = {k: pool.submit(zlib.crc32, b) for k, b in flat.items()}
+        # The checksums run on the pool's threads while this one writes (both release
+        # the GIL); with one worker they are taken in the writer's stride instead.
+        pending = {k: [pool.submit(crc32c.crc32c, p) for p in v] for k, v in pieces.items()}
         f.seek(room)
         for name in _order(arrays):
             if arrays[name].nbytes:
                 f.write(flat[name])
-        done = {**manifest, "crc32": {k: v.result() for k, v in pending.items()}}
+        sums = {k: [c.result() for c in v] for k, v in pending.items()}
+        done = {**manifest, "crc32c": sums}
         f.seek(0)
         f.write(_header(arrays, {"dualtrain": json.dumps(done, default=default)}, room))
 
@@ -203,7 +245,7 @@ def header_length(
     What `Anchor` compares with `MAX_HEADER`; computed without writing or copying anything.
     """
     arrays = {k: _Shape(v) for k, v in tensors.items()}
-    widest = {**manifest, "crc32": dict.fromkeys(arrays, 2**32 - 1)}
+    widest = {**manifest, "crc32c": _widest(arrays)}
     return len(_header(arrays, {"dualtrain": json.dumps(widest, default=default)})) - 8
 
 
@@ -374,6 +416,8 @@ class Anchor:
             raise self.error(f"cannot be read: {err}") from err
         self.size = size
         self._verified: set[str] = set()
+        self._crcs: Any = None  # read by `manifest`
+        self._chunked = True
         self.entries, self.metadata = self._parse()
 
     def error(self, what: str) -> CheckpointError:
@@ -451,13 +495,18 @@ class Anchor:
         return _Entry(dtype, tuple(shape), start + offsets[0], start + offsets[1])
 
     def manifest(
-        self, expected: str, legacy: tuple[str, ...] = (), older: tuple[str, ...] = ()
+        self,
+        expected: str,
+        legacy: tuple[str, ...] = (),
+        older: tuple[str, ...] = (),
+        chunked: frozenset[str] = CHUNKED_CRC32C,
     ) -> dict[str, Any]:
         """The JSON manifest, checked to be an object of format `expected` (or an older one).
 
         An anchor of format `expected`, or of an `older` format, must carry the header's
-        CRC-32 and a CRC-32 per tensor; one of a `legacy` format (written before them) is
-        read without them. The manifest is returned as stored (see
+        CRC-32 and the tensors' checksums: CRC-32Cs by chunk (``crc32c``) in a format of
+        `chunked`, else one CRC-32 a tensor (``crc32``); one of a `legacy` format (written
+        before them) is read without them. The manifest is returned as stored (see
         ``checkpoint.vocabulary.upgrade`` for its words in this version's vocabulary).
         """
         if "dualtrain" not in self.metadata:
@@ -472,26 +521,41 @@ class Anchor:
         if found not in (expected, *older, *legacy):
             reads = ", ".join(repr(f) for f in (expected, *older, *legacy))
             raise self.error(f"has format {found!r}; this reads {reads}")
-        crcs = manifest.get("crc32")
+        self._chunked = found in chunked
+        table = "crc32c" if self._chunked else "crc32"
+        crcs = manifest.get(table)
         if found in (expected, *older) and (not self.header_crc or crcs is None):
-            lacks = "its header's CRC-32" if not self.header_crc else "its tensors' CRC-32s"
-            raise self.error(f"is corrupt: format {found!r} but {lacks} ({HEADER_CRC}, crc32)")
+            lacks = "its header's CRC-32" if not self.header_crc else f"its tensors' {table}"
+            raise self.error(f"is corrupt: format {found!r} but {lacks} ({HEADER_CRC}, {table})")
         if crcs is not None and not (
             isinstance(crcs, dict)
             and set(crcs) == set(self.entries)
-            and all(_nonneg_int(v) and v < 2**32 for v in crcs.values())
+            and all(self._well_formed(name, v) for name, v in crcs.items())
         ):
-            raise self.error("has a malformed crc32 table: one CRC-32 per tensor expected")
+            what = "a list of CRC-32Cs, one per 32 MiB chunk" if self._chunked else "one CRC-32"
+            raise self.error(f"has a malformed {table} table: {what} per tensor expected")
         self._crcs = crcs
         return manifest
 
-    def verify(self, names: Any = None) -> None:
-        """Checks the CRC-32 of tensors `names` (default: every tensor) against the manifest.
+    def _well_formed(self, name: str, value: Any) -> bool:
+        """Whether `value` is tensor `name`'s checksum entry in this anchor's format."""
+        if not self._chunked:
+            return _nonneg_int(value) and value < 2**32
+        entry = self.entries[name]
+        return (
+            isinstance(value, list)
+            and len(value) == -(-(entry.end - entry.begin) // CHUNK)
+            and all(_nonneg_int(v) and v < 2**32 for v in value)
+        )
 
-        Call `manifest` first: it reads the CRC table (anchors without one have no CRC to
-        check). Each tensor is checked once; `array` skips those already checked.
+    def verify(self, names: Any = None) -> None:
+        """Checks the checksums of tensors `names` (default: every tensor) against the manifest.
+
+        Call `manifest` first: it reads the checksum table (anchors without one have none to
+        check). Each tensor is checked once; `array` skips those already checked. The chunks
+        of every tensor asked for are checked side by side, on every core.
         """
-        crcs = getattr(self, "_crcs", None)
+        crcs = self._crcs
         pending = {}
         for name in self.entries if names is None else names:
             entry = self.entries.get(name)
@@ -499,10 +563,11 @@ class Anchor:
                 raise self.error(f"has no tensor {name!r}")
             if crcs is not None and name not in self._verified:
                 pending[name] = memoryview(self._map)[entry.begin : entry.end]
-        found = _crc32s(pending)
+        found = _checksums(pending, chunked=self._chunked)
+        kind = "CRC-32C" if self._chunked else "CRC-32"
         for name in pending:  # in the caller's order, so the error names the first bad one
-            if found[name] != crcs[name]:  # type: ignore[index]
-                raise self.error(f"is corrupt: tensor {name!r} fails its CRC-32 check")
+            if found[name] != crcs[name]:
+                raise self.error(f"is corrupt: tensor {name!r} fails its {kind} check")
             self._verified.add(name)
 
     def array(self, name: str) -> np.ndarray:

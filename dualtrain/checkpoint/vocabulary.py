@@ -21,6 +21,7 @@ from typing import Any
 __all__ = [
     "BACKENDS",
     "BACKEND_ALIASES",
+    "CHUNKED_CRC32C",
     "CRAFT_FORMAT",
     "CRAFT_READS",
     "EMBEDDINGS_FORMAT",
@@ -32,14 +33,23 @@ __all__ = [
     "upgrade",
 ]
 
-CRAFT_FORMAT = "dualtrain-checkpoint/3"
-EMBEDDINGS_FORMAT = "dualtrain-embeddings/3"
+CRAFT_FORMAT = "dualtrain-checkpoint/4"
+EMBEDDINGS_FORMAT = "dualtrain-embeddings/4"
 # Every format this version reads, the newest first. /2 added the CRC-32s (header and
-# tensors); /3 named the backend in embedding anchors as Craft anchors do.
-CRAFT_READS = (CRAFT_FORMAT, "dualtrain-checkpoint/2", "dualtrain-checkpoint/1")
-EMBEDDINGS_READS = (EMBEDDINGS_FORMAT, "dualtrain-embeddings/2", "dualtrain-embeddings/1")
+# tensors); /3 named the backend in embedding anchors as Craft anchors do; /4 checks the
+# tensors by CRC-32C (in hardware) per 32 MiB chunk, so one large tensor is checked on
+# every core (`crc32c`, a list per tensor, instead of `crc32`).
+CRAFT_READS = (
+    CRAFT_FORMAT, "dualtrain-checkpoint/3", "dualtrain-checkpoint/2", "dualtrain-checkpoint/1"
+)  # fmt: skip
+EMBEDDINGS_READS = (
+    EMBEDDINGS_FORMAT, "dualtrain-embeddings/3", "dualtrain-embeddings/2",
+    "dualtrain-embeddings/1",
+)  # fmt: skip
 # Formats written before the CRC-32s: read with every check but those.
 WITHOUT_CRC = frozenset({"dualtrain-checkpoint/1", "dualtrain-embeddings/1"})
+# Formats whose tensors carry chunked CRC-32Cs (`crc32c`); the others with CRCs, `crc32`.
+CHUNKED_CRC32C = frozenset({CRAFT_FORMAT, EMBEDDINGS_FORMAT})
 
 BACKENDS = ("torch", "jax")
 # What embedding anchors before /3 wrote for the backend: the adapter's package.

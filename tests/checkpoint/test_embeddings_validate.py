@@ -34,7 +34,7 @@ def contents(path):
 
 def write(path, tensors, manifest):
     """Written as drop_embeddings writes (header and tensor CRCs of what is given)."""
-    write_anchor(path, tensors, {k: v for k, v in manifest.items() if k != "crc32"})
+    write_anchor(path, tensors, {k: v for k, v in manifest.items() if k != "crc32c"})
 
 
 def target():
@@ -49,7 +49,7 @@ def chunked(manifest, tensors, chunk):
         table = tensors[f"{name}.0"]
         for i in range(0, len(table), chunk):
             out[f"{name}.{i // chunk}"] = table[i : i + chunk]
-    return {**manifest, "chunk": chunk, "crc32": None}, out
+    return {**manifest, "chunk": chunk, "crc32c": None}, out
 
 
 CASES = {
@@ -74,9 +74,9 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_bad_embedding_anchor_changes_no_row(tmp_path, saved, case):
     tensors, manifest = contents(saved)
-    manifest.pop("crc32")
+    manifest.pop("crc32c")
     tensors, manifest = CASES[case](tensors, manifest)
-    manifest.pop("crc32", None)
+    manifest.pop("crc32c", None)
     bad = tmp_path / "bad.safetensors"
     write(bad, tensors, manifest)
     store, rows = target()
@@ -104,7 +104,7 @@ def test_an_anchor_chunked_differently_loads(tmp_path, saved):
     """The manifest's chunk size governs reading, not this version's CHUNK."""
     tensors, manifest = contents(saved)
     manifest, tensors = chunked(manifest, tensors, 7)
-    manifest.pop("crc32")
+    manifest.pop("crc32c")
     other = tmp_path / "seven.safetensors"
     write(other, tensors, manifest)
     store, rows = target()

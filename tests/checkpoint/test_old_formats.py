@@ -1,10 +1,11 @@
 """Anchors older versions wrote still load, to the values they held (committed fixtures).
 
 The files under tests/fixtures/anchors/ were made by tests/fixtures/make_anchors.py at the
-format each one's name says (``v2-``: ``dualtrain-checkpoint/2``; ``v1-``, ``v1n-``: ``/1``,
-native and neutral optimizer form); ``expected.json`` holds what the writer had in memory
-then: every tensor, the predictions in eval mode, the optimizer's slots (torch's names), the
-step. Each anchor is loaded by today's reader into both frameworks and checked against them.
+format each one's name says (``v3-``: ``dualtrain-checkpoint/3``, one zlib CRC-32 a
+tensor; ``v2-``: ``/2``; ``v1-``, ``v1n-``: ``/1``, native and neutral optimizer form);
+``expected.json`` holds what the writer had in memory then: every tensor, the predictions
+in eval mode, the optimizer's slots (torch's names), the step. Each anchor is loaded by
+today's reader into both frameworks and checked against them.
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ def test_every_format_ever_written_has_a_fixture():
     assert formats == {
         "dualtrain-checkpoint/1",
         "dualtrain-checkpoint/2",
+        "dualtrain-checkpoint/3",
         "dualtrain-embeddings/1",
         "dualtrain-embeddings/2",
+        "dualtrain-embeddings/3",
     }
     for name, values in EXPECTED.items():  # the file is what the record says it is
         assert json.loads(Anchor(HERE / name).metadata["dualtrain"])["format"] == values["format"]

@@ -584,7 +584,7 @@ def test_anchors_of_the_previous_format_still_load(tmp_path):
     params = dict(module.named_parameters())
     for name, p in params.items():
         tensors[f"optimizer.momentum.{name}"] = optimizer.state[p]["momentum_buffer"].numpy()
-    manifest.pop("crc32")
+    manifest.pop("crc32c")
     manifest["optimizer"] = {"family": "sgd", "step": 0, "hyper": {"lr": 0.05}}
     manifest["tensors"] = sorted(tensors)
     old = tmp_path / "old.safetensors"
@@ -624,7 +624,7 @@ def test_a_malformed_optimizer_entry_is_a_checkpoint_error_and_changes_nothing(
     anchor = Anchor(TimeMachine().drop(module, tmp_path / "a", optimizer=optimizer))
     manifest = anchor.manifest(FORMAT)
     tensors = {name: np.array(anchor.array(name)) for name in anchor.entries}
-    manifest.pop("crc32")
+    manifest.pop("crc32c")
     manifest["optimizer"][where] = bad
     broken = tmp_path / "broken.safetensors"
     write_anchor(broken, tensors, manifest)
@@ -697,7 +697,7 @@ def _rewritten(src, dst, change):
     anchor = Anchor(src)
     manifest = anchor.manifest(FORMAT)
     tensors = {name: np.array(anchor.array(name)) for name in anchor.entries}
-    manifest.pop("crc32")
+    manifest.pop("crc32c")
     change(manifest)
     write_anchor(dst, tensors, manifest)
     return dst

@@ -35,7 +35,7 @@ def rewrite(src, dst, change_tensors=None, change_manifest=None):
         change_tensors(tensors)
     if change_manifest:
         change_manifest(manifest)
-    manifest.pop("crc32", None)  # recomputed: the change is what the test is about
+    manifest.pop("crc32c", None)  # recomputed: the change is what the test is about
     write_anchor(dst, tensors, manifest)
     return dst
 
@@ -69,7 +69,7 @@ def test_a_stored_1_with_a_manifest_saying_1_is_skipped_not_broadcast(tmp_path, 
 
     def say(m):
         m["names"]["fc1.bias"]["shape"] = [1]
-        m.pop("crc32")
+        m.pop("crc32c")
 
     bad = rewrite(anchor, tmp_path / "bad.safetensors", shrink, say)
     module = tcraft.realize(Net(), seed=5)
@@ -99,7 +99,7 @@ def test_dtypes_cast_within_their_kind_never_across(tmp_path, anchor):
 
     def say(m):
         m["names"]["fc1.weight"]["dtype"] = "int32"
-        m.pop("crc32")
+        m.pop("crc32c")
 
     bad = rewrite(anchor, tmp_path / "int.safetensors", to_int, say)
     module = tcraft.realize(Net(), seed=5)
@@ -125,7 +125,7 @@ def test_a_damaged_file_leaves_model_and_optimizer_as_they_were(tmp_path, anchor
     raw[-3] ^= 0xFF  # the last tensor's data
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(raw)
-    with pytest.raises(CheckpointError, match="fails its CRC-32 check"):
+    with pytest.raises(CheckpointError, match="fails its CRC-32C check"):
         TimeMachine().to(module, bad)
     assert_same(torch_values(module), before)
     assert all(torch.equal(opt.state[p]["momentum_buffer"], v) for p, v in state.items())
@@ -226,8 +226,14 @@ BAD_MANIFESTS = {
     ),
     "step a string": lambda m: json.dumps({**m, "step": "3"}),
     "extra a list": lambda m: json.dumps({**m, "extra": []}),
-    "crc32 a list": lambda m: json.dumps({**m, "crc32": [1, 2]}),
-    "crc32 negative": lambda m: json.dumps({**m, "crc32": dict.fromkeys(m["crc32"], -1)}),
+    "crc32c a list": lambda m: json.dumps({**m, "crc32c": [1, 2]}),
+    "crc32c negative": lambda m: json.dumps(
+        {**m, "crc32c": {k: [-1] * len(v) for k, v in m["crc32c"].items()}}
+    ),
+    "crc32c a chunk short": lambda m: json.dumps(
+        {**m, "crc32c": {k: v[:-1] for k, v in m["crc32c"].items()}}
+    ),
+    "crc32c a number": lambda m: json.dumps({**m, "crc32c": dict.fromkeys(m["crc32c"], 5)}),
 }
 
 
@@ -297,7 +303,7 @@ def test_max_anchors_refuses_bools():
 def test_anchors_carry_a_crc_per_tensor(tmp_path, anchor):
     header, _ = header_and_data(anchor)
     manifest = json.loads(header["__metadata__"]["dualtrain"])
-    assert sorted(manifest["crc32"]) == sorted(k for k in header if k != "__metadata__")
+    assert sorted(manifest["crc32c"]) == sorted(k for k in header if k != "__metadata__")
 
 
 def test_write_anchor_keeps_zero_d_arrays_zero_d(tmp_path):
@@ -382,7 +388,7 @@ def test_an_anchor_of_this_format_without_its_crcs_is_refused(tmp_path, anchor):
     with pytest.raises(CheckpointError, match="but its header's CRC-32"):
         TimeMachine().to(module, bare)
     old = {**manifest, "format": "dualtrain-checkpoint/1"}
-    old.pop("crc32")
+    old.pop("crc32c")
     safetensors.numpy.save_file(tensors, str(bare), metadata={"dualtrain": json.dumps(old)})
     assert list(TimeMachine().to(module, bare, frozen=True)) == []
     np.testing.assert_array_equal(torch_values(module)["fc1.bias"], tensors["fc1.bias"])

@@ -43,8 +43,8 @@ def test_every_anchor_names_its_format_and_backend_in_the_registrys_words(tmp_pa
     tm = TimeMachine(save_path=tmp_path)
     emb = manifest_of(tm.drop_embeddings(rows, "emb"))
     craft = manifest_of(tm.drop(module, "net", optimizer=opt))
-    assert emb["format"] == "dualtrain-embeddings/3" and emb["backend"] == backend
-    assert craft["format"] == "dualtrain-checkpoint/3" and craft["backend"] == backend
+    assert emb["format"] == "dualtrain-embeddings/4" and emb["backend"] == backend
+    assert craft["format"] == "dualtrain-checkpoint/4" and craft["backend"] == backend
     assert craft["optimizer"]["framework"] == backend
     assert emb["slots"] == ["momentum_buffer"]  # torch's slot name under either framework
 
@@ -70,10 +70,11 @@ def test_old_words_read_as_todays():
     [
         ("v2-torch-adam.safetensors", "dualtrain-checkpoint/2"),
         ("v2-torch-adam.safetensors", "dualtrain-checkpoint/3"),
+        ("v3-torch-adam.safetensors", "dualtrain-checkpoint/4"),
     ],
 )
 def test_a_format_with_crcs_is_refused_without_them(tmp_path, fixture, fmt):
-    """/2 and /3 carry CRC-32s: a file claiming either without them is refused, not read."""
+    """/2 to /4 carry checksums: a file claiming one without them is refused, not read."""
     anchor = Anchor(FIXTURES / fixture)
     tensors = {k: np.array(anchor.array(k)) for k in anchor.entries}
     manifest = {**json.loads(anchor.metadata["dualtrain"]), "format": fmt}
@@ -91,5 +92,7 @@ def test_an_unknown_format_is_refused_naming_what_this_version_reads(tmp_path):
     manifest = {**json.loads(anchor.metadata["dualtrain"]), "format": "dualtrain-checkpoint/9"}
     bad = tmp_path / "bad.safetensors"
     safetensors.numpy.save_file(tensors, str(bad), metadata={"dualtrain": json.dumps(manifest)})
-    with pytest.raises(CheckpointError, match=r"checkpoint/9'; this reads .*checkpoint/3.*/2.*/1"):
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint/9'; this reads .*checkpoint/4.*/3.*/2.*/1"
+    ):
         TimeMachine().to(dualtrain_torch.realize(Net(), seed=1), bad)

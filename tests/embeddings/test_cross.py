@@ -93,7 +93,7 @@ def test_loading_refuses_a_table_of_another_shape_or_missing_state(tmp_path):
     tm = dualtrain.TimeMachine(ckpt_path=tmp_path)
     with pytest.raises(CheckpointError, match=r"holds the state of torch\.optim\.SGD"):
         tm.to_embeddings(torch_attach(store(), torch.optim.Adam, lr=0.1), path)
-    with pytest.raises(CheckpointError, match="format 'dualtrain-embeddings/3'; this reads"):
+    with pytest.raises(CheckpointError, match="format 'dualtrain-embeddings/4'; this reads"):
         dualtrain.TimeMachine().to(_realized(), path)
     with pytest.raises(CheckpointError, match="table"):
         tm.to_embeddings(
