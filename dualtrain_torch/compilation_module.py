@@ -31,6 +31,28 @@ __all__ = ["AcceleratedForward"]
 _QUICK_KEPT = 256  # quick keys remembered per module
 
 
+def _onnx_exporting_check() -> Callable[[], bool]:
+    """Whether an ONNX export is under way, read from its two flags when they can be found.
+
+    ``torch.onnx.is_in_onnx_export`` imports both flags' modules on every call (1.4 µs,
+    a third of a quick key); read where they live, the check costs a tenth of that. A torch
+    whose flags live elsewhere gets the public function.
+    """
+    try:
+        from torch.onnx._internal.exporter import _flags
+        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+    except ImportError:
+        return torch.onnx.is_in_onnx_export
+    if not (hasattr(GLOBALS, "in_onnx_export") and hasattr(_flags, "_is_onnx_exporting")):
+        return torch.onnx.is_in_onnx_export
+    return lambda: bool(GLOBALS.in_onnx_export or _flags._is_onnx_exporting)
+
+
+_onnx_exporting = _onnx_exporting_check()
+# Autocast's per-device reading costs 0.7 µs; whether any is on, 0.1 µs.
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 class AcceleratedForward:
     """A module's ``forward`` that runs under the rung its ladder chose for each call's mode.
 
@@ -96,11 +118,13 @@ class AcceleratedForward:
         Built from the same facts as `signature` (and `foreign`'s checks), without the text:
         formatting a signature per call cost ~200 us, more than a small MLP's forward.
         """
-        if kwargs or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        if kwargs or torch.compiler.is_compiling() or torch._C._is_tracing():
             return None
-        if torch.onnx.is_in_onnx_export():
+        if _onnx_exporting():
             return None
-        parts: list[Any] = [self.module.training, torch.is_grad_enabled(), autocast()]
+        parts: list[Any] = [
+            self.module.training, torch.is_grad_enabled(), autocast() if _any_autocast() else ""
+        ]  # fmt: skip
         for x in args:
             if type(x) is not torch.Tensor or torch._C._functorch.is_functorch_wrapped_tensor(x):
                 return None

@@ -752,3 +752,27 @@ def test_parameters_unfrozen_after_the_choice_get_their_gradients():
     model(x).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     assert "gradients are needed now" in explain(model).decisions[0].events[0]
+
+
+def test_the_quick_keys_fast_reads_agree_with_torchs_public_checks(monkeypatch):
+    """The quick key reads ONNX's export flags and autocast's any-device flag directly (a
+    tenth of the public calls' cost): each reading must say what the public call says."""
+    from dualtrain_torch import compilation_module as cm
+
+    assert cm._onnx_exporting() is torch.onnx.is_in_onnx_export() is False
+    try:
+        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+    except ImportError:
+        pytest.skip("this torch keeps ONNX's export flag elsewhere: the public call is used")
+    monkeypatch.setattr(GLOBALS, "in_onnx_export", True)
+    assert cm._onnx_exporting() is torch.onnx.is_in_onnx_export() is True
+    monkeypatch.setattr(GLOBALS, "in_onnx_export", False)
+    assert not cm._any_autocast()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert cm._any_autocast()
+    # A quick key under autocast differs from one without (a new decision, not a stale one).
+    model = accelerate(models.mlp(0), ["PYTORCH"], **FORCE).eval()
+    x = torch.randn(4, 12)
+    plain = model.forward._quick_key((x,), {})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.forward._quick_key((x,), {}) != plain
