@@ -117,21 +117,31 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-    import importlib.util
+if not TYPE_CHECKING:  # type checkers see the names above: a misspelt one is an error
 
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
-    elif not name.startswith("_") and importlib.util.find_spec(f"dualtrain.{name}") is not None:
-        # A part by its module name (`dualtrain.fuel.Tank` after `import dualtrain`), as
-        # when every part was loaded up front.
-        value = importlib.import_module(f"dualtrain.{name}")
-    else:
-        raise AttributeError(f"module 'dualtrain' has no attribute {name!r}")
-    globals()[name] = value  # later lookups skip this function
-    return value
+    def __getattr__(name: str) -> Any:
+        import importlib
+        import importlib.util
+
+        module = _LAZY.get(name)
+        if module is not None:
+            value = getattr(importlib.import_module(module), name)
+        elif name.isidentifier() and not name.startswith("_") and _is_part(name):
+            # A part by its module name (`dualtrain.fuel.Tank` after `import dualtrain`), as
+            # when every part was loaded up front.
+            value = importlib.import_module(f"dualtrain.{name}")
+        else:
+            raise AttributeError(f"module 'dualtrain' has no attribute {name!r}")
+        globals()[name] = value  # later lookups skip this function
+        return value
+
+    def _is_part(name: str) -> bool:
+        import importlib.util
+
+        try:
+            return importlib.util.find_spec(f"dualtrain.{name}") is not None
+        except (ImportError, ValueError):
+            return False
 
 
 def __dir__() -> list[str]:

@@ -151,11 +151,17 @@ class SoloModule(nn.Module):
     run of one loads into a run of two).
     """
 
-    def __init__(self, module: nn.Module, on_forward: Callable[[nn.Module], None]) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        on_forward: Callable[[nn.Module], None],
+        device: torch.device | None = None,
+    ) -> None:
         super().__init__()
         self.module = module
         self.require_backward_grad_sync = True  # DDP's flag: False inside no_sync()
         self._on_forward = on_forward  # counts a training forward as a step
+        self._device = device  # CUDA: inputs move there, as DDP's with device_ids do
 
     @property
     def dualtrain_wrapped(self) -> nn.Module:
@@ -163,8 +169,14 @@ class SoloModule(nn.Module):
         return self.module
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """The wrapped module's forward (a training-mode call counts as a step)."""
+        """The wrapped module's forward (a training-mode call counts as a step).
+
+        On CUDA, tensors among the inputs (in tuples, lists and dicts too) move to the
+        module's device first, as DDP's forward moves them.
+        """
         self._on_forward(self)
+        if self._device is not None:
+            args, kwargs = _moved(args, self._device), _moved(kwargs, self._device)
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -178,6 +190,20 @@ class SoloModule(nn.Module):
 
     def __getattr__(self, name: str) -> Any:
         return _wrapped_attribute(self, name)
+
+
+def _moved(value: Any, device: torch.device) -> Any:
+    """`value` with every tensor in it on `device` (tuples, named tuples, lists, dicts)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return type(value)((k, _moved(v, device)) for k, v in value.items())
+    if isinstance(value, list):
+        return [_moved(v, device) for v in value]
+    if isinstance(value, tuple):
+        items = [_moved(v, device) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
 
 
 _SYNCED = (DistributedDataParallel, SoloModule)
@@ -242,7 +268,8 @@ class TorchRuntime:
             model.to(self.device)
             ddp.update(device_ids=[self.device.index], output_device=self.device.index)
         if self.nworld == 1:
-            return SoloModule(model, self._forward_hook)
+            cuda = self.device if self.device.type == "cuda" else None
+            return SoloModule(model, self._forward_hook, cuda)
         synced = SyncedModule(model, **ddp)
         synced.register_forward_pre_hook(self._forward_hook)
         return synced

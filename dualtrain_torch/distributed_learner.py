@@ -100,17 +100,21 @@ class DistributedLearner:
     def _alone(self, inputs: tuple[Any, ...], targets: Any, mask: Any) -> torch.Tensor:
         """A world of one's step: the plain loop's, with no collective and no rescaling.
 
-        The default loss without a mask is ``F.cross_entropy``'s mean, as a plain loop
-        writes it; otherwise the mean over the rows that count (none: a zero loss).
+        The loss is what several processes compute: the sum of the per-row losses over
+        the rows that count (a mask's True rows; none: a zero loss). The default loss on
+        class ids ``(B,)`` takes it in one kernel, ``F.cross_entropy(reduction="sum")``
+        over B (an ignored target counts as a row of loss 0, as it does per row).
         """
         with self.runtime.counted_step():
             self.optimizer.zero_grad(set_to_none=True)
             outputs = self.model(*inputs)
             if (
                 self.loss_fn is _per_sample_cross_entropy and mask is None
-                and isinstance(targets, torch.Tensor) and targets.numel()
+                and isinstance(targets, torch.Tensor) and isinstance(outputs, torch.Tensor)
+                and targets.ndim == 1 and outputs.ndim == 2 and targets.shape[0]
             ):  # fmt: skip
-                loss = torch.nn.functional.cross_entropy(outputs, targets)
+                summed = torch.nn.functional.cross_entropy(outputs, targets, reduction="sum")
+                loss = summed / targets.shape[0]
             else:
                 local_sum, count = local_loss(self.loss_fn(outputs, targets), inputs, mask)
                 loss = local_sum / count.to(local_sum.dtype).clamp(min=1)

@@ -86,6 +86,8 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
 CHUNK = 1 << 25
 # Under this many bytes in all, the checksums run in the calling thread (a pool costs more).
 _PARALLEL_BYTES = 1 << 24
+# At most this many threads: past it, memory bandwidth, not cores, bounds the checksums.
+_MAX_THREADS = 32
 
 
 def _chunks(buffer: Any) -> list[memoryview]:
@@ -95,10 +97,10 @@ def _chunks(buffer: Any) -> list[memoryview]:
 
 
 def _workers(nbytes: int, pieces: int) -> int:
-    """Threads for checksums of `nbytes` in `pieces`: one when small, else every core."""
+    """Threads for checksums of `nbytes` in `pieces`: one when small, else every core (to 32)."""
     if nbytes < _PARALLEL_BYTES or pieces < 2:
         return 1
-    return max(1, min(pieces, len(os.sched_getaffinity(0))))
+    return max(1, min(pieces, len(os.sched_getaffinity(0)), _MAX_THREADS))
 
 
 def _checksums(buffers: Mapping[str, Any], chunked: bool = True) -> dict[str, Any]:
@@ -139,7 +141,7 @@ def write_anchor(
     default: Callable[[Any], Any] | None = None,
     replace: bool = True,
 ) -> None:
-    """Writes `tensors` with `manifest` (plus ``crc32``) to `path`, atomically.
+    """Writes `tensors` with `manifest` (plus ``crc32c``) to `path`, atomically.
 
     Args:
         path: the final file.
@@ -360,6 +362,10 @@ def _header(arrays: Mapping[str, Any], metadata: dict[str, str], size: int = 0) 
     # The CRC's room is the same whatever its value, so the room reserved before is exact.
     metadata[HEADER_CRC] = f"{_header_crc(entries):08x}"
     text = json.dumps(entries, separators=(",", ":")).encode()
+    if size and len(text) > size - 8:  # it would run into the data written after its room
+        raise RuntimeError(
+            f"dualtrain bug: an anchor's header needs {len(text)} bytes, {size - 8} reserved"
+        )
     text += b" " * ((size - 8 - len(text)) if size else (-len(text) % 8))
     return len(text).to_bytes(8, "little") + text
 

@@ -309,7 +309,6 @@ def test_the_default_dropout_key_is_fold_in_of_the_step_count_derived_in_one_cal
         assert a == b
     for key in want:
         np.testing.assert_array_equal(got[key], want[key])
-    assert len({a for a, _ in pairs}) == 3  # the masks differ from step to step
     assert np.isfinite(other)
     assert compiled == 1  # NumPy rows at every step: one compile
 

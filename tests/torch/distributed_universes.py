@@ -140,6 +140,8 @@ def laws(mv: Any) -> list[dict[str, Any]] | None:
     # A hand-written DDP loop on the synced model.
     net = model("module", seed=rank)
     synced = mv.sync(net)
+    # DDP lacks `append`: the synced model answers it with the wrapped Sequential's.
+    out["forwarded"] = synced.append.__self__ is net and mv.runtime.unwrap(synced) is net
     sgd = optimizer("sgd", net.parameters())
     for k in range(STEPS):
         sgd.zero_grad()

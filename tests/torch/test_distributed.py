@@ -70,6 +70,7 @@ def test_the_run_is_two_gloo_processes_on_the_host(ranks):
     assert [r["released"] for r in ranks] == [(True, 0)] * 2
     # the Multiverse's options reach each learner's DDP
     assert [r["ddp"] for r in ranks] == [("SyncedModule", True, 1024 * 1024)] * 2
+    assert [r["forwarded"] for r in ranks] == [True, True]
 
 
 @pytest.mark.parametrize("kind", U.KINDS)
@@ -287,6 +288,35 @@ def _masked_round(seed):
         rt.leave()
 
 
+@ONE_JOIN
+@given(
+    seed=st.integers(0, 2**16),
+    targets=st.lists(st.sampled_from([0, 1, 2, -100]), min_size=1, max_size=7),
+)
+def test_a_world_of_one_loss_is_the_several_process_formula(runtime, seed, targets):
+    """The loss is the sum of per-row losses over all rows, as several processes compute
+    it: an ignored target (-100) is a row of loss 0, not a row left out of the mean."""
+    net = _net(seed, 4, 3)
+    ref = copy.deepcopy(net)
+    learner = runtime.learner(net, torch.optim.SGD(net.parameters(), lr=0.1), None, "jit")
+    x = torch.randn(len(targets), 4, generator=torch.Generator().manual_seed(seed))
+    y = torch.tensor(targets)
+    loss = learner.step(x, y)
+    want = F.cross_entropy(ref(x), y, reduction="none").sum() / len(targets)
+    want.backward()
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    torch.testing.assert_close(loss, want.detach(), **TOL)
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_a_world_of_one_refuses_sequence_outputs_as_several_processes_do(runtime):
+    net = nn.Conv1d(4, 3, 1)  # (B, 4, T) -> (B, 3, T): per-row losses would be (B, T)
+    learner = runtime.learner(net, torch.optim.SGD(net.parameters(), lr=0.1), None, "jit")
+    with pytest.raises(ShapeError, match=r"per-sample losses \(B,\) or a 0-d mean"):
+        learner.step(torch.randn(2, 4, 5), torch.zeros(2, 5, dtype=torch.long))
+
+
 def test_rounds_of_join_step_leave_in_a_world_of_one_match_plain_torch():
     for seed in range(10):
         _masked_round(seed)
@@ -481,10 +511,23 @@ def test_the_synced_module_answers_for_the_module(runtime):
 
 
 @pytest.mark.gpu
-def test_nccl_puts_the_process_on_its_cuda_device():
+def test_a_world_of_one_on_cuda_moves_inputs_to_its_device_as_ddp_does():
     rt = join(World(), timeout=30, on_step=lambda: None)
     try:
-        assert rt.backend == "nccl" and rt.device == torch.device("cuda", 0)
+        synced = rt.sync_model(_net(0, 3, 2), {})
+        assert type(synced) is SoloModule
+        out = synced(torch.randn(4, 3))  # a CPU batch, as DDP with device_ids takes it
+        assert out.device == rt.device == torch.device("cuda", 0)
+    finally:
+        rt.leave()
+
+
+@pytest.mark.gpu
+def test_a_world_of_one_puts_the_process_on_its_cuda_device():
+    rt = join(World(), timeout=30, on_step=lambda: None)
+    try:
+        # One process: no group (nccl is for several), the device is cuda:<local_rank>.
+        assert rt.backend is None and rt.device == torch.device("cuda", 0)
         assert rt.batch_device("torch") == torch.device("cuda", 0)
         assert rt.batch_device("numpy") is None
         net = U.model("module", seed=0)
