@@ -764,15 +764,22 @@ def test_the_quick_keys_fast_reads_agree_with_torchs_public_checks(monkeypatch):
         from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
     except ImportError:
         pytest.skip("this torch keeps ONNX's export flag elsewhere: the public call is used")
-    monkeypatch.setattr(GLOBALS, "in_onnx_export", True)
+    from torch.onnx._internal.exporter import _flags
+
+    monkeypatch.setattr(GLOBALS, "in_onnx_export", True)  # the TorchScript exporter's flag
     assert cm._onnx_exporting() is torch.onnx.is_in_onnx_export() is True
     monkeypatch.setattr(GLOBALS, "in_onnx_export", False)
+    monkeypatch.setattr(_flags, "_is_onnx_exporting", True)  # the dynamo exporter's
+    assert cm._onnx_exporting() is torch.onnx.is_in_onnx_export() is True
+    x = torch.randn(4, 12)
+    assert accelerate(models.mlp(0), ["PYTORCH"], **FORCE).forward._quick_key((x,), {}) is None
+    monkeypatch.setattr(_flags, "_is_onnx_exporting", False)
     assert not cm._any_autocast()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert cm._any_autocast()
     # A quick key under autocast differs from one without (a new decision, not a stale one).
     model = accelerate(models.mlp(0), ["PYTORCH"], **FORCE).eval()
-    x = torch.randn(4, 12)
     plain = model.forward._quick_key((x,), {})
+    assert plain is not None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model.forward._quick_key((x,), {}) != plain
