@@ -26,10 +26,28 @@ __all__ = ["Verification"]
 
 
 class _Abandoned(BaseException):
-    """Raised inside a verification thread still running when the interpreter exits."""
+    """Raised inside a verification thread still running when the interpreter exits.
+
+    It is made (``__init__`` runs) in the thread it lands in. Once the thread has swallowed
+    stops for `PARK_AFTER_S` it parks there for good instead: blocked on a lock that is
+    never released, at a Python check point with the interpreter's lock free, it neither
+    runs on nor comes back from native code while the interpreter finalizes.
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        ident = threading.get_ident()
+        if ident in _parking:
+            _parked.add(ident)
+            _NEVER.acquire()  # never returns: the process ends with the thread parked here
 
 
 _verifying: set[Verification] = set()
+_parking: set[int] = set()  # threads whose next stop parks them
+_parked: set[int] = set()  # threads parked for good
+_NEVER = threading.Lock()
+_NEVER.acquire()
+PARK_AFTER_S = 1.0  # seconds of swallowed stops before a thread is parked instead
 
 
 class Verification:
@@ -122,15 +140,22 @@ class Verification:
         The stop is sent again every 20 ms until the thread has left its work: one that
         lands where it is swallowed (a ``__del__``, a weakref callback, a library's broad
         ``except``) would otherwise leave the thread running into the interpreter's
-        finalization, which ends a thread inside native code with an abort.
+        finalization, which ends a thread inside native code with an abort. Code that
+        swallows every stop (a retry loop around the user's function) is parked after
+        `PARK_AFTER_S` instead: the next stop blocks the thread where it lands, for good.
         """
         ident = self._thread.ident
         if ident is None:
             return
         send = ctypes.pythonapi.PyThreadState_SetAsyncExc
         tid, stop = ctypes.c_ulong(ident), ctypes.py_object(_Abandoned)
-        deadline = time.monotonic() + timeout_s
-        while self._thread.is_alive() and time.monotonic() < deadline:
+        start = time.monotonic()
+        while self._thread.is_alive() and ident not in _parked:
+            waited = time.monotonic() - start
+            if waited >= timeout_s:
+                break
+            if waited >= PARK_AFTER_S:
+                _parking.add(ident)
             if not self._left:  # read and sent with no check point between: no thread switch
                 send(tid, stop)
             self._thread.join(0.02)

@@ -111,6 +111,30 @@ def test_an_exit_while_op_by_op_still_verifies_is_clean(tmp_path):
     exits_quietly_while_verifying(script, tmp_path, runs=3)
 
 
+def test_an_exit_parks_a_verification_whose_code_swallows_every_stop(tmp_path):
+    """A retry loop around the work swallows every stop: after PARK_AFTER_S the thread is
+    parked where the next stop lands (a Python check point), not left to run into the
+    interpreter's finalization inside native code (an abort, "terminate called")."""
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp
+        from dualtrain.accelerate import verification
+        from dualtrain_jax import accelerate
+
+        def slow(x):
+            while True:  # op by op, a stop restarts the loop; under jit it returns at once
+                try:
+                    return jax.lax.fori_loop(0, 300000, lambda i, v: v * 1.0001 + 0.1, x)
+                except BaseException:
+                    pass
+
+        fast = accelerate(slow, cache=False)
+        print(float(fast(jnp.ones(3))[0]), len(verification._verifying), flush=True)
+        """
+    )
+    exits_quietly_while_verifying(script, tmp_path, runs=2)
+
+
 def exits_quietly_while_verifying(script: str, tmp_path: Path, runs: int) -> None:
     """`script` (printing its result and the live verifications) exits 0, stopped quietly."""
     env = {**os.environ, "DUALTRAIN_CACHE_DIR": str(tmp_path)}
