@@ -7,12 +7,8 @@ backend by name or handed an array of that framework.
 
 from __future__ import annotations
 
-from dualtrain.aerolog import DashBoard
-from dualtrain.backends import Backend, available, backend_of, load
-from dualtrain.checkpoint import TimeMachine
-from dualtrain.cockpit import CPU, GPU, Engine, GPUtil
-from dualtrain.craft import Craft, autoPad, autopad, dock
-from dualtrain.embeddings import EmbeddingStore
+from typing import TYPE_CHECKING, Any
+
 from dualtrain.errors import (
     ArgumentError,
     BackendError,
@@ -26,12 +22,55 @@ from dualtrain.errors import (
     TankWorkerError,
     WorkerError,
 )
-from dualtrain.fuel import Comburant, FuelGenerator, Tank
-from dualtrain.interop import CopyCount, convert, count_copies
-from dualtrain.memory import aligned_copy, aligned_empty, is_aligned
-from dualtrain.multiverse import Multiverse
-from dualtrain.preload import NebulDataset, Preloader, accelerate_dataset, patch_dataset
 from dualtrain.version import __version__
+
+if TYPE_CHECKING:  # for type checkers; at run time each name loads on first use
+    from dualtrain.aerolog import DashBoard
+    from dualtrain.backends import Backend, available, backend_of, load
+    from dualtrain.checkpoint import TimeMachine
+    from dualtrain.cockpit import CPU, GPU, Engine, GPUtil
+    from dualtrain.craft import Craft, autoPad, autopad, dock
+    from dualtrain.embeddings import EmbeddingStore
+    from dualtrain.fuel import Comburant, FuelGenerator, Tank
+    from dualtrain.interop import CopyCount, convert, count_copies
+    from dualtrain.memory import aligned_copy, aligned_empty, is_aligned
+    from dualtrain.multiverse import Multiverse
+    from dualtrain.preload import NebulDataset, Preloader, accelerate_dataset, patch_dataset
+
+# Each public name and the module that defines it. `import dualtrain` loads none of them:
+# a job that uses one part (a BatchModule sweep, a Tank) pays for that part only (loading
+# them all cost about 0.4 s a process).
+_LAZY = {
+    "DashBoard": "dualtrain.aerolog",
+    "Backend": "dualtrain.backends",
+    "available": "dualtrain.backends",
+    "backend_of": "dualtrain.backends",
+    "load": "dualtrain.backends",
+    "TimeMachine": "dualtrain.checkpoint",
+    "CPU": "dualtrain.cockpit",
+    "GPU": "dualtrain.cockpit",
+    "Engine": "dualtrain.cockpit",
+    "GPUtil": "dualtrain.cockpit",
+    "Craft": "dualtrain.craft",
+    "autoPad": "dualtrain.craft",
+    "autopad": "dualtrain.craft",
+    "dock": "dualtrain.craft",
+    "EmbeddingStore": "dualtrain.embeddings",
+    "Comburant": "dualtrain.fuel",
+    "FuelGenerator": "dualtrain.fuel",
+    "Tank": "dualtrain.fuel",
+    "CopyCount": "dualtrain.interop",
+    "convert": "dualtrain.interop",
+    "count_copies": "dualtrain.interop",
+    "aligned_copy": "dualtrain.memory",
+    "aligned_empty": "dualtrain.memory",
+    "is_aligned": "dualtrain.memory",
+    "Multiverse": "dualtrain.multiverse",
+    "NebulDataset": "dualtrain.preload",
+    "Preloader": "dualtrain.preload",
+    "accelerate_dataset": "dualtrain.preload",
+    "patch_dataset": "dualtrain.preload",
+}
 
 __all__ = [
     "ArgumentError",
@@ -76,3 +115,24 @@ __all__ = [
     "load",
     "patch_dataset",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+    import importlib.util
+
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"dualtrain.{name}") is not None:
+        # A part by its module name (`dualtrain.fuel.Tank` after `import dualtrain`), as
+        # when every part was loaded up front.
+        value = importlib.import_module(f"dualtrain.{name}")
+    else:
+        raise AttributeError(f"module 'dualtrain' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -121,10 +121,34 @@ def test_importing_every_jax_module_starts_no_backend():
     assert stdout.strip().endswith("False"), stdout
 
 
+def test_import_dualtrain_loads_each_part_on_first_use():
+    """`import dualtrain` loads its errors and version only; each public name loads its own
+    part when first used, and every name in __all__ resolves (a sweep pays for no Tank)."""
+    out = run(
+        """
+        import sys
+        import dualtrain
+        loaded = sorted(m for m in sys.modules if m.startswith("dualtrain"))
+        assert loaded == ["dualtrain", "dualtrain.errors", "dualtrain.version"], loaded
+        from dualtrain import Tank
+        assert "dualtrain.fuel" in sys.modules and "dualtrain.multiverse" not in sys.modules
+        assert dualtrain.atomic.sweep_stale and dualtrain.multiverse.Multiverse  # parts by name
+        for name in dualtrain.__all__:
+            assert getattr(dualtrain, name) is not None, name
+        assert set(dualtrain.__all__) <= set(dir(dualtrain))
+        try:
+            dualtrain.not_a_name
+        except AttributeError as error:
+            print(error)
+        """
+    )
+    assert "module 'dualtrain' has no attribute 'not_a_name'" in out
+
+
 def test_the_preloaders_fork_hook_runs_before_the_lock_taking_ones():
     """Python runs fork hooks newest first. logging's and the thread pools' take a lock;
-    registered after forks.py's (as when `import dualtrain` loaded parts lazily), two
-    loader threads forking at once deadlocked (tests/preload/test_cache_processes).
+    registered after forks.py's (once `import dualtrain` stopped loading them up front),
+    two loader threads forking at once deadlocked (tests/preload/test_cache_processes).
     Here the lock-taking hooks must be registered before forks.py's, whatever loads first."""
     out = run(
         """
