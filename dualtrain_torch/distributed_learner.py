@@ -1,21 +1,26 @@
 """`DistributedLearner`: one DDP training step whose loss is the global batch's mean.
 
-Each process runs its own rows through the synced (DDP) model. Before the backward, one
-``all_reduce`` sums every process's loss sum and row count (rows its mask marks True); each
-process then back-propagates ``nworld * local_sum / global_count``, which DDP's gradient
-averaging turns into the gradient of the global mean. So one step on N processes equals one
-single-process step on their rows together, even when processes hold different numbers of
-(valid) rows: a short last batch is padded and masked, never a hang. A world of one runs
-the plain loop's step: no collective, no rescaling.
+Each process runs its own rows through the synced (DDP) model and back-propagates the sum
+of its rows' losses. The rows that count (a mask's True rows) and that loss sum ride in
+DDP's first gradient bucket (a communication hook appends them), so the step's only
+collectives are DDP's own bucket all-reduces, as in DDP by hand; the hook divides each
+summed bucket by the global row count, which makes the gradient that of the global mean.
+So one step on N processes equals one single-process step on their rows together, even
+when processes hold different numbers of (valid) rows: a short last batch is padded and
+masked, never a hang. A world of one runs the plain loop's step: no collective, no
+rescaling.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 
 from dualtrain.errors import bad_argument
 from dualtrain_torch.distributed_exit import handed
@@ -46,6 +51,7 @@ class DistributedLearner:
         self.runtime, self.model, self.optimizer = runtime, model, optimizer
         self.loss_fn = _per_sample_cross_entropy if loss_fn is None else loss_fn
         self.steps = 0
+        self._riders = _riders_on(model) if runtime.nworld > 1 else None
 
     def step(self, inputs: Any, targets: Any, mask: Any = None) -> torch.Tensor:
         """Zero the gradients, forward, loss, backward (all-reduced), optimizer step.
@@ -74,11 +80,35 @@ class DistributedLearner:
         targets = to_device(targets, device)
         if self.runtime.nworld == 1:
             return self._alone(inputs, targets, mask)
+        riders = self._riders
+        if riders is None:
+            return self._with_collectives(inputs, targets, mask)
+        with self.runtime.counted_step():
+            self.optimizer.zero_grad(set_to_none=True)
+            losses = self.loss_fn(self.model(*inputs), targets)
+            local_sum, count = local_loss(losses, inputs, mask)
+            riders.carry(count, local_sum)
+            try:
+                local_sum.backward()  # the hook divides the summed buckets by the global rows
+                totals = riders.totals()
+            finally:
+                riders.clear()
+            self.optimizer.step()
+            self.steps += 1
+        rows, loss_sum = totals.to(local_sum.device).unbind()
+        return (loss_sum / rows.clamp(min=1)).to(local_sum.dtype)
+
+    def _with_collectives(self, inputs: tuple[Any, ...], targets: Any, mask: Any) -> torch.Tensor:
+        """The step for a model whose gradient buckets cannot carry the rows.
+
+        (Another comm hook registered on it, or parameters in a half type): two scalar
+        all-reduces more than DDP's, the rows' before the backward and the loss's after it.
+        """
         comm = self.runtime.comm_device
         with self.runtime.counted_step():
             # The rows that count are known before the forward: their global number is
             # summed while the forward runs (a blocking collective here cost 10-20% a step).
-            counted = count_rows(inputs, mask, device).to(comm)
+            counted = count_rows(inputs, mask, self.runtime.device).to(comm)
             handed(counted)
             counting = dist.all_reduce(counted, async_op=True)
             self.optimizer.zero_grad(set_to_none=True)
@@ -126,3 +156,89 @@ class DistributedLearner:
 
 def _per_sample_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(outputs, targets, reduction="none")
+
+
+class _Riders:
+    """The state of a learner's comm hook on one DDP: what rides in its first bucket.
+
+    During a learner's backward, `carried` is this process's (rows that count, loss sum);
+    the first bucket's all-reduce sums them with the gradients, and every bucket's summed
+    gradients are divided by the global rows. Outside a learner's step (a loop written by
+    hand on the same model) the hook is DDP's own: the mean over the processes.
+    """
+
+    def __init__(self) -> None:
+        self.carried: torch.Tensor | None = None  # (2,) this process's rows and loss sum
+        self.first: torch.futures.Future[torch.Tensor] | None = None  # bucket 0, reduced
+        self.summed: torch.Tensor | None = None  # (2,) rows and loss sum over the processes
+
+    def carry(self, rows: torch.Tensor, loss_sum: torch.Tensor) -> None:
+        self.carried = torch.stack([rows.to(loss_sum.dtype), loss_sum.detach()])
+
+    def totals(self) -> torch.Tensor:
+        """The global (rows, loss sum), once the backward (which waits for every bucket) ran."""
+        if self.summed is None:
+            raise RuntimeError(
+                "DDP reduced no gradient bucket in this backward (a model without a "
+                "gradient this step?): its processes cannot agree on a step"
+            )
+        return self.summed
+
+    def clear(self) -> None:
+        self.carried = self.first = self.summed = None
+
+
+# The hooks registered, one per DDP: a model two learners share carries its rows once.
+_registered: weakref.WeakKeyDictionary[DistributedDataParallel, _Riders] = (
+    weakref.WeakKeyDictionary()
+)
+_RIDING_DTYPES = (torch.float32, torch.float64)  # a row count stays exact in these
+
+
+def _riders_on(model: Any) -> _Riders | None:
+    """The hook state of `model`'s DDP, its hook registered at first use.
+
+    None where the rows cannot ride in its buckets: not a DDP, a half-type parameter, or
+    a comm hook of the user's.
+    """
+    if not isinstance(model, DistributedDataParallel):
+        return None
+    if model in _registered:
+        return _registered[model]
+    if any(p.dtype not in _RIDING_DTYPES for p in model.parameters() if p.requires_grad):
+        return None
+    riders = _Riders()
+    try:
+        model.register_comm_hook(riders, _rows_in_first_bucket)
+    except RuntimeError:  # the user registered a comm hook of their own: theirs stays
+        return None
+    _registered[model] = riders
+    return riders
+
+
+def _rows_in_first_bucket(riders, bucket):
+    # No annotations: DDP compares them with its own classes, and this module's are strings.
+    carried = riders.carried
+    if carried is None:  # a backward outside a learner step: DDP's own mean
+        return allreduce_hook(None, bucket)
+    grads = bucket.buffer()
+    if bucket.index() == 0:  # DDP launches bucket 0 first: the rows ride with it
+        wire = torch.cat([grads, carried.to(grads.device, grads.dtype)])
+        handed(wire)
+
+        def unpack(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            summed = done.value()[0]
+            riders.summed = summed[-2:].clone()
+            return grads.copy_(summed[:-2]).div_(summed[-2].clamp(min=1))
+
+        riders.first = dist.all_reduce(wire, async_op=True).get_future().then(unpack)
+        return riders.first
+    first = riders.first
+    if first is None:
+        raise RuntimeError("DDP reduced a later gradient bucket before its first")
+    reduced = dist.all_reduce(grads, async_op=True).get_future()
+
+    def scale(_: torch.futures.Future[Any]) -> torch.Tensor:
+        return grads.div_(riders.summed[0].clamp(min=1))
+
+    return torch.futures.collect_all([first, reduced]).then(scale)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn import functional as F  # noqa: N812 - torch's own spelling
 
 from dualtrain import Craft, dock
@@ -45,6 +46,15 @@ def model(kind: str, seed: int) -> nn.Module:
         return realize(Tiny(), seed=seed)
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(FEATURES, 8), nn.Tanh(), nn.Linear(8, CLASSES))
+
+
+def wide_model(seed: int) -> nn.Module:
+    """A model of 1.3 MB of parameters: several DDP buckets (the first holds 1 MiB)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(FEATURES, 300), nn.Tanh(), nn.Linear(300, 1000), nn.Tanh(),
+        nn.Linear(1000, CLASSES),
+    )  # fmt: skip
 
 
 def optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
@@ -200,6 +210,38 @@ def laws(mv: Any) -> list[dict[str, Any]] | None:
     learner = mv.learner(net, optimizer("sgd", net.parameters()))
     out["ddp"] = (type(learner.model).__name__, learner.model.find_unused_parameters,
                   learner.model.bucket_bytes_cap)  # fmt: skip
+    # A learner step runs the collectives DDP by hand runs (its rows ride in DDP's first
+    # bucket), counted by the group's sequence number; a hand-written loop on a learner's
+    # model still gets DDP's mean; a model with the user's own comm hook keeps it and pays
+    # two scalar all-reduces more, for the same law.
+    group = torch.distributed.group.WORLD
+    net = model("module", seed=rank)
+    learner = mv.learner(net, optimizer("sgd", net.parameters()))
+    before = group._get_sequence_number_for_group()
+    learner.step(x[0, rows], y[0, rows])
+    stepped = group._get_sequence_number_for_group() - before
+    sgd = learner.optimizer  # its momentum goes on
+    before = group._get_sequence_number_for_group()
+    sgd.zero_grad()
+    F.cross_entropy(learner.model(x[1, rows]), y[1, rows]).backward()
+    sgd.step()
+    by_hand = group._get_sequence_number_for_group() - before
+    out["collectives"] = (stepped, by_hand)
+    out["hand_after_learner"] = params(net)
+    net = model("module", seed=rank)
+    synced = mv.sync(net)
+    synced.register_comm_hook(None, allreduce_hook)
+    learner = mv.learner(synced, optimizer("sgd", net.parameters()))
+    before = group._get_sequence_number_for_group()
+    losses = [float(learner.step(x[k, rows], y[k, rows])) for k in range(STEPS)]
+    out["own_hook"] = ((losses, params(net)), group._get_sequence_number_for_group() - before)
+    # Several buckets: every one is divided by the global rows, after the first's sum.
+    net = wide_model(seed=rank)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.25)
+    learner = mv.learner(ddp, optimizer("sgd", net.parameters()))
+    before = group._get_sequence_number_for_group()
+    losses = [float(learner.step(*uneven_batch(rank, k))) for k in range(STEPS)]
+    out["buckets"] = ((losses, params(net)), group._get_sequence_number_for_group() - before)
     # What leaving waits for: gloo's threads have dropped every tensor the adapter handed
     # them (an abort at exit, now and then, otherwise: dualtrain_torch.distributed_exit).
     mv.reduce(float(rank))

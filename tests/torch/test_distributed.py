@@ -83,6 +83,53 @@ def test_one_step_on_two_workers_is_one_step_on_the_double_batch(ranks, kind, op
         assert_same(r[f"learner/{kind}/{opt}"], want)
 
 
+def test_a_learner_step_runs_only_the_collectives_of_ddp_by_hand(ranks):
+    """The rows and the loss ride in DDP's first gradient bucket: no collective of its own."""
+    # this run's DDP finds unused parameters: one all-reduce of its used-parameter map
+    # more a backward, by hand too
+    assert [r["collectives"] for r in ranks] == [(2, 2)] * 2
+
+
+def test_a_hand_written_step_on_a_learners_model_is_ddps_mean(ranks):
+    """Outside a learner step, the learner's comm hook is DDP's own: the mean of the ranks."""
+    x, y = U.batches(2)
+    _, want = reference("module", "sgd", x[:2], y[:2])
+    for r in ranks:
+        for name, value in want.items():
+            np.testing.assert_allclose(r["hand_after_learner"][name], value, **TOL)
+
+
+def test_a_model_with_its_own_comm_hook_keeps_it_and_meets_the_law(ranks):
+    x, y = U.batches(2)
+    want = reference("module", "sgd", x, y)
+    for r in ranks:
+        got, collectives = r["own_hook"]
+        assert_same(got, want)
+        by_hand = r["collectives"][1]
+        assert collectives == (by_hand + 2) * U.STEPS  # DDP's, the rows and the loss
+
+
+def test_every_bucket_of_a_several_bucket_model_is_the_global_mean(ranks):
+    """Uneven batches (6 and 2 rows) over 1.3 MB of parameters in several buckets."""
+    parts = [[U.uneven_batch(rank, k) for k in range(U.STEPS)] for rank in range(2)]
+    inputs = [torch.cat([parts[0][k][0], parts[1][k][0]]) for k in range(U.STEPS)]
+    targets = [torch.cat([parts[0][k][1], parts[1][k][1]]) for k in range(U.STEPS)]
+    net = U.wide_model(seed=0)
+    # SGD: Adam's step would blow a gradient's last-bit rounding up to its learning rate
+    optimizer = U.optimizer("sgd", net.parameters())
+    losses = []
+    for x, y in zip(inputs, targets, strict=True):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    for r in ranks:
+        got, collectives = r["buckets"]
+        assert_same(got, (losses, U.params(net)))
+        assert collectives >= 2 * U.STEPS  # several buckets, each an all-reduce
+
+
 def test_a_hand_written_ddp_loop_on_a_synced_model_meets_the_same_law(ranks):
     x, y = U.batches(2)
     _, want = reference("module", "sgd", x, y)
