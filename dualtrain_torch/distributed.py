@@ -29,7 +29,7 @@ from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import World
 from dualtrain.validate import check_seed
 from dualtrain_torch.distributed_exit import handed, release
-from dualtrain_torch.distributed_learner import DistributedLearner
+from dualtrain_torch.distributed_learner import DistributedLearner, carries_rows
 from dualtrain_torch.distributed_reduce import reduce_value
 
 __all__ = ["SoloModule", "SyncedModule", "TorchRuntime", "join"]
@@ -136,6 +136,21 @@ class SyncedModule(DistributedDataParallel):
     def dualtrain_wrapped(self) -> nn.Module:
         """The wrapped module: what `TimeMachine.drop` and `to` take in this one's place."""
         return self.module
+
+    def register_comm_hook(self, state: object, hook: Callable[..., Any]) -> None:
+        """DDP's ``register_comm_hook``; refused, naming the fix, once a learner has stepped.
+
+        A learner's rows and loss ride in this DDP's first bucket through a comm hook of
+        its own from its first step on, and DDP takes one hook per model.
+        """
+        if carries_rows(self):
+            raise bad_argument(
+                "hook", getattr(hook, "__qualname__", hook), "registered before the "
+                "learner's first step (its rows ride in this DDP's buckets through a comm "
+                "hook of its own, and DDP takes one; the learner then keeps yours and sums "
+                "the rows apart)"
+            )  # fmt: skip
+        super().register_comm_hook(state, hook)
 
     def __getattr__(self, name: str) -> Any:
         return _wrapped_attribute(self, name)

@@ -29,7 +29,7 @@ from dualtrain_torch.distributed_rows import count_rows, local_loss, to_device
 if TYPE_CHECKING:
     from dualtrain_torch.distributed import TorchRuntime
 
-__all__ = ["DistributedLearner"]
+__all__ = ["DistributedLearner", "carries_rows"]
 
 
 class DistributedLearner:
@@ -51,7 +51,10 @@ class DistributedLearner:
         self.runtime, self.model, self.optimizer = runtime, model, optimizer
         self.loss_fn = _per_sample_cross_entropy if loss_fn is None else loss_fn
         self.steps = 0
-        self._riders = _riders_on(model) if runtime.nworld > 1 else None
+        # Registered at the first step, so a comm hook of the user's made after the
+        # learner still comes first (DDP takes one).
+        self._riders: _Riders | None = None
+        self._hooked = runtime.nworld == 1
 
     def step(self, inputs: Any, targets: Any, mask: Any = None) -> torch.Tensor:
         """Zero the gradients, forward, loss, backward (all-reduced), optimizer step.
@@ -80,6 +83,8 @@ class DistributedLearner:
         targets = to_device(targets, device)
         if self.runtime.nworld == 1:
             return self._alone(inputs, targets, mask)
+        if not self._hooked:
+            self._riders, self._hooked = _riders_on(self.model), True
         riders = self._riders
         if riders is None:
             return self._with_collectives(inputs, targets, mask)
@@ -193,6 +198,11 @@ _registered: weakref.WeakKeyDictionary[DistributedDataParallel, _Riders] = (
     weakref.WeakKeyDictionary()
 )
 _RIDING_DTYPES = (torch.float32, torch.float64)  # a row count stays exact in these
+
+
+def carries_rows(model: Any) -> bool:
+    """Whether a learner's comm hook is registered on `model` (a DDP takes one hook)."""
+    return model in _registered
 
 
 def _riders_on(model: Any) -> _Riders | None:

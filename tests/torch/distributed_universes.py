@@ -228,10 +228,15 @@ def laws(mv: Any) -> list[dict[str, Any]] | None:
     by_hand = group._get_sequence_number_for_group() - before
     out["collectives"] = (stepped, by_hand)
     out["hand_after_learner"] = params(net)
+    try:  # after a learner's step, the model's one comm hook is the learner's
+        learner.model.register_comm_hook(None, allreduce_hook)
+        out["late_hook"] = "registered"
+    except ArgumentError as err:
+        out["late_hook"] = str(err)
     net = model("module", seed=rank)
     synced = mv.sync(net)
-    synced.register_comm_hook(None, allreduce_hook)
     learner = mv.learner(synced, optimizer("sgd", net.parameters()))
+    synced.register_comm_hook(None, allreduce_hook)  # after the learner, before its step
     before = group._get_sequence_number_for_group()
     losses = [float(learner.step(x[k, rows], y[k, rows])) for k in range(STEPS)]
     out["own_hook"] = ((losses, params(net)), group._get_sequence_number_for_group() - before)

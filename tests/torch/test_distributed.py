@@ -99,6 +99,11 @@ def test_a_hand_written_step_on_a_learners_model_is_ddps_mean(ranks):
             np.testing.assert_allclose(r["hand_after_learner"][name], value, **TOL)
 
 
+def test_a_comm_hook_registered_after_a_learners_step_is_refused_naming_the_fix(ranks):
+    for r in ranks:
+        assert "registered before the learner's first step" in r["late_hook"]
+
+
 def test_a_model_with_its_own_comm_hook_keeps_it_and_meets_the_law(ranks):
     x, y = U.batches(2)
     want = reference("module", "sgd", x, y)
