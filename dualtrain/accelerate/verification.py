@@ -13,9 +13,12 @@ import atexit
 import contextlib
 import ctypes
 import os
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from dualtrain.accelerate.compare import compare
@@ -28,18 +31,19 @@ __all__ = ["Verification"]
 class _Abandoned(BaseException):
     """Raised inside a verification thread still running when the interpreter exits.
 
-    It is made (``__init__`` runs) in the thread it lands in. Once the thread has swallowed
-    stops for `PARK_AFTER_S` it parks there for good instead: blocked on a lock that is
-    never released, at a Python check point with the interpreter's lock free, it neither
-    runs on nor comes back from native code while the interpreter finalizes.
+    It is made (``__init__`` runs) in the thread it lands in, where it is first handled
+    (a ``finally``, a ``with``'s exit, an ``except``: often a library's). Once the thread
+    has swallowed stops for `PARK_AFTER_S`, it also sets a trace function in that thread
+    (`_park_where_parkable`) that parks the thread at its next call into the user's own
+    code: blocked on a lock that is never released, at a Python line with the
+    interpreter's lock free, it neither runs on nor comes back from native code while the
+    interpreter finalizes.
     """
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
-        ident = threading.get_ident()
-        if ident in _parking:
-            _parked.add(ident)
-            _NEVER.acquire()  # never returns: the process ends with the thread parked here
+        if threading.get_ident() in _parking:
+            sys.settrace(_park_where_parkable)  # this thread's only
 
 
 _verifying: set[Verification] = set()
@@ -48,6 +52,44 @@ _parked: set[int] = set()  # threads parked for good
 _NEVER = threading.Lock()
 _NEVER.acquire()
 PARK_AFTER_S = 1.0  # seconds of swallowed stops before a thread is parked instead
+# Code that holds a lock while it calls other code (a logging handler's, the import lock,
+# a Condition's): a thread parked below one of theirs would keep it, and the exit's later
+# steps (logging.shutdown, JAX's clean-up) would wait for it for ever.
+_LOCKING = frozenset(
+    {"logging", "threading", "importlib", "_frozen_importlib", "_frozen_importlib_external",
+     "queue", "concurrent", "multiprocessing"}
+)  # fmt: skip
+_LIBRARIES = tuple(
+    {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+_OURS = frozenset({"dualtrain", "dualtrain_torch", "dualtrain_jax"})
+
+
+def _park_where_parkable(frame: FrameType, event: str, arg: object) -> None:
+    # A trace function that never raises (one that raises is unset): it blocks, for good,
+    # at the first call into code where parking holds no lock (`_parkable`).
+    if event == "call" and _parkable(frame):
+        _parked.add(threading.get_ident())
+        _NEVER.acquire()
+
+
+def _parkable(frame: FrameType | None) -> bool:
+    """Whether a thread may park as `frame` starts.
+
+    In the user's own code (not a library's, whose locks are held across such a point:
+    JAX's backend lock, a cache's), and below no code that holds a lock while it calls
+    out (`_LOCKING`).
+    """
+    if frame is None:
+        return False
+    name, path = frame.f_globals.get("__name__", ""), frame.f_code.co_filename
+    if path.startswith(("<frozen", *_LIBRARIES)) or name.partition(".")[0] in _OURS:
+        return False
+    while frame is not None and frame.f_code is not _RUN_CODE:  # up to the thread's work
+        if str(frame.f_globals.get("__name__", "")).partition(".")[0] in _LOCKING:
+            return False
+        frame = frame.f_back
+    return True
 
 
 class Verification:
@@ -142,7 +184,8 @@ class Verification:
         ``except``) would otherwise leave the thread running into the interpreter's
         finalization, which ends a thread inside native code with an abort. Code that
         swallows every stop (a retry loop around the user's function) is parked after
-        `PARK_AFTER_S` instead: the next stop blocks the thread where it lands, for good.
+        `PARK_AFTER_S` instead: at its next call into the user's own code the thread
+        blocks there, for good. One that never calls it is left after `timeout_s`.
         """
         ident = self._thread.ident
         if ident is None:
@@ -164,6 +207,9 @@ class Verification:
         # In a forked child the thread does not exist: the start stays unverified there.
         self.ok, self.verified, self.reason = True, False, "unverified: the process forked"
         self._left = self.done = True
+
+
+_RUN_CODE = Verification._run.__code__  # the thread's own frames start below it
 
 
 def _checkpoint() -> None:

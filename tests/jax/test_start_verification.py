@@ -135,6 +135,39 @@ def test_an_exit_parks_a_verification_whose_code_swallows_every_stop(tmp_path):
     exits_quietly_while_verifying(script, tmp_path, runs=2)
 
 
+def test_an_exit_never_parks_a_verification_inside_a_lock_holding_logging_handler(tmp_path):
+    """The user's retry loop logs each attempt: a stop landing inside the handler (its lock
+    held) must not park the thread there, or logging.shutdown at exit waits for ever. It
+    parks in the user's own code, or is left after the deadline; the process exits."""
+    script = textwrap.dedent(
+        f"""
+        import logging, time
+        from dualtrain.accelerate.options import LadderOptions
+        from dualtrain.accelerate.verification import Verification
+
+        log = logging.getLogger("user")
+        log.addHandler(logging.FileHandler({str(tmp_path / "user.log")!r}))
+
+        class Reference:  # the user's function op by op, in a retry loop that logs
+            def check(self):
+                while True:
+                    try:
+                        log.warning("attempt %s", list(range(50)))
+                        sum(i * i for i in range(200))
+                    except BaseException:
+                        pass
+
+        Verification(Reference(), [], [], LadderOptions()).start()
+        time.sleep(0.3)
+        print("done", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
+
+
 def exits_quietly_while_verifying(script: str, tmp_path: Path, runs: int) -> None:
     """`script` (printing its result and the live verifications) exits 0, stopped quietly."""
     env = {**os.environ, "DUALTRAIN_CACHE_DIR": str(tmp_path)}
