@@ -152,6 +152,14 @@ class SyncedModule(DistributedDataParallel):
             )  # fmt: skip
         super().register_comm_hook(state, hook)
 
+    def _register_builtin_comm_hook(self, comm_hook_type: Any) -> None:
+        if carries_rows(self):
+            raise bad_argument(
+                "comm_hook_type", comm_hook_type, "registered before the learner's first "
+                "step (its rows ride in this DDP's buckets through a comm hook of its own)"
+            )  # fmt: skip
+        super()._register_builtin_comm_hook(comm_hook_type)
+
     def __getattr__(self, name: str) -> Any:
         return _wrapped_attribute(self, name)
 

@@ -172,13 +172,16 @@ class _Riders:
     hand on the same model) the hook is DDP's own: the mean over the processes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, group: Any) -> None:
+        self.group = group  # the DDP's process group (None: the default one)
         self.carried: torch.Tensor | None = None  # (2,) this process's rows and loss sum
         self.first: torch.futures.Future[torch.Tensor] | None = None  # bucket 0, reduced
         self.summed: torch.Tensor | None = None  # (2,) rows and loss sum over the processes
 
     def carry(self, rows: torch.Tensor, loss_sum: torch.Tensor) -> None:
-        self.carried = torch.stack([rows.to(loss_sum.dtype), loss_sum.detach()])
+        # float64 here, the bucket's float32/64 on the wire: a half-type loss (autocast)
+        # would round the row count (257 rows are 256 in bfloat16)
+        self.carried = torch.stack([rows.double(), loss_sum.detach().double()])
 
     def totals(self) -> torch.Tensor:
         """The global (rows, loss sum), once the backward (which waits for every bucket) ran."""
@@ -217,20 +220,30 @@ def _riders_on(model: Any) -> _Riders | None:
         return _registered[model]
     if any(p.dtype not in _RIDING_DTYPES for p in model.parameters() if p.requires_grad):
         return None
-    riders = _Riders()
+    if any(_sparse_gradient(m) for m in model.module.modules()):
+        return None  # a sparse gradient's bucket holds no dense tail to carry the rows
+    if getattr(model, "_comm_hooks", None):
+        return None  # the user registered a comm hook of their own: theirs stays
+    riders = _Riders(getattr(model, "process_group", None))
     try:
         model.register_comm_hook(riders, _rows_in_first_bucket)
-    except RuntimeError:  # the user registered a comm hook of their own: theirs stays
+    except RuntimeError:  # a hook registered another way (a built-in one): it stays
         return None
     _registered[model] = riders
     return riders
+
+
+def _sparse_gradient(module: torch.nn.Module) -> bool:
+    # What DDP itself reads to expect a sparse gradient (a bucket of its own).
+    embeddings = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return isinstance(module, embeddings) and bool(module.sparse)
 
 
 def _rows_in_first_bucket(riders, bucket):
     # No annotations: DDP compares them with its own classes, and this module's are strings.
     carried = riders.carried
     if carried is None:  # a backward outside a learner step: DDP's own mean
-        return allreduce_hook(None, bucket)
+        return allreduce_hook(riders.group, bucket)
     grads = bucket.buffer()
     if bucket.index() == 0:  # DDP launches bucket 0 first: the rows ride with it
         wire = torch.cat([grads, carried.to(grads.device, grads.dtype)])
@@ -241,12 +254,13 @@ def _rows_in_first_bucket(riders, bucket):
             riders.summed = summed[-2:].clone()
             return grads.copy_(summed[:-2]).div_(summed[-2].clamp(min=1))
 
-        riders.first = dist.all_reduce(wire, async_op=True).get_future().then(unpack)
+        reducing = dist.all_reduce(wire, group=riders.group, async_op=True)
+        riders.first = reducing.get_future().then(unpack)
         return riders.first
     first = riders.first
     if first is None:
         raise RuntimeError("DDP reduced a later gradient bucket before its first")
-    reduced = dist.all_reduce(grads, async_op=True).get_future()
+    reduced = dist.all_reduce(grads, group=riders.group, async_op=True).get_future()
 
     def scale(_: torch.futures.Future[Any]) -> torch.Tensor:
         return grads.div_(riders.summed[0].clamp(min=1))

@@ -57,6 +57,18 @@ def wide_model(seed: int) -> nn.Module:
     )  # fmt: skip
 
 
+def bag_model(seed: int) -> nn.Module:
+    """Bags of 3 ids out of 20 -> 8 features (a sparse gradient) -> CLASSES logits."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.EmbeddingBag(20, 8, mode="sum", sparse=True), nn.Linear(8, CLASSES))
+
+
+def bag_batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(2000 + 100 * rank + step)
+    n = UNEVEN_ROWS[rank]
+    return torch.randint(0, 20, (n, 3), generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+
+
 def optimizer(kind: str, params: Any) -> torch.optim.Optimizer:
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.1, momentum=0.9)
@@ -247,6 +259,27 @@ def laws(mv: Any) -> list[dict[str, Any]] | None:
     before = group._get_sequence_number_for_group()
     losses = [float(learner.step(*uneven_batch(rank, k))) for k in range(STEPS)]
     out["buckets"] = ((losses, params(net)), group._get_sequence_number_for_group() - before)
+    # A sparse gradient (EmbeddingBag(sparse=True)) has a bucket of its own with no dense
+    # tail: the rows are summed apart, and the law holds.
+    net = bag_model(seed=rank)
+    learner = mv.learner(net, optimizer("sgd", net.parameters()))
+    before = group._get_sequence_number_for_group()
+    losses = [float(learner.step(*bag_batch(rank, k))) for k in range(STEPS)]
+    out["sparse"] = ((losses, params(net)), group._get_sequence_number_for_group() - before)
+    # A DDP over a process group of its own: the learner's collectives run on that group.
+    subgroup = torch.distributed.new_group([0, 1])
+    net = model("module", seed=rank)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=subgroup)
+    learner = mv.learner(ddp, optimizer("sgd", net.parameters()))
+    on_world, on_group = (
+        group._get_sequence_number_for_group(), subgroup._get_sequence_number_for_group()
+    )  # fmt: skip
+    losses = [float(learner.step(x[k, rows], y[k, rows])) for k in range(STEPS)]
+    out["subgroup"] = (
+        (losses, params(net)),
+        group._get_sequence_number_for_group() - on_world,
+        subgroup._get_sequence_number_for_group() - on_group,
+    )
     # What leaving waits for: gloo's threads have dropped every tensor the adapter handed
     # them (an abort at exit, now and then, otherwise: dualtrain_torch.distributed_exit).
     mv.reduce(float(rank))

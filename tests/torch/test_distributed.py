@@ -135,6 +135,50 @@ def test_every_bucket_of_a_several_bucket_model_is_the_global_mean(ranks):
         assert collectives >= 2 * U.STEPS  # several buckets, each an all-reduce
 
 
+def reference_uneven(make, batch, opt="sgd"):
+    """One process on both ranks' uneven batches (UNEVEN_ROWS) together."""
+    parts = [[batch(rank, k) for k in range(U.STEPS)] for rank in range(2)]
+    net = make(seed=0)
+    optimizer = U.optimizer(opt, net.parameters())
+    losses = []
+    for k in range(U.STEPS):
+        x = torch.cat([parts[0][k][0], parts[1][k][0]])
+        y = torch.cat([parts[0][k][1], parts[1][k][1]])
+        optimizer.zero_grad()
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses, U.params(net)
+
+
+def test_a_model_with_a_sparse_gradient_sums_its_rows_apart_and_meets_the_law(ranks):
+    want = reference_uneven(U.bag_model, U.bag_batch)
+    by_hand = ranks[0]["collectives"][1]
+    for r in ranks:
+        got, collectives = r["sparse"]
+        assert_same(got, want)
+        assert collectives >= (by_hand + 2) * U.STEPS  # its buckets, the rows and the loss
+
+
+def test_a_ddp_over_its_own_process_group_reduces_on_that_group(ranks):
+    x, y = U.batches(2)
+    want = reference("module", "sgd", x, y)
+    for r in ranks:
+        got, on_world, on_group = r["subgroup"]
+        assert_same(got, want)
+        assert on_world == 0 and on_group >= U.STEPS  # nothing on the default group
+
+
+def test_the_rows_ride_exactly_whatever_the_losss_dtype():
+    """257 rows are 256 in bfloat16: the row count rides in float64 until the bucket."""
+    from dualtrain_torch.distributed_learner import _Riders
+
+    riders = _Riders(None)
+    riders.carry(torch.tensor(257), torch.tensor(3.25, dtype=torch.bfloat16))
+    assert riders.carried is not None and riders.carried.tolist() == [257.0, 3.25]
+
+
 def test_a_hand_written_ddp_loop_on_a_synced_model_meets_the_same_law(ranks):
     x, y = U.batches(2)
     _, want = reference("module", "sgd", x, y)
