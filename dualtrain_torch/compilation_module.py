@@ -11,6 +11,7 @@ versions).
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,11 @@ def _onnx_exporting_check() -> Callable[[], bool]:
 _onnx_exporting = _onnx_exporting_check()
 # Autocast's per-device reading costs 0.7 µs; whether any is on, 0.1 µs.
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+# Read per call by the quick key: bound once (each attribute walk is 30-60 ns).
+_Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_training = operator.attrgetter("training")
 
 
 class AcceleratedForward:
@@ -122,28 +128,34 @@ class AcceleratedForward:
             return None
         if _onnx_exporting():
             return None
-        parts: list[Any] = [
-            self.module.training, torch.is_grad_enabled(), autocast() if _any_autocast() else ""
-        ]  # fmt: skip
+        root = self.module.training
+        parts: list[Any] = [root, _grad_enabled(), autocast() if _any_autocast() else ""]
         for x in args:
-            if type(x) is not torch.Tensor or torch._C._functorch.is_functorch_wrapped_tensor(x):
+            if type(x) is not _Tensor or _functorch_wrapped(x):
                 return None
             parts.append((x.shape, x.dtype, x.device, x.requires_grad))
         tree = self._tree
         if tree is None:
             tree = self._tree = list(self.module.modules())  # refreshed by the slow path
-        root = self.module.training
-        parts.append(modes(self.module) if any(m.training != root for m in tree) else "")
+        # Every submodule in the root's mode (the common case), read in C: all() over map.
+        alike = all(map(_training, tree)) if root else not any(map(_training, tree))
+        parts.append("" if alike else modes(self.module))
         return tuple(parts)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module = self.module
         quick = self._quick_key(args, kwargs)
         seen = None if quick is None else self._quick.get(quick)
         runner = None if seen is None else self.decider.known(*seen)
         if runner is not None:
             assert seen is not None
+            if runner is self._bound:  # decided for eager: nothing to snapshot or fall from
+                return runner(*args, **kwargs)
             return self._run(runner, seen[0], seen[1], args, kwargs)
+        return self._decided(quick, args, kwargs)
+
+    def _decided(self, quick: Any, args: Any, kwargs: Any) -> Any:
+        """A call whose signature the quick table does not hold: keyed in full, decided."""
+        module = self.module
         if foreign(args, kwargs):
             return self.eager()(*args, **kwargs)
         self._tree = None  # a submodule added since is seen from the next call on
