@@ -110,23 +110,25 @@ class DistributedLearner:
         all-reduces more than DDP's, the rows' before the backward and the loss's after it.
         """
         comm = self.runtime.comm_device
+        group = getattr(self.model, "process_group", None)  # the DDP's (None: the default)
+        replicas = dist.get_world_size(group)
         with self.runtime.counted_step():
             # The rows that count are known before the forward: their global number is
             # summed while the forward runs (a blocking collective here cost 10-20% a step).
             counted = count_rows(inputs, mask, self.runtime.device).to(comm)
             handed(counted)
-            counting = dist.all_reduce(counted, async_op=True)
+            counting = dist.all_reduce(counted, group=group, async_op=True)
             self.optimizer.zero_grad(set_to_none=True)
             losses = self.loss_fn(self.model(*inputs), targets)
             local_sum, _ = local_loss(losses, inputs, mask)
             counting.wait()
             total = counted[0].to(local_sum.device).clamp(min=1)
-            # DDP averages over the N processes: N * local_sum / global_count averages to
+            # DDP averages over its N replicas: N * local_sum / global_count averages to
             # the global mean's gradient.
-            (local_sum * (self.runtime.nworld / total).to(local_sum.dtype)).backward()
+            (local_sum * (replicas / total).to(local_sum.dtype)).backward()
             summed = local_sum.detach().double().reshape(1).to(comm)
             handed(summed)
-            summing = dist.all_reduce(summed, async_op=True)
+            summing = dist.all_reduce(summed, group=group, async_op=True)
             self.optimizer.step()  # while the loss is summed
             summing.wait()
             self.steps += 1
@@ -236,7 +238,7 @@ def _riders_on(model: Any) -> _Riders | None:
 def _sparse_gradient(module: torch.nn.Module) -> bool:
     # What DDP itself reads to expect a sparse gradient (a bucket of its own).
     embeddings = (torch.nn.Embedding, torch.nn.EmbeddingBag)
-    return isinstance(module, embeddings) and bool(module.sparse)
+    return isinstance(module, embeddings) and module.sparse and module.weight.requires_grad
 
 
 def _rows_in_first_bucket(riders, bucket):

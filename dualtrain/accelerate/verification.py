@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import ctypes
 import os
+import site
 import sys
 import sysconfig
 import threading
@@ -42,12 +43,17 @@ class _Abandoned(BaseException):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
-        if threading.get_ident() in _parking:
+        ident = threading.get_ident()
+        if ident in _parking:
+            # No stop is sent from here on (`abandon`): one landing between the tracer's
+            # note that it parks and its wait would unset it with the thread still running.
+            _tracing.add(ident)
             sys.settrace(_park_where_parkable)  # this thread's only
 
 
 _verifying: set[Verification] = set()
-_parking: set[int] = set()  # threads whose next stop parks them
+_parking: set[int] = set()  # threads whose next stop sets the parking tracer
+_tracing: set[int] = set()  # threads whose parking tracer is set: no more stops
 _parked: set[int] = set()  # threads parked for good
 _NEVER = threading.Lock()
 _NEVER.acquire()
@@ -55,13 +61,17 @@ PARK_AFTER_S = 1.0  # seconds of swallowed stops before a thread is parked inste
 # Code that holds a lock while it calls other code (a logging handler's, the import lock,
 # a Condition's): a thread parked below one of theirs would keep it, and the exit's later
 # steps (logging.shutdown, JAX's clean-up) would wait for it for ever.
+# (functools: Python 3.11's cached_property holds one lock while a getter runs.)
 _LOCKING = frozenset(
     {"logging", "threading", "importlib", "_frozen_importlib", "_frozen_importlib_external",
-     "queue", "concurrent", "multiprocessing"}
+     "queue", "concurrent", "multiprocessing", "functools", "sched"}
 )  # fmt: skip
 _LIBRARIES = tuple(
     {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    | set(site.getsitepackages())
+    | {site.getusersitepackages()}
 )
+_INSTALLED = ("/site-packages/", "/dist-packages/")  # any environment's installed packages
 _OURS = frozenset({"dualtrain", "dualtrain_torch", "dualtrain_jax"})
 
 
@@ -82,8 +92,11 @@ def _parkable(frame: FrameType | None) -> bool:
     """
     if frame is None:
         return False
-    name, path = frame.f_globals.get("__name__", ""), frame.f_code.co_filename
-    if path.startswith(("<frozen", *_LIBRARIES)) or name.partition(".")[0] in _OURS:
+    name, path = str(frame.f_globals.get("__name__", "")), frame.f_code.co_filename
+    if (
+        path.startswith(("<frozen", *_LIBRARIES)) or any(part in path for part in _INSTALLED)
+        or name.partition(".")[0] in _OURS
+    ):  # fmt: skip
         return False
     while frame is not None and frame.f_code is not _RUN_CODE:  # up to the thread's work
         if str(frame.f_globals.get("__name__", "")).partition(".")[0] in _LOCKING:
@@ -199,8 +212,8 @@ class Verification:
                 break
             if waited >= PARK_AFTER_S:
                 _parking.add(ident)
-            if not self._left:  # read and sent with no check point between: no thread switch
-                send(tid, stop)
+            if not self._left and ident not in _tracing:  # read and sent with no check
+                send(tid, stop)  # point between: no thread switch
             self._thread.join(0.02)
 
     def _forked(self) -> None:

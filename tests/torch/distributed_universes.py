@@ -280,6 +280,16 @@ def laws(mv: Any) -> list[dict[str, Any]] | None:
         group._get_sequence_number_for_group() - on_world,
         subgroup._get_sequence_number_for_group() - on_group,
     )
+    # Each rank a DDP of its own (a group of one): the learner's rows, loss and scaling are
+    # that group's, on the hook's path and on the fallback's (a sparse gradient) alike.
+    alone = [torch.distributed.new_group([r]) for r in range(nworld)][rank]
+    for name, make, batch in (("alone/dense", wide_model, uneven_batch),
+                              ("alone/sparse", bag_model, bag_batch)):  # fmt: skip
+        net = make(seed=0)
+        ddp = torch.nn.parallel.DistributedDataParallel(net, process_group=alone)
+        learner = mv.learner(ddp, optimizer("sgd", net.parameters()))
+        losses = [float(learner.step(*batch(rank, k))) for k in range(STEPS)]
+        out[name] = (losses, params(net))
     # What leaving waits for: gloo's threads have dropped every tensor the adapter handed
     # them (an abort at exit, now and then, otherwise: dualtrain_torch.distributed_exit).
     mv.reduce(float(rank))

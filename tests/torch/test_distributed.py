@@ -170,6 +170,27 @@ def test_a_ddp_over_its_own_process_group_reduces_on_that_group(ranks):
         assert on_world == 0 and on_group >= U.STEPS  # nothing on the default group
 
 
+@pytest.mark.parametrize("name", ["alone/dense", "alone/sparse"])
+def test_a_ddp_of_one_rank_steps_on_that_ranks_rows_alone(ranks, name):
+    """Groups of one: each rank's learner is a plain step on its own rows (rows, loss and
+    scaling from the DDP's group, not the default one), with or without the hook."""
+    make, batch = (U.wide_model, U.uneven_batch) if name == "alone/dense" else (
+        U.bag_model, U.bag_batch
+    )  # fmt: skip
+    for rank, r in enumerate(ranks):
+        net = make(seed=0)
+        optimizer = U.optimizer("sgd", net.parameters())
+        losses = []
+        for k in range(U.STEPS):
+            x, y = batch(rank, k)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+        assert_same(r[name], (losses, U.params(net)))
+
+
 def test_the_rows_ride_exactly_whatever_the_losss_dtype():
     """257 rows are 256 in bfloat16: the row count rides in float64 until the bucket."""
     from dualtrain_torch.distributed_learner import _Riders
