@@ -189,4 +189,13 @@ OPS: dict[str, Callable[..., Any]] = {
     "add": jnp.add,
     "mean": lambda x, axis, keepdims: jnp.mean(x, axis=axis, keepdims=keepdims),
     "matmul": jnp.matmul,
+    "pad": lambda x, pads, value: jnp.pad(
+        x, ((0, 0),) * (x.ndim - len(pads)) + pads, constant_values=value
+    ),
+    "cross_entropy": lambda logits, labels: (
+        -jnp.take_along_axis(
+            jax.nn.log_softmax(logits, axis=-1), labels[:, None].astype(jnp.int32), axis=-1
+        ).mean()
+    ),
+    "accuracy": lambda logits, labels: (logits.argmax(-1) == labels).astype(logits.dtype).mean(),
 }

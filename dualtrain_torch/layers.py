@@ -169,4 +169,10 @@ OPS: dict[str, Callable[..., Any]] = {
         else x.mean(dim=tuple(range(x.ndim)) if axis is None else axis, keepdim=keepdims)
     ),
     "matmul": torch.matmul,
+    # F.pad takes the last axis first
+    "pad": lambda x, pads, value: F.pad(
+        x, [s for pair in reversed(pads) for s in pair], value=value
+    ),
+    "cross_entropy": lambda logits, labels: F.cross_entropy(logits, labels.long()),
+    "accuracy": lambda logits, labels: (logits.argmax(-1) == labels).to(logits.dtype).mean(),
 }

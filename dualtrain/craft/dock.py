@@ -32,12 +32,15 @@ from __future__ import annotations
 from dualtrain.craft import ops
 from dualtrain.craft.craft import Craft as Craft  # Nebulae's spelling: class Net(dock.Craft)
 from dualtrain.craft.ops import (  # the functional ops live in dock too: dock.relu(x)
+    accuracy as accuracy,
     add as add,
     concat as concat,
+    cross_entropy as cross_entropy,
     gelu as gelu,
     log_softmax as log_softmax,
     matmul as matmul,
     mean as mean,
+    pad as pad,
     relu as relu,
     sigmoid as sigmoid,
     softmax as softmax,

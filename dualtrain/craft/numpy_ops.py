@@ -26,6 +26,20 @@ def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
 
 
+def _pad(x: np.ndarray, pads: tuple[tuple[int, int], ...], value: float) -> np.ndarray:
+    widths = ((0, 0),) * (x.ndim - len(pads)) + pads
+    return np.pad(x, widths, constant_values=value)
+
+
+def _cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    picked = np.take_along_axis(_log_softmax(logits, -1), labels[:, None].astype(np.int64), -1)
+    return -picked.mean().astype(logits.dtype)
+
+
+def _accuracy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    return (logits.argmax(-1) == labels).mean().astype(logits.dtype)
+
+
 OPS: dict[str, Any] = {
     "relu": lambda x: np.maximum(x, 0),
     "gelu": lambda x: (0.5 * x * (1 + _erf(x / math.sqrt(2)).astype(np.float64))).astype(x.dtype),
@@ -37,4 +51,7 @@ OPS: dict[str, Any] = {
     "add": np.add,
     "mean": lambda x, axis, keepdims: np.mean(x, axis=axis, keepdims=keepdims),
     "matmul": np.matmul,
+    "pad": _pad,
+    "cross_entropy": _cross_entropy,
+    "accuracy": _accuracy,
 }

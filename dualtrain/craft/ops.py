@@ -10,16 +10,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from dualtrain import backends
 from dualtrain.craft import numpy_ops
+from dualtrain.errors import ShapeError, bad_argument
 
 __all__ = [
+    "accuracy",
     "add",
     "concat",
+    "cross_entropy",
     "gelu",
     "log_softmax",
     "matmul",
     "mean",
+    "pad",
     "relu",
     "sigmoid",
     "softmax",
@@ -98,3 +104,71 @@ def mean(x: Any, axis: int | tuple[int, ...] | None = None, keepdims: bool = Fal
 def matmul(a: Any, b: Any) -> Any:
     """Matrix product with broadcasting over leading axes."""
     return _op("matmul", a, b)(a, b)
+
+
+def pad(x: Any, pads: Sequence[Sequence[int]], value: float = 0.0) -> Any:
+    """`x` padded with `value` on its last ``len(pads)`` axes.
+
+    Args:
+        x: an array of any rank >= ``len(pads)``.
+        pads: ``(low, high)`` per padded axis, first axis first, as `dualtrain.autopad`
+            gives them: ``pad(x, ((1, 1), (0, 2)))`` on ``(N, C, H, W)`` adds a row above and
+            below and two columns on the right.
+        value: the padding value.
+
+    Raises:
+        ArgumentError: pads that are not non-negative int pairs, or more of them than axes.
+    """
+    checked = _check_pads(pads, x)
+    return _op("pad", x)(x, checked, float(value))
+
+
+def cross_entropy(logits: Any, labels: Any) -> Any:
+    """The mean over rows of ``-log_softmax(logits)[i, labels[i]]``: a scalar.
+
+    Args:
+        logits: ``(N, K)`` floating scores.
+        labels: ``(N,)`` integer classes in ``[0, K)``.
+
+    Raises:
+        ShapeError: shapes other than ``(N, K)`` and ``(N,)``.
+    """
+    _check_classes("cross_entropy", logits, labels)
+    return _op("cross_entropy", logits)(logits, labels)
+
+
+def accuracy(logits: Any, labels: Any) -> Any:
+    """The fraction of rows whose largest score is at their label: a scalar of logits' dtype.
+
+    Args:
+        logits: ``(N, K)`` scores.
+        labels: ``(N,)`` integer classes.
+
+    Raises:
+        ShapeError: shapes other than ``(N, K)`` and ``(N,)``.
+    """
+    _check_classes("accuracy", logits, labels)
+    return _op("accuracy", logits)(logits, labels)
+
+
+def _check_pads(pads: Any, x: Any) -> tuple[tuple[int, int], ...]:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    ok = isinstance(pads, (tuple, list)) and all(
+        isinstance(p, (tuple, list)) and len(p) == 2 and all(is_int(v) and v >= 0 for v in p)
+        for p in pads
+    )
+    if not ok or len(pads) > len(x.shape):
+        raise bad_argument(
+            "pads",
+            pads,
+            f"(low, high) pairs of ints >= 0, at most one per axis of {tuple(x.shape)}",
+        )
+    return tuple((int(lo), int(hi)) for lo, hi in pads)
+
+
+def _check_classes(name: str, logits: Any, labels: Any) -> None:
+    shape, rows = tuple(logits.shape), tuple(labels.shape)
+    if len(shape) != 2 or rows != shape[:1]:
+        raise ShapeError(f"{name} takes logits (N, K) and labels (N,); got {shape} and {rows}")

@@ -134,7 +134,11 @@ def test_autopad_orders_axes_like_the_input():
         (lambda: dock.Conv(3, 4, 3, padding="full"), "padding must be 'same', 'valid'"),
         (
             lambda: dock.MaxPool(2, padding=2),
-            "padding must be non-negative ints of at most kernel/2",
+            "padding must be a non-negative int, or 2 of them, each at most kernel/2",
+        ),
+        (
+            lambda: dock.MaxPool((2, 2), padding=((0, 0), (0, 0))),
+            "not (low, high) pairs: pad first with dock.pad(x, pairs, value)",
         ),
         (lambda: dock.Dropout(1.0), "p must be a float in [0, 1); got p=1.0"),
         (lambda: dock.BatchNorm(4, momentum=2), "momentum must be a float in [0, 1]"),

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import dualtrain
 from dualtrain import convert
 from dualtrain.craft import Craft, dock, reference_forward
 from tests.strategies import LAYER_KINDS, dock_cases
@@ -193,6 +194,7 @@ OPS = {
     "add": lambda ops, x: ops.add(x, x[..., :1]),
     "mean": lambda ops, x: ops.mean(x, axis=-1, keepdims=True),
     "matmul": lambda ops, x: ops.matmul(x, x.T if x.ndim == 2 else x),
+    "pad": lambda ops, x: ops.pad(x, ((1, 0), (0, 2)), value=-1.5),
 }
 
 
@@ -210,3 +212,49 @@ def test_functional_ops_torch_equal_jax_equal_reference(op, shape, seed):
     got_torch = OPS[op](dock, torch.from_numpy(x)).numpy()
     close(got_torch, expected, 1e-12)
     close(got_jax, expected, 1e-12)
+
+
+@settings(max_examples=15)
+@given(
+    rows=st.integers(1, 6),
+    classes=st.integers(1, 5),
+    seed=st.integers(0, 2**31),
+)
+def test_cross_entropy_and_accuracy_torch_equal_jax_equal_reference(rows, classes, seed):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(rows, classes)) * 3
+    labels = rng.integers(0, classes, rows)
+    # the reference by its definition, row by row
+    logp = logits - logits.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    want_xe = -np.mean([logp[i, labels[i]] for i in range(rows)])
+    want_acc = np.mean([int(np.argmax(logits[i]) == labels[i]) for i in range(rows)])
+    for op, want in ((dock.cross_entropy, want_xe), (dock.accuracy, want_acc)):
+        close(np.asarray(op(logits, labels)), np.asarray(want), 1e-12)
+        with jax.enable_x64(True):
+            close(np.asarray(op(jnp.asarray(logits), jnp.asarray(labels))), np.asarray(want), 1e-12)
+        got = op(torch.from_numpy(logits), torch.from_numpy(labels)).numpy()
+        close(got, np.asarray(want), 1e-12)
+    # cross_entropy is torch's own loss, and its gradient flows under both frameworks
+    t = torch.from_numpy(logits).requires_grad_()
+    dock.cross_entropy(t, torch.from_numpy(labels)).backward()
+    jgrad = jax.grad(lambda z: dock.cross_entropy(z, jnp.asarray(labels)))(
+        jnp.asarray(logits, "float32")
+    )
+    close(np.asarray(jgrad), t.grad.numpy(), 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda x: dock.pad(x, (1, 1)), "pads must be (low, high) pairs of ints >= 0"),
+        (lambda x: dock.pad(x, ((0, -1),)), "pads must be (low, high) pairs of ints >= 0"),
+        (lambda x: dock.pad(x, ((0, 1),) * 3), "at most one per axis of (2, 3)"),
+        (lambda x: dock.cross_entropy(x, np.zeros(3, "int64")), "labels (N,); got (2, 3) and (3,)"),
+        (lambda x: dock.accuracy(x[0], np.zeros(2, "int64")), "logits (N, K) and labels (N,)"),
+    ],
+)
+def test_bad_op_inputs_are_named(call, message):
+    with pytest.raises(dualtrain.DualtrainError) as info:
+        call(np.zeros((2, 3), "float32"))
+    assert message in str(info.value)

@@ -29,9 +29,21 @@ class _Pool(Layer):
         stride = self.kernel if self.stride is None else self.stride
         object.__setattr__(self, "stride", to_tuple(stride, nd, "stride"))
         pads = (self.padding,) * nd if is_int(self.padding) else items(self.padding)
+        if any(isinstance(p, (tuple, list)) for p in pads):
+            # torch's pools pad both sides alike; uneven padding is a pad before the pool
+            raise bad_argument(
+                "padding",
+                self.padding,
+                f"one int per axis ({nd} of them, each at most kernel/2), not (low, high) "
+                "pairs: pad first with dock.pad(x, pairs, value) and pool with padding=0",
+            )
         ok = len(pads) == nd and all(is_int(p) and p >= 0 for p in pads)
         if not ok or any(2 * p > k for p, k in zip(pads, self.kernel, strict=True)):
-            raise bad_argument("padding", self.padding, "non-negative ints of at most kernel/2")
+            raise bad_argument(
+                "padding",
+                self.padding,
+                f"a non-negative int, or {nd} of them, each at most kernel/2",
+            )
         object.__setattr__(self, "padding", tuple(int(p) for p in pads))
 
     def check_input(self, x: Any, *rest: Any, train: bool = False, **kwargs: Any) -> None:
