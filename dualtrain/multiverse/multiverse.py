@@ -200,7 +200,8 @@ class Multiverse:
             "nworld": self._requested, "backend": self.backend, "timeout": self.timeout,
             "engine": self.engine, **self._sync_options,
         }  # fmt: skip
-        payload = (Multiverse, self.universe, config, args, steps)
+        # The class itself, so a subclass (the Nebulae compat's) is what each worker runs.
+        payload = (type(self), self.universe, config, args, steps)
         return run_workers(run_worker, [payload] * n, envs, steps)
 
     def init(self) -> Multiverse:

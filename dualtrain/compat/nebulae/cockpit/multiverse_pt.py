@@ -1,0 +1,67 @@
+"""Nebulae's ``Multiverse`` (``nebulae.cockpit.multiverse_pt``; the demos say ``neb.law``).
+
+dualtrain's Multiverse under torch with Nebulae's calls: ``mv.Executor`` marks a step
+function and changes nothing (Nebulae's did the same), and ``mv.sync(models, data)``
+returns the synced models followed by the data, as one tuple.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from dualtrain.craft.craft import Craft
+from dualtrain.errors import bad_argument
+from dualtrain.multiverse.multiverse import Multiverse as _Multiverse
+
+__all__ = ["Multiverse"]
+
+
+def _module(model: Any) -> Any:
+    return model.module() if isinstance(model, Craft) and hasattr(model, "module") else model
+
+
+class Multiverse(_Multiverse):
+    """``Multiverse(universe, nworld=1)``: ``mv()`` runs ``universe(mv)`` on `nworld` processes.
+
+    Each process is a torch worker (gloo on the CPU, NCCL on GPUs); Tanks given to `sync`
+    serve each process its share of every epoch, where Nebulae's gave every process all of
+    it. `options` are dualtrain's (``timeout``, DDP's keywords).
+    """
+
+    def __init__(self, universe: Callable[..., Any], nworld: int = 1, **options: Any) -> None:
+        options.setdefault("backend", "torch")
+        super().__init__(universe, nworld, **options)
+
+    def Executor(self, func: Callable[..., Any]) -> Callable[..., Any]:  # type: ignore[override]  # noqa: N802
+        """Nebulae's ``@mv.Executor`` on a step function: it runs the function as it is."""
+        if not callable(func):
+            raise bad_argument("func", func, "the step function to decorate")
+
+        @functools.wraps(func)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, **kwargs)
+
+        return step
+
+    def reduce(self, value: Any, aggregate: bool = False) -> Any:
+        """`value` averaged (`aggregate`: summed) over the processes; gradients pass through.
+
+        ``loss = mv.reduce(loss)`` before ``optz(loss)`` (Nebulae's demos) reports the
+        global mean and back-propagates the local loss, so DDP's averaged gradients are
+        the plain DDP step's. (Nebulae's reduce hid its all-reduce from autograd and so
+        divided the gradients by the number of processes.)
+        """
+        if getattr(value, "requires_grad", False) is True:
+            reduced = super().reduce(value.detach(), aggregate)
+            return value + (reduced - value).detach()
+        return super().reduce(value, aggregate)
+
+    def sync(self, models: Any, data: Any = ()) -> Any:
+        """``(*synced models, *data)``: models wrapped for DDP, Tanks sharded in place."""
+        many = isinstance(models, (tuple, list))
+        given = [_module(m) for m in (models if many else [models])]
+        synced = super().sync(given, data)
+        tanks = list(data) if isinstance(data, (tuple, list)) else [data]
+        return (*synced, *tanks)
