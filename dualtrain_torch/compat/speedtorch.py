@@ -6,9 +6,21 @@ swap the batch's rows (and their optimizer state) in before the forward pass and
 ``optimizer.step()``. The layout is SpeedTorch's (one row per id occurrence; the local ids
 of ``variableTransformer`` are NumPy ``arange`` arrays), and unlike SpeedTorch repeated ids
 are right: see `dualtrain_torch.compat.speedtorch_rows`. The result equals
-``dualtrain_torch.attach(..., mode="lazy")``. The CuPy-named classes (``ModelFactory``,
-``OptimizerFactory``) and the torch-named ones (``PytorchModelFactory``, ...) are the same
-classes here; the tables are pinned when CUDA is present.
+``dualtrain_torch.attach(..., mode="lazy")``.
+
+Every class of SpeedTorch's package is here under its name, taking SpeedTorch's arguments
+in SpeedTorch's order with SpeedTorch's defaults: the CuPy classes (``ModelFactory``,
+``OptimizerFactory``, ``DataGadget``, ``COM``), the torch ones (``PytorchModelFactory``,
+``GPUPytorch...``, ``CPUPytorch...``, ``...COM``) and the memmap ones (``...MM``). The
+factories are all `ModelFactory` / `OptimizerFactory` underneath; they differ only in their
+arguments. One default differs: ``deviceType=None`` means "cuda" when CUDA is present, else
+"cpu" (SpeedTorch's "cuda" cannot run without a GPU; "cuda" given on a machine without one
+is refused, naming the argument). The tables live in host memory, pinned when CUDA is
+present, whatever ``CPUPinn`` or ``pinType`` say (both are checked to be bools). Arguments
+dualtrain adds (``deviceType`` on the classes SpeedTorch gave none, ``seed`` on the init
+methods) are keyword-only, so no positional call means something else than in SpeedTorch.
+SpeedTorch's CuPy allocator (``PMemory``, ``my_pinned_allocator`` and their ``MM`` twins)
+is not provided: importing it raises `RetiredError` saying why.
 
 Optimizers: those with a row-wise form (`dualtrain_torch.embeddings_optimizers.SUPPORTED`:
 SGD, Adam, AdamW, Adamax, NAdam, RAdam, Adagrad, RMSprop, Adadelta, Rprop, ASGD,
@@ -32,6 +44,14 @@ import torch
 from dualtrain.embeddings import EmbeddingStore
 from dualtrain.errors import bad_argument
 from dualtrain.interop import convert
+from dualtrain_torch.compat.nebulgym._retired import retire
+from dualtrain_torch.compat.speedtorch_com import (
+    COM,
+    COMMM,
+    CPUPytorchCOM,
+    GPUPytorchCOM,
+    PytorchCOM,
+)
 from dualtrain_torch.compat.speedtorch_files import (
     checked,
     load_npy,
@@ -39,13 +59,19 @@ from dualtrain_torch.compat.speedtorch_files import (
     save_npy,
     save_tensors,
 )
-from dualtrain_torch.compat.speedtorch_gadget import DataGadget
+from dualtrain_torch.compat.speedtorch_gadget import DataGadget, DataGadgetMM
 from dualtrain_torch.compat.speedtorch_rows import (
     Swapped,
+    adopt_memmap,
+    check_flag,
+    check_shape,
+    dtype_name,
     fill_like_torch,
     fill_seeded,
+    free_name,
     occurrence_rows,
     sum_repeats,
+    transfer_for,
     transfer_to,
 )
 from dualtrain_torch.embeddings_optimizers import (
@@ -56,22 +82,40 @@ from dualtrain_torch.embeddings_optimizers import (
 )
 
 __all__ = [
+    "COM",
+    "COMMM",
+    "CPUPytorchCOM",
     "CPUPytorchModelFactory",
     "CPUPytorchOptimizerFactory",
     "DataGadget",
+    "DataGadgetMM",
+    "GPUPytorchCOM",
     "GPUPytorchModelFactory",
     "GPUPytorchOptimizerFactory",
     "ModelFactory",
+    "ModelFactoryMM",
     "OptimizerFactory",
+    "OptimizerFactoryMM",
+    "PytorchCOM",
     "PytorchModelFactory",
     "PytorchOptimizerFactory",
 ]
 
+_ALLOCATOR = (
+    "it was SpeedTorch's CuPy allocator of pinned host memory; no CuPy is needed here: the "
+    "tables are pinned when CUDA is present (dualtrain.EmbeddingStore(..., pinned=True) asks "
+    "for it), and rows reach the GPU through dualtrain_torch.transfer.Transfer"
+)
+_RETIRED = {
+    "PMemory": _ALLOCATOR,
+    "my_pinned_allocator": _ALLOCATOR,
+    "PMemoryMM": _ALLOCATOR,
+    "my_pinned_allocatorMM": _ALLOCATOR,
+}
 
-def _dtype_name(datatype: Any) -> str:
-    if isinstance(datatype, torch.dtype):
-        return str(datatype).removeprefix("torch.")
-    return str(np.dtype(datatype)) if datatype != "bfloat16" else "bfloat16"
+
+def __getattr__(name: str) -> Any:
+    retire(__name__, name, _RETIRED)
 
 
 def _ids(pos: Any, neg: Any) -> tuple[Any, ...]:
@@ -81,15 +125,19 @@ def _ids(pos: Any, neg: Any) -> tuple[Any, ...]:
 class ModelFactory:
     """The rows of a big embedding, swapped into a small ``nn.Embedding`` per batch.
 
+    SpeedTorch's CuPy class: ``ModelFactory(model_variable, total_classes, embed_dimension,
+    datatype='float32', CPUPinn=False)``. The other model factories are this class with
+    their own arguments.
+
     Args:
         model_variable: the model's small ``nn.Embedding`` (its ``weight`` is swapped).
         total_classes: rows of the big table.
         embed_dimension: values per row.
-        datatype: NumPy dtype name or torch dtype of the table.
-        CPUPinn: accepted for SpeedTorch compatibility; the table is pinned when CUDA is
-            present either way.
-        deviceType: where the swapped rows live (default "cuda" if present, else "cpu").
-        pinType: accepted for SpeedTorch compatibility, like `CPUPinn`.
+        datatype: NumPy dtype name or torch dtype of the table (a float dtype).
+        CPUPinn: a bool, accepted for SpeedTorch compatibility; the table is pinned when
+            CUDA is present either way.
+        deviceType: (keyword-only, dualtrain's) where the swapped rows live; None: "cuda"
+            when present, else "cpu".
 
     Attributes:
         store: the `dualtrain.EmbeddingStore` holding the table.
@@ -102,9 +150,22 @@ class ModelFactory:
         embed_dimension: int,
         datatype: Any = "float32",
         CPUPinn: bool = False,
+        *,
         deviceType: str | None = None,
-        pinType: bool = False,
     ) -> None:
+        self._build(model_variable, total_classes, embed_dimension, datatype, deviceType)
+        self.CPUPinn = check_flag("CPUPinn", CPUPinn)
+
+    def _build(
+        self,
+        model_variable: torch.nn.Module,
+        total_classes: int,
+        embed_dimension: int,
+        datatype: Any,
+        device_type: Any,
+        device_name: str = "deviceType",
+    ) -> None:
+        """What every model factory does with its arguments (checked by SpeedTorch's names)."""
         weight = getattr(model_variable, "weight", None)
         if not isinstance(weight, torch.nn.Parameter):
             raise bad_argument(
@@ -112,21 +173,27 @@ class ModelFactory:
                 type(model_variable).__name__,
                 "an nn.Embedding (a module with a weight)",
             )
+        self.total_classes, self.embed_dimension = check_shape(total_classes, embed_dimension)
+        dtype = dtype_name("datatype", datatype)
+        self.transfer = transfer_for(device_name, device_type)
         self.model_variable = model_variable
-        self.store = EmbeddingStore(total_classes, embed_dimension, _dtype_name(datatype), "zeros")
-        self.transfer = transfer_to(deviceType)
+        self.store = EmbeddingStore(self.total_classes, self.embed_dimension, dtype, "zeros")
         self.device = self.transfer.device
         self._batch = Swapped()
         self._inverse: torch.Tensor | None = None
         weight.register_hook(self._sum_repeats)
 
+    def _table_for_init(self) -> None:
+        """Called before every init method fills the table (the memmap class makes its file)."""
+
     # ---- initialization --------------------------------------------------------------
 
     def zerosInit(self) -> None:
         """Fills the table with zeros."""
+        self._table_for_init()
         self.store.initialize("zeros")
 
-    def uniformDistributionInit(self, low: float, high: float, seed: int | None = None) -> None:
+    def uniformDistributionInit(self, low: float, high: float, *, seed: int | None = None) -> None:
         """Fills the table from U(low, high).
 
         Args:
@@ -135,20 +202,24 @@ class ModelFactory:
             seed: None draws as SpeedTorch's torch factories did (``torch.nn.init.uniform_``
                 on the table: ``torch.manual_seed`` reproduces it, and a CPU run gives
                 SpeedTorch's numbers); an int fills row by row from (seed, row), exactly as
-                ``EmbeddingStore(..., seed=seed)`` does.
+                ``EmbeddingStore(..., seed=seed)`` does (keyword-only: dualtrain's).
         """
+        self._table_for_init()
         if seed is None:
             fill_like_torch(self.store, torch.nn.init.uniform_, a=low, b=high)
             return
         dim = self.store.dim
         fill_seeded(self.store, lambda rows, rng: rng.uniform(low, high, (len(rows), dim)), seed)
 
-    def normalDistributionInit(self, mean: float, stdDev: float, seed: int | None = None) -> None:
+    def normalDistributionInit(
+        self, mean: float, stdDev: float, *, seed: int | None = None
+    ) -> None:
         """Fills the table from N(mean, stdDev^2); `seed` as for `uniformDistributionInit`.
 
         With ``mean=0`` and a seed, the table equals ``EmbeddingStore(..., init="normal",
         std=stdDev, seed=seed)``.
         """
+        self._table_for_init()
         if seed is None:
             fill_like_torch(self.store, torch.nn.init.normal_, mean=mean, std=stdDev)
             return
@@ -160,6 +231,9 @@ class ModelFactory:
 
         The table keeps its own shape, so fan-in and fan-out are its own.
         """
+        if not callable(initFunction):
+            raise bad_argument("initFunction", initFunction, "a function filling a tensor in place")
+        self._table_for_init()
         fill_like_torch(self.store, initFunction, *args)
 
     # ---- the swap --------------------------------------------------------------------
@@ -214,6 +288,14 @@ class ModelFactory:
         """
         return self.store.table
 
+    def getCupyVar(self) -> np.ndarray:
+        """The table (SpeedTorch's CuPy array; here the live NumPy table, as getNumpyVersion)."""
+        return self.store.table
+
+    def getTorchVar(self) -> torch.Tensor:
+        """The table as a CPU tensor sharing its memory (SpeedTorch's raised AttributeError)."""
+        return cast(torch.Tensor, convert(self.store.table, to="torch"))
+
     def saveCupy(self, saveFileName: str) -> None:
         """Saves the table as ``cupy.save`` does: a .npy file (``.npy`` appended if missing).
 
@@ -247,6 +329,10 @@ class ModelFactory:
 class OptimizerFactory:
     """The optimizer state of the big embedding, swapped in per batch like its rows.
 
+    SpeedTorch's CuPy class: ``OptimizerFactory(given_optimizer, total_classes,
+    embed_dimension, model, variable_name, dtype='float32', CPUPinn=False)``. The other
+    optimizer factories are this class with their own arguments.
+
     Args:
         given_optimizer: the torch optimizer over the model; its class must have a row-wise
             form (SGD, Adam, AdamW, Adamax, NAdam, RAdam, Adagrad, RMSprop, Adadelta, Rprop,
@@ -255,8 +341,10 @@ class OptimizerFactory:
         model: the model holding the small embedding.
         variable_name: the embedding's name in ``model.named_parameters()`` (with or
             without ``.weight``).
-        dtype, CPUPinn, deviceType, pinType: as SpeedTorch's; the state lives where the
-            parameter does.
+        dtype: the state tables' float dtype (a NumPy name or a torch dtype).
+        CPUPinn: a bool, accepted for SpeedTorch compatibility (pinned when CUDA is present).
+        deviceType: (keyword-only, dualtrain's) checked like the model factories'; the
+            state's rows go where the parameter is, whatever it says.
 
     Attributes:
         tables: one full state table per slot (``exp_avg``, ``sum``, ...), by name.
@@ -271,15 +359,36 @@ class OptimizerFactory:
         variable_name: str,
         dtype: Any = "float32",
         CPUPinn: bool = False,
+        *,
         deviceType: str | None = None,
-        pinType: bool = False,
     ) -> None:
+        self._build(given_optimizer, total_classes, embed_dimension, model, variable_name, dtype)
+        self.CPUPinn = check_flag("CPUPinn", CPUPinn)
+        transfer_for("deviceType", deviceType)  # checked; the state follows the parameter
+
+    def _build(
+        self,
+        given_optimizer: torch.optim.Optimizer,
+        total_classes: int,
+        embed_dimension: int,
+        model: torch.nn.Module,
+        variable_name: str,
+        dtype: Any,
+    ) -> None:
+        """What every optimizer factory does with its arguments (checked by SpeedTorch's names)."""
+        if not isinstance(given_optimizer, torch.optim.Optimizer):
+            raise bad_argument("given_optimizer", given_optimizer, "a torch.optim.Optimizer")
+        if not isinstance(model, torch.nn.Module):
+            raise bad_argument("model", type(model).__name__, "the torch.nn.Module being trained")
         cls = check_row_wise(type(given_optimizer), "given_optimizer")
+        self.total_classes, self.embed_dimension = check_shape(total_classes, embed_dimension)
+        name_of_dtype = dtype_name("dtype", dtype)
         params = dict(model.named_parameters())
         name = variable_name if variable_name in params else f"{variable_name}.weight"
         if name not in params:
             raise bad_argument("variable_name", variable_name, f"one of {sorted(params)}")
         self.optimizer, self.param = given_optimizer, params[name]
+        self.variable_name = variable_name
         group = next(
             (g for g in given_optimizer.param_groups if any(p is self.param for p in g["params"])),
             None,
@@ -289,9 +398,11 @@ class OptimizerFactory:
         self._group = group
         hyper = {k: v for k, v in group.items() if k not in ("params", "fused", "foreach")}
         hyper = {k: v for k, v in hyper.items() if k in _init_args(cls)}
-        dtype_t = getattr(torch, _dtype_name(dtype))
-        self._init, self._globals = probe_state(cls, hyper, embed_dimension, dtype_t)
-        self.store = EmbeddingStore(total_classes, embed_dimension, _dtype_name(dtype), "zeros")
+        dtype_t = getattr(torch, name_of_dtype)
+        self._init, self._globals = probe_state(cls, hyper, self.embed_dimension, dtype_t)
+        self.store = EmbeddingStore(
+            self.total_classes, self.embed_dimension, name_of_dtype, "zeros"
+        )
         self.transfer = transfer_to(self.param.device)  # state follows the parameter
         self._batch = Swapped()
         self.tables: dict[str, np.ndarray] = {}
@@ -380,7 +491,183 @@ def _init_args(cls: Any) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters)
 
 
-PytorchModelFactory = ModelFactory
-PytorchOptimizerFactory = OptimizerFactory
-GPUPytorchModelFactory = CPUPytorchModelFactory = ModelFactory
-GPUPytorchOptimizerFactory = CPUPytorchOptimizerFactory = OptimizerFactory
+# ---- SpeedTorch's other factories: the same two classes, each with its own arguments ----
+
+
+class PytorchModelFactory(ModelFactory):
+    """SpeedTorch's torch-tensor model factory (``SpeedTorch.GenTorch``).
+
+    Args:
+        model_variable, total_classes, embed_dimension: as `ModelFactory`.
+        datatype: the table's dtype; default ``torch.float``, as SpeedTorch's.
+        deviceType: where the swapped rows live: "cuda", "cpu", ...; None (SpeedTorch's
+            default is "cuda"): "cuda" when present, else "cpu".
+        pinType: a bool, accepted for SpeedTorch compatibility (pinned when CUDA is present).
+    """
+
+    def __init__(
+        self,
+        model_variable: torch.nn.Module,
+        total_classes: int,
+        embed_dimension: int,
+        datatype: Any = torch.float,
+        deviceType: str | None = None,
+        pinType: bool = False,
+    ) -> None:
+        self._build(model_variable, total_classes, embed_dimension, datatype, deviceType)
+        self.deviceType = deviceType
+        self.pinType = check_flag("pinType", pinType)
+
+
+class GPUPytorchModelFactory(ModelFactory):
+    """SpeedTorch's CUDA-tensor model factory (``SpeedTorch.GPUTorch``): no device argument.
+
+    The rows go to "cuda" when present, else to "cpu"; ``deviceType=`` (keyword-only,
+    dualtrain's) chooses.
+    """
+
+    def __init__(
+        self,
+        model_variable: torch.nn.Module,
+        total_classes: int,
+        embed_dimension: int,
+        datatype: Any = torch.float,
+        *,
+        deviceType: str | None = None,
+    ) -> None:
+        self._build(model_variable, total_classes, embed_dimension, datatype, deviceType)
+
+
+class CPUPytorchModelFactory(ModelFactory):
+    """SpeedTorch's pinned-CPU-tensor model factory (``SpeedTorch.CPUTorchPinned``).
+
+    The table is in host memory (pinned when CUDA is present); the rows go to "cuda" when
+    present, else to "cpu"; ``deviceType=`` (keyword-only, dualtrain's) chooses.
+    """
+
+    def __init__(
+        self,
+        model_variable: torch.nn.Module,
+        total_classes: int,
+        embed_dimension: int,
+        datatype: Any = torch.float,
+        *,
+        deviceType: str | None = None,
+    ) -> None:
+        self._build(model_variable, total_classes, embed_dimension, datatype, deviceType)
+
+
+class ModelFactoryMM(ModelFactory):
+    """SpeedTorch's memory-mapped model factory (``SpeedTorch.CPUCupyPinned``).
+
+    The first init method (zerosInit, uniformDistributionInit, normalDistributionInit,
+    customInit) puts the table in a new ``.npy`` file, ``{diskname}{n}.memmap.cpy.npy`` in
+    the working directory with the first free n (SpeedTorch's name), memory-mapped: its
+    pages, not a copy in memory, are the table. Later inits refill that file (SpeedTorch
+    made a new file at every init).
+
+    Args:
+        model_variable, total_classes, embed_dimension: as `ModelFactory`.
+        diskname: the file name's stem.
+        datatype: the table's dtype (SpeedTorch's files were always float32; here datatype's).
+        CPUPinn: a bool, accepted for SpeedTorch compatibility.
+        deviceType: (keyword-only, dualtrain's) as `ModelFactory`.
+
+    Attributes:
+        fileName: the file holding the table, once an init made it (else None).
+    """
+
+    def __init__(
+        self,
+        model_variable: torch.nn.Module,
+        total_classes: int,
+        embed_dimension: int,
+        diskname: str = "variable",
+        datatype: Any = "float32",
+        CPUPinn: bool = False,
+        *,
+        deviceType: str | None = None,
+    ) -> None:
+        if not isinstance(diskname, str) or not diskname:
+            raise bad_argument("diskname", diskname, "a file name stem (a non-empty str)")
+        self._build(model_variable, total_classes, embed_dimension, datatype, deviceType)
+        self.CPUPinn = check_flag("CPUPinn", CPUPinn)
+        self.diskname = diskname
+        self.fileName: str | None = None
+
+    def _table_for_init(self) -> None:
+        if self.fileName is None:
+            path = free_name(self.diskname, ".memmap.cpy.npy")
+            adopt_memmap(self.store, path)
+            self.fileName = str(path)
+
+    def getCupyMM(self) -> np.ndarray:
+        """The memory-mapped table (SpeedTorch's CuPy memmap)."""
+        return self.store.table
+
+
+class PytorchOptimizerFactory(OptimizerFactory):
+    """SpeedTorch's torch-tensor optimizer factory (``SpeedTorch.GenTorch``).
+
+    Args:
+        given_optimizer, total_classes, embed_dimension, model, variable_name: as
+            `OptimizerFactory`.
+        dtype: the state tables' dtype; default ``torch.float``, as SpeedTorch's.
+        deviceType: checked like `PytorchModelFactory`'s; the state's rows go where the
+            parameter is (SpeedTorch put them on deviceType, which had to be the same).
+        pinType: a bool, accepted for SpeedTorch compatibility.
+    """
+
+    def __init__(
+        self,
+        given_optimizer: torch.optim.Optimizer,
+        total_classes: int,
+        embed_dimension: int,
+        model: torch.nn.Module,
+        variable_name: str,
+        dtype: Any = torch.float,
+        deviceType: str | None = None,
+        pinType: bool = False,
+    ) -> None:
+        self._build(given_optimizer, total_classes, embed_dimension, model, variable_name, dtype)
+        transfer_for("deviceType", deviceType)
+        self.deviceType = deviceType
+        self.pinType = check_flag("pinType", pinType)
+
+
+class GPUPytorchOptimizerFactory(OptimizerFactory):
+    """SpeedTorch's CUDA-tensor optimizer factory (``SpeedTorch.GPUTorch``): no device."""
+
+    def __init__(
+        self,
+        given_optimizer: torch.optim.Optimizer,
+        total_classes: int,
+        embed_dimension: int,
+        model: torch.nn.Module,
+        variable_name: str,
+        dtype: Any = torch.float,
+    ) -> None:
+        self._build(given_optimizer, total_classes, embed_dimension, model, variable_name, dtype)
+
+
+class CPUPytorchOptimizerFactory(OptimizerFactory):
+    """SpeedTorch's pinned-CPU-tensor optimizer factory (``SpeedTorch.CPUTorchPinned``)."""
+
+    def __init__(
+        self,
+        given_optimizer: torch.optim.Optimizer,
+        total_classes: int,
+        embed_dimension: int,
+        model: torch.nn.Module,
+        variable_name: str,
+        dtype: Any = torch.float,
+    ) -> None:
+        self._build(given_optimizer, total_classes, embed_dimension, model, variable_name, dtype)
+
+
+class OptimizerFactoryMM(OptimizerFactory):
+    """SpeedTorch's memmap optimizer factory (``SpeedTorch.CPUCupyPinned``), same arguments.
+
+    The state tables live in host memory: SpeedTorch's class took no ``diskname`` yet
+    needed one, so its ``optInit`` raised AttributeError; there is no file to name.
+    """

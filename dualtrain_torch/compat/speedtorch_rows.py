@@ -7,26 +7,40 @@ gradients of every occurrence of a row and gives each occurrence that sum; the c
 row start equal (weights and optimizer state come from one table row), get the same
 gradient and so take the same element-wise step, and one copy per row is written back. The
 result is what ``attach(..., mode="lazy")`` computes on the unique rows.
+
+The factories' arguments are checked here too, by SpeedTorch's names (`check_shape`,
+`dtype_name`, `check_flag`, `transfer_for`), and a table can live in a ``.npy`` file on
+disk (`adopt_memmap`, SpeedTorch's memmap classes).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from dualtrain import dtypes
 from dualtrain.embeddings import EmbeddingStore, Lookup, lookup
-from dualtrain.errors import ArgumentError
+from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.interop import convert
+from dualtrain.validate import check_int
 from dualtrain_torch.transfer import Transfer
 
 __all__ = [
     "Swapped",
+    "adopt_memmap",
+    "check_flag",
+    "check_shape",
+    "dtype_name",
     "fill_like_torch",
     "fill_seeded",
+    "free_name",
     "occurrence_rows",
     "sum_repeats",
+    "transfer_for",
     "transfer_to",
 ]
 
@@ -36,6 +50,67 @@ def transfer_to(device_type: Any = None) -> Transfer:
     if device_type is None:
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
     return Transfer(device_type)
+
+
+def transfer_for(name: str, device_type: Any) -> Transfer:
+    """`transfer_to(device_type)`, a bad device named as the SpeedTorch argument `name`."""
+    try:
+        return transfer_to(device_type)
+    except ArgumentError as err:
+        raise bad_argument(
+            name, device_type, f"None ('cuda' when present, else 'cpu') or a device here ({err})"
+        ) from err
+
+
+def check_shape(total_classes: Any, embed_dimension: Any) -> tuple[int, int]:
+    """The table's shape, checked under SpeedTorch's argument names."""
+    return (
+        check_int("total_classes", total_classes, minimum=1),
+        check_int("embed_dimension", embed_dimension, minimum=1),
+    )
+
+
+def dtype_name(name: str, datatype: Any) -> str:
+    """A table's dtype (a NumPy name or a torch dtype) as the store's name, or ArgumentError."""
+    try:
+        if isinstance(datatype, torch.dtype):
+            text = str(datatype).removeprefix("torch.")
+        else:
+            text = "bfloat16" if datatype == "bfloat16" else str(np.dtype(datatype))
+    except TypeError:
+        text = ""
+    if text not in dtypes.FLOAT_NAMES:
+        raise bad_argument(name, datatype, f"a float dtype of a table ({dtypes.FLOAT_NAMES})")
+    return text
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A SpeedTorch on/off argument (``CPUPinn``, ``pinType``) as a bool, or ArgumentError."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise bad_argument(name, value, "True or False")
+    return bool(value)
+
+
+def free_name(stem: str, suffix: str) -> Path:
+    """``{stem}{n}{suffix}`` for the first n from 0 naming no file, as SpeedTorch numbered."""
+    n = 0
+    while Path(f"{stem}{n}{suffix}").exists():
+        n += 1
+    return Path(f"{stem}{n}{suffix}")
+
+
+def adopt_memmap(store: EmbeddingStore, path: str | os.PathLike) -> np.ndarray:
+    """Moves `store`'s table into a new ``.npy`` file at `path`, memory-mapped; returns it.
+
+    The table keeps its values; from now on it is the file's pages (what SpeedTorch's
+    memmap classes held). The store has no public way to take a table, so this sets its
+    array; nothing trains the store meanwhile (the shim's stores are never attached).
+    """
+    table = store.table
+    mapped = np.lib.format.open_memmap(path, mode="w+", dtype=table.dtype, shape=table.shape)
+    mapped[...] = table
+    store._table = mapped  # the store's live array (EmbeddingStore.live)
+    return mapped
 
 
 class Swapped:
