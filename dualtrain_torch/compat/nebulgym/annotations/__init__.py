@@ -1,0 +1,1 @@
+"""nebulgym's first ``annotations`` package (its technical README): `torch_annotations`."""

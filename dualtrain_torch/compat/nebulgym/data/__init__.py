@@ -1,0 +1,1 @@
+"""nebulgym's ``data`` package: `base`, `nebuly_dataset` and `bagua_dataset`."""

@@ -1,0 +1,1 @@
+"""nebulgym's ``decorators`` package: `torch_decorators` and `helpers`."""

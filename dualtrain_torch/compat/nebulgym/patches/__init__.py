@@ -1,0 +1,1 @@
+"""nebulgym's ``patches`` package: `pytorch.meprop_linear`."""

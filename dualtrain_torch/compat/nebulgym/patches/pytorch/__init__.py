@@ -1,0 +1,1 @@
+"""nebulgym's ``patches.pytorch`` package: `meprop_linear`."""

@@ -1,0 +1,1 @@
+"""nebulgym's ``training_learners`` package: `base` (TrainingLearner) and `model_engines`."""
