@@ -41,10 +41,10 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from dualtrain.compat.retired import retire
 from dualtrain.embeddings import EmbeddingStore
 from dualtrain.errors import bad_argument
 from dualtrain.interop import convert
-from dualtrain_torch.compat.nebulgym._retired import retire
 from dualtrain_torch.compat.speedtorch_com import (
     COM,
     COMMM,

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from PIL import Image
 
+from dualtrain.compat.retired import RetiredError
 from dualtrain.errors import ArgumentError, DualtrainError
 from dualtrain.fuel import FuelGenerator
 from tests.migration import nebulae_programs
@@ -114,7 +115,7 @@ def test_importing_the_neutral_packages_loads_no_framework():
 def test_the_model_zoo_and_graph_drawing_name_the_way_instead():
     from dualtrain.compat.nebulae.astrobase import hangar
 
-    with pytest.raises(ArgumentError, match=r"hangar\.VGG_16: Nebulae's model zoo"):
+    with pytest.raises(RetiredError, match=r"hangar\.VGG_16: Nebulae's model zoo"):
         hangar.VGG_16  # noqa: B018
     bp = neb.aerolog.BluePrint(hidden=["is_train"], verbose=True)
     with pytest.raises(ArgumentError, match=r"torch\.onnx\.export"):

@@ -29,6 +29,6 @@ only when asked, as nebulgym's empty ``__init__`` did.
 
 from __future__ import annotations
 
-from dualtrain_torch.compat.nebulgym._retired import RetiredError
+from dualtrain.compat.retired import RetiredError
 
 __all__ = ["RetiredError"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from dualtrain.compat.retired import retire
 from dualtrain.errors import bad_argument
 from dualtrain.preload import Preloader
-from dualtrain_torch.compat.nebulgym._retired import retire
 from dualtrain_torch.compat.nebulgym.data.base import BaseDataset
 
 __all__ = ["NebulDataset"]

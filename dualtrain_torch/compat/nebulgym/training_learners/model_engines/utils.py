@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dualtrain_torch.compat.nebulgym._retired import retire
+from dualtrain.compat.retired import retire
 
 __all__: list[str] = []
 
