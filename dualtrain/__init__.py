@@ -29,13 +29,13 @@ if TYPE_CHECKING:  # for type checkers; at run time each name loads on first use
     from dualtrain.backends import Backend, available, backend_of, load
     from dualtrain.checkpoint import TimeMachine
     from dualtrain.cockpit import CPU, GPU, Engine, GPUtil
-    from dualtrain.craft import Craft, autoPad, autopad, dock
+    from dualtrain.craft import Craft, autopad, dock
     from dualtrain.embeddings import EmbeddingStore
     from dualtrain.fuel import Comburant, FuelGenerator, Tank
     from dualtrain.interop import CopyCount, convert, count_copies
     from dualtrain.memory import aligned_copy, aligned_empty, is_aligned
     from dualtrain.multiverse import Multiverse
-    from dualtrain.preload import NebulDataset, Preloader, accelerate_dataset, patch_dataset
+    from dualtrain.preload import Preloader, accelerate_dataset
 
 # Each public name and the module that defines it. `import dualtrain` loads none of them:
 # a job that uses one part (a BatchModule sweep, a Tank) pays for that part only (loading
@@ -52,7 +52,6 @@ _LAZY = {
     "Engine": "dualtrain.cockpit",
     "GPUtil": "dualtrain.cockpit",
     "Craft": "dualtrain.craft",
-    "autoPad": "dualtrain.craft",
     "autopad": "dualtrain.craft",
     "dock": "dualtrain.craft",
     "EmbeddingStore": "dualtrain.embeddings",
@@ -66,10 +65,31 @@ _LAZY = {
     "aligned_empty": "dualtrain.memory",
     "is_aligned": "dualtrain.memory",
     "Multiverse": "dualtrain.multiverse",
-    "NebulDataset": "dualtrain.preload",
     "Preloader": "dualtrain.preload",
     "accelerate_dataset": "dualtrain.preload",
-    "patch_dataset": "dualtrain.preload",
+}
+
+# Seed tools' spellings that moved to the compat namespaces: still found here, with a
+# DeprecationWarning naming the new path, for one release.
+_MOVED = {
+    "autoPad": (
+        "dualtrain.craft.padding",
+        "autoPad",
+        "dualtrain.autopad (per-axis (low, high) pairs), or "
+        "dualtrain.compat.nebulae.toolkit.autoPad (Nebulae's flat list)",
+    ),
+    "NebulDataset": (
+        "dualtrain.preload.preloader",
+        "NebulDataset",
+        "dualtrain.Preloader, or "
+        "dualtrain_torch.compat.nebulgym.data.nebuly_dataset.NebulDataset (nebulgym's)",
+    ),
+    "patch_dataset": (
+        "dualtrain.preload.decorators",
+        "patch_dataset",
+        "dualtrain.accelerate_dataset, or "
+        "dualtrain_torch.compat.nebulgym.annotations.torch_annotations.patch_dataset (nebulgym's)",
+    ),
 }
 
 __all__ = [
@@ -90,7 +110,6 @@ __all__ = [
     "GPU",
     "GPUtil",
     "Multiverse",
-    "NebulDataset",
     "OutOfRangeError",
     "PackError",
     "PrecisionWarning",
@@ -104,7 +123,6 @@ __all__ = [
     "accelerate_dataset",
     "aligned_copy",
     "aligned_empty",
-    "autoPad",
     "autopad",
     "available",
     "backend_of",
@@ -113,7 +131,6 @@ __all__ = [
     "dock",
     "is_aligned",
     "load",
-    "patch_dataset",
 ]
 
 
@@ -121,6 +138,10 @@ def __getattr__(name: str) -> Any:
     import importlib
     import importlib.util
 
+    if name in _MOVED:
+        from dualtrain.deprecation import moved_attribute
+
+        return moved_attribute(__name__, name, _MOVED)  # not cached: each use warns
     module = _LAZY.get(name)
     if module is not None:
         value = getattr(importlib.import_module(module), name)

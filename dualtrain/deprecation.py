@@ -1,14 +1,19 @@
-"""Deprecation paths: arguments that became keyword-only still work positionally for a release."""
+"""Deprecation paths: old spellings keep working for one release, with a warning naming the new.
+
+`positional_deprecated`: arguments that became keyword-only still work positionally.
+`moved`: a name (or module) that left its old path warns where it is reached that way.
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["positional_deprecated"]
+__all__ = ["moved", "moved_attribute", "positional_deprecated"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,3 +61,35 @@ def positional_deprecated(public: str, old_order: tuple[str, ...]) -> Callable[[
         return inner  # type: ignore[return-value]
 
     return wrap
+
+
+def moved(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """Warns (DeprecationWarning) that `old` is reached by a deprecated path; `new` says where.
+
+    `stacklevel` 3 points at the code that used the old path when this is called from a
+    module ``__getattr__`` or a property.
+    """
+    warnings.warn(
+        f"{old} is deprecated and goes in the next release: use {new}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def moved_attribute(module: str, name: str, table: dict[str, tuple[str, str, str]]) -> Any:
+    """What a module ``__getattr__`` returns for a name that moved, with its warning.
+
+    Args:
+        module: the module's ``__name__``.
+        name: the attribute asked for.
+        table: old name -> (module that still defines it, its name there, what to use now).
+
+    Raises:
+        AttributeError: `name` is not in `table`.
+    """
+    entry = table.get(name)
+    if entry is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    home, attribute, new = entry
+    moved(f"{module}.{name}", new, stacklevel=4)
+    return getattr(importlib.import_module(home), attribute)

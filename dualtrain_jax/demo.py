@@ -111,7 +111,7 @@ def fit(
             params, state, opt_state, loss = step(
                 params, state, opt_state, batch["image"], batch["label"]
             )
-            dash.gauge({"loss": loss}, mile, epoch, train.MPE, "train", interval=5,
+            dash.gauge({"loss": loss}, mile, epoch, train.batches_per_epoch, "train", interval=5,
                        samples=len(batch["label"]))  # fmt: skip
         module.params, module.state = params, state
         if test is not None:

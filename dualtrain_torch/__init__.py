@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from dualtrain_torch.backend import TorchBackend
     from dualtrain_torch.batching import BatchModule, batch_loss, batch_topk
     from dualtrain_torch.batching_optim import member_optimizer
-    from dualtrain_torch.compilation import accelerate, accelerate_model, patch_torch_module
+    from dualtrain_torch.compilation import accelerate, accelerate_model
     from dualtrain_torch.compilation_learner import TrainingLearner
     from dualtrain_torch.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_torch.embeddings import TorchRows, attach
@@ -30,7 +30,6 @@ _HOMES = {
     "TrainingLearner": "dualtrain_torch.compilation_learner",
     "accelerate": "dualtrain_torch.compilation",
     "accelerate_model": "dualtrain_torch.compilation",
-    "patch_torch_module": "dualtrain_torch.compilation",
     "Nozzle": "dualtrain_torch.craft",
     "Prober": "dualtrain_torch.craft",
     "Rudder": "dualtrain_torch.craft",
@@ -58,13 +57,27 @@ __all__ = [
     "batch_topk",
     "coat",
     "member_optimizer",
-    "patch_torch_module",
     "realize",
     "shell",
 ]  # the keys of _HOMES
 
 
+# nebulgym's spelling, moved to the compat namespace: here with a DeprecationWarning
+_MOVED = {
+    "patch_torch_module": (
+        "dualtrain_torch.compilation",
+        "patch_torch_module",
+        "dualtrain_torch.accelerate_model, or dualtrain_torch.compat.nebulgym.annotations."
+        "torch_annotations.patch_torch_module (nebulgym's)",
+    ),
+}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        from dualtrain.deprecation import moved_attribute
+
+        return moved_attribute(__name__, name, _MOVED)  # not cached: each use warns
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

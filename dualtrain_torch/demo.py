@@ -83,7 +83,7 @@ def fit(
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-                dash.gauge({"loss": loss.detach()}, mile, epoch, train.MPE, "train",
+                dash.gauge({"loss": loss.detach()}, mile, epoch, train.batches_per_epoch, "train",
                            interval=5, samples=len(batch["label"]))  # fmt: skip
         if test is not None:
             logits, labels = evaluate(module, test)

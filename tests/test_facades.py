@@ -19,7 +19,7 @@ pytest.importorskip("jax")
 
 # Names that carry the framework in them: each adapter has its own.
 OWN = {
-    "torch": {"TorchBackend", "TorchRows", "patch_torch_module"},  # nebulgym's torch-only name
+    "torch": {"TorchBackend", "TorchRows"},
     "jax": {"JaxBackend", "JaxRows"},
 }
 SHARED = [

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dualtrain.craft import dock
 from dualtrain.craft.binding import NotRealizedError
 from dualtrain.craft.craft import Craft
-from dualtrain.craft.padding import autoPad, autopad
+from dualtrain.craft.padding import autopad
 from dualtrain.craft.params import ParamSpec
 from dualtrain.craft.reference import reference_forward
 
@@ -13,8 +15,23 @@ __all__ = [
     "Craft",
     "NotRealizedError",
     "ParamSpec",
-    "autoPad",
     "autopad",
     "dock",
     "reference_forward",
 ]
+
+_MOVED = {
+    "autoPad": (
+        "dualtrain.craft.padding",
+        "autoPad",
+        "dualtrain.autopad (per-axis (low, high) pairs), or "
+        "dualtrain.compat.nebulae.toolkit.autoPad (Nebulae's flat list)",
+    )
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Nebulae's ``autoPad``, moved to the compat namespace: here with a DeprecationWarning."""
+    from dualtrain.deprecation import moved_attribute
+
+    return moved_attribute(__name__, name, _MOVED)

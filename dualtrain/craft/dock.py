@@ -29,8 +29,9 @@ kind; this module is their public home.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dualtrain.craft import ops
-from dualtrain.craft.craft import Craft as Craft  # Nebulae's spelling: class Net(dock.Craft)
 from dualtrain.craft.ops import (  # the functional ops live in dock too: dock.relu(x)
     accuracy as accuracy,
     add as add,
@@ -79,3 +80,19 @@ __all__ = [
     "Sequential",
     *ops.__all__,
 ]
+
+_MOVED = {
+    "Craft": (
+        "dualtrain.craft.craft",
+        "Craft",
+        "dualtrain.Craft "
+        "(or dualtrain.compat.nebulae.astrobase.dock.Craft, Nebulae's Craft that realizes itself)",
+    )
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``dock.Craft`` (Nebulae's spelling) with a DeprecationWarning naming the new path."""
+    from dualtrain.deprecation import moved_attribute
+
+    return moved_attribute(__name__, name, _MOVED)

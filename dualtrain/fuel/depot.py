@@ -1,12 +1,13 @@
-"""Nebulae's spelling ``from nebulae.fuel import depot``: the Tank, Comburant and transforms.
+"""Deprecated: Nebulae's ``depot`` moved to `dualtrain.compat.nebulae.fuel.depot`.
 
-The brochure's examples import ``depot`` and call ``depot.Tank(...)`` and
-``depot.Comburant(...)``; with ``from dualtrain.fuel import depot`` they run unchanged.
-New code imports the names from `dualtrain.fuel` (or `dualtrain`) directly.
+Importing this module warns (DeprecationWarning) and still gives dualtrain's own Tank,
+Comburant and transforms under the old spelling, for one release. New code imports them
+from `dualtrain.fuel`; Nebulae's programs import Nebulae's from the compat namespace.
 """
 
 from __future__ import annotations
 
+from dualtrain.deprecation import moved
 from dualtrain.fuel.comburant import Comburant
 from dualtrain.fuel.tank import Tank
 from dualtrain.fuel.transforms import Brighten, Contrast, Crop, Flip, Rotate, Sampling, Saturate
@@ -14,3 +15,10 @@ from dualtrain.fuel.transforms import Brighten, Contrast, Crop, Flip, Rotate, Sa
 __all__ = [
     "Brighten", "Comburant", "Contrast", "Crop", "Flip", "Rotate", "Sampling", "Saturate", "Tank",
 ]  # fmt: skip
+
+moved(
+    "dualtrain.fuel.depot",
+    "dualtrain.fuel's own names (Tank, Comburant, ...), or dualtrain.compat.nebulae.fuel.depot "
+    "(Nebulae's)",
+    stacklevel=2,
+)

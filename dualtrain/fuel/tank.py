@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from dualtrain import backends
+from dualtrain.deprecation import moved
 from dualtrain.errors import ArgumentError, PackError, bad_argument
 from dualtrain.fuel.casts import _check_jax_floats, _check_spec
 from dualtrain.fuel.columns import ColumnType
@@ -35,8 +36,8 @@ _UNCHANGED: Any = object()  # shard(device=...) not given
 class Tank:
     """Serves mini-batches of a pack, the same for a seed under any framework and worker count.
 
-    One epoch of a rank serves `MPE` batches. Its rows are a share of the pack, n // world
-    rows (all n with one rank), each once, plus, by the end mode:
+    One epoch of a rank serves `batches_per_epoch` batches. Its rows are a share of the
+    pack, n // world rows (all n with one rank), each once, plus, by the end mode:
 
     - default (``in_same_size=True``): the last batch filled with rows of the share drawn
       by the seed, so every batch is full and a few rows come twice (80 rows, batch 32:
@@ -209,8 +210,18 @@ class Tank:
         self.position = 0  # batches of this epoch already served
 
     @property
-    def MPE(self) -> int:  # noqa: N802 - Nebulae's name: "miles per epoch"
+    def batches_per_epoch(self) -> int:
         """Batches per epoch for this rank (see the class docstring for what they hold)."""
+        return self._order.batches
+
+    @property
+    def MPE(self) -> int:  # noqa: N802 - Nebulae's name: "miles per epoch"
+        """Deprecated: `batches_per_epoch` (Nebulae's Tank, with MPE, is in compat)."""
+        moved(
+            "Tank.MPE",
+            "Tank.batches_per_epoch, or dualtrain.compat.nebulae.fuel.depot.Tank (Nebulae's, "
+            "which keeps MPE)",
+        )
         return self._order.batches
 
     @property
@@ -224,7 +235,7 @@ class Tank:
         return self._order.samples_per_epoch
 
     def __len__(self) -> int:
-        """Rows in the pack (not batches: `MPE` is batches per epoch)."""
+        """Rows in the pack (not batches: see `batches_per_epoch`)."""
         return len(self.pack)
 
     def shard(self, rank: int, world: int, *, device: Any = _UNCHANGED) -> None:
@@ -246,7 +257,7 @@ class Tank:
         if self.position != 0:
             raise ArgumentError(
                 f"shard() only at the start of an epoch; this Tank has served {self.position} "
-                f"of epoch {self.epoch}'s {self.MPE} batches"
+                f"of epoch {self.epoch}'s {self.batches_per_epoch} batches"
             )
         old = self._order
         order = EpochOrder(
@@ -268,7 +279,7 @@ class Tank:
 
     def _plan(self, key: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
         epoch, number = key
-        after = (epoch, number + 1) if number + 1 < self.MPE else (epoch + 1, 0)
+        after = (epoch, number + 1) if number + 1 < self.batches_per_epoch else (epoch + 1, 0)
         return self._order.batch(epoch, number), after
 
     def _expect(self) -> None:
@@ -300,7 +311,7 @@ class Tank:
                 )
             batch[self.mask_key] = self._order.valid(number)
         self.position += 1
-        if self.position == self.MPE:
+        if self.position == self.batches_per_epoch:
             self.epoch, self.position = self.epoch + 1, 0
         return batch if self._deliver is None else self._deliver(batch)
 
@@ -308,7 +319,7 @@ class Tank:
 
     def __iter__(self) -> Iterator[Any]:
         """The rest of the current epoch (a whole epoch when none of it was served)."""
-        for _ in range(self.MPE - self.position):
+        for _ in range(self.batches_per_epoch - self.position):
             yield self.next()
 
     def state_dict(self) -> dict[str, Any]:
@@ -346,8 +357,10 @@ class Tank:
         # 2**63 leaves room to count epochs on from it.
         if not _is_int(epoch) or not 0 <= epoch < EPOCH_LIMIT:
             raise bad_argument("state['epoch']", epoch, "an int in [0, 2**63)")
-        if not _is_int(position) or not 0 <= position < self.MPE:
-            raise bad_argument("state['position']", position, f"an int in [0, {self.MPE})")
+        if not _is_int(position) or not 0 <= position < self.batches_per_epoch:
+            raise bad_argument(
+                "state['position']", position, f"an int in [0, {self.batches_per_epoch})"
+            )
         self.epoch, self.position = int(epoch), int(position)
 
     def close(self) -> None:

@@ -8,8 +8,15 @@ meet `seams.DistributedPart`. See docs/multiverse.md.
 from __future__ import annotations
 
 from dualtrain.errors import WorkerError
-from dualtrain.multiverse.multiverse import Multiverse
+from dualtrain.multiverse.multiverse import Multiverse, main_decorator
 from dualtrain.multiverse.rank_zero import RankZeroTimeMachine
 from dualtrain.multiverse.world import World, from_environment
 
-__all__ = ["Multiverse", "RankZeroTimeMachine", "WorkerError", "World", "from_environment"]
+__all__ = [
+    "Multiverse",
+    "RankZeroTimeMachine",
+    "WorkerError",
+    "World",
+    "from_environment",
+    "main_decorator",
+]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from dualtrain import backends
+from dualtrain.deprecation import moved
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.checks import check_divisible, is_number, positive_count
 from dualtrain.multiverse.devices import host_devices
@@ -27,7 +28,7 @@ from dualtrain.multiverse.worker import run_worker
 from dualtrain.multiverse.world import World, from_environment, spawn_environments
 from dualtrain.validate import check_seed
 
-__all__ = ["Multiverse"]
+__all__ = ["Multiverse", "main_decorator"]
 
 _BACKENDS = ("torch", "jax")
 _ENGINES = ("jit", "pmap")
@@ -274,7 +275,7 @@ class Multiverse:
             if tank.position != 0:
                 raise ArgumentError(
                     f"data[{i}]: sync a Tank at the start of an epoch; it has served "
-                    f"{tank.position} of its {tank.MPE} batches"
+                    f"{tank.position} of its {tank.batches_per_epoch} batches"
                 )
         runtime = self.runtime
         # Everything checked before anything changes: the shares, then that every process
@@ -371,24 +372,49 @@ class Multiverse:
     def Executor(  # noqa: N802 - Nebulae's name
         function: Callable[..., Any] | None = None, **options: Any
     ) -> Any:
-        """Marks the main function: called without a Multiverse, it runs on one worker.
+        """Deprecated: `main_decorator`; Nebulae's ``Executor`` is in the compat namespace.
 
-        ``@Multiverse.Executor`` (torch) or ``@Multiverse.Executor(backend="jax")``: then
-        ``launch(cfg)`` (or ``launch(None, cfg)``) runs ``launch(mv, cfg)`` with
-        ``mv = Multiverse(launch, 1, **options)``, and ``Multiverse(launch, 4)(cfg)`` runs it
-        on four.
+        ``@Multiverse.Executor`` marked the main function (see `main_decorator`); Nebulae's
+        own code used ``@mv.Executor`` on step functions, which
+        ``dualtrain.compat.nebulae.law.Multiverse`` keeps, with this form too.
         """
-        if function is None:
-            return functools.partial(Multiverse.Executor, **options)
-        if not callable(function):
-            raise bad_argument("function", function, "the main function launch(mv, ...)")
+        moved(
+            "Multiverse.Executor",
+            "dualtrain.multiverse.main_decorator (or Multiverse(launch, n)(...) directly), or "
+            "dualtrain.compat.nebulae.law.Multiverse.Executor (Nebulae's)",
+        )
+        return main_decorator(function, **options)
 
-        @functools.wraps(function)
-        def main(*args: Any) -> Any:
-            if args and isinstance(args[0], Multiverse):
-                return function(*args)
-            if args and args[0] is None:  # launch(None, ...), the brochure's `mv=None`
-                args = args[1:]
-            return Multiverse(function, 1, **options)(*args)
 
-        return main
+def main_decorator(
+    function: Callable[..., Any] | None = None,
+    *,
+    multiverse: type[Multiverse] = Multiverse,
+    **options: Any,
+) -> Any:
+    """Marks the main function: called without a Multiverse, it runs on one worker.
+
+    ``@main_decorator`` (torch) or ``@main_decorator(backend="jax")``: then ``launch(cfg)``
+    (or ``launch(None, cfg)``, the brochure's ``mv=None``) runs ``launch(mv, cfg)`` with
+    ``mv = Multiverse(launch, 1, **options)``, and ``Multiverse(launch, 4)(cfg)`` runs it
+    on four.
+
+    Args:
+        function: the main function ``launch(mv, ...)``.
+        multiverse: the Multiverse class to run it with (a subclass, for compat).
+        options: Multiverse's keywords (``backend``, ``timeout``...).
+    """
+    if function is None:
+        return functools.partial(main_decorator, multiverse=multiverse, **options)
+    if not callable(function):
+        raise bad_argument("function", function, "the main function launch(mv, ...)")
+
+    @functools.wraps(function)
+    def main(*args: Any) -> Any:
+        if args and isinstance(args[0], Multiverse):
+            return function(*args)
+        if args and args[0] is None:  # launch(None, ...), the brochure's `mv=None`
+            args = args[1:]
+        return multiverse(function, 1, **options)(*args)
+
+    return main

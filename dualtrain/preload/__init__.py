@@ -1,8 +1,8 @@
 """The preloader: datasets' items cached within a real byte budget, loaded ahead in order.
 
 nebulgym's ``accelerate_dataset`` done right (docs/preload.md): `Preloader` wraps anything
-indexable, `accelerate_dataset` / `patch_dataset` decorate a dataset class, `NebulDataset`
-is nebulgym's class spelling, and a Tank takes the same cache with ``preload=``. The bytes
+indexable, `accelerate_dataset` decorates a dataset class (nebulgym's spellings are in
+`dualtrain_torch.compat.nebulgym`), and a Tank takes the same cache with ``preload=``. The bytes
 held never exceed ``max_memory_size`` (`dualtrain.preload.sizes` counts them); the order of
 use comes from ``order=``, a sampler or a Tank, never from guessing. This package imports
 neither torch nor JAX (their pinned staging is each adapter's ``preload`` module).
@@ -10,16 +10,17 @@ neither torch nor JAX (their pinned staging is each adapter's ``preload`` module
 
 from __future__ import annotations
 
+from typing import Any
+
 from dualtrain.preload.budget import DEFAULT_FRACTION, available_memory, default_budget
 from dualtrain.preload.cache import PreloadCache
 from dualtrain.preload.copies import fresh
-from dualtrain.preload.decorators import accelerate_dataset, patch_dataset
-from dualtrain.preload.preloader import NebulDataset, PlannedSampler, Preloader
+from dualtrain.preload.decorators import accelerate_dataset
+from dualtrain.preload.preloader import PlannedSampler, Preloader
 from dualtrain.preload.sizes import nbytes
 
 __all__ = [
     "DEFAULT_FRACTION",
-    "NebulDataset",
     "PlannedSampler",
     "PreloadCache",
     "Preloader",
@@ -28,5 +29,26 @@ __all__ = [
     "default_budget",
     "fresh",
     "nbytes",
-    "patch_dataset",
 ]
+
+_MOVED = {
+    "NebulDataset": (
+        "dualtrain.preload.preloader",
+        "NebulDataset",
+        "dualtrain.Preloader, or "
+        "dualtrain_torch.compat.nebulgym.data.nebuly_dataset.NebulDataset (nebulgym's)",
+    ),
+    "patch_dataset": (
+        "dualtrain.preload.decorators",
+        "patch_dataset",
+        "dualtrain.accelerate_dataset, or "
+        "dualtrain_torch.compat.nebulgym.annotations.torch_annotations.patch_dataset (nebulgym's)",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The spellings of nebulgym, moved to the compat namespace: here with a DeprecationWarning."""
+    from dualtrain.deprecation import moved_attribute
+
+    return moved_attribute(__name__, name, _MOVED)

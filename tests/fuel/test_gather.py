@@ -86,7 +86,7 @@ def written(tmp_path, columns, *, kind: str, shards: int) -> list[str] | str:
 
 
 def epoch(tank: Tank) -> list[dict]:
-    return [tank.next() for _ in range(tank.MPE)]
+    return [tank.next() for _ in range(tank.batches_per_epoch)]
 
 
 def outcome(make):

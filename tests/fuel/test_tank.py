@@ -89,7 +89,7 @@ def test_epochs_differ_and_seeds_differ():
 
 def test_one_epoch_serves_every_row_once(pack):
     tank = Tank(pack, {"label": "int64", "name": "str"}, 5, in_same_size=False, seed=4)
-    assert len(tank) == N and tank.MPE == 5
+    assert len(tank) == N and tank.batches_per_epoch == 5
     names = [name for batch in tank for name in batch["name"]]
     assert sorted(names) == sorted(f"item {i}" for i in range(N))
     assert tank.epoch == 1 and tank.position == 0
@@ -99,7 +99,7 @@ def test_one_epoch_serves_every_row_once(pack):
 
 def test_full_batches_wrap_and_short_batches_do_not(pack):
     full = Tank(pack, {"label": "int64"}, 10)
-    assert full.MPE == 3 and [len(b["label"]) for b in full] == [10, 10, 10]
+    assert full.batches_per_epoch == 3 and [len(b["label"]) for b in full] == [10, 10, 10]
     short = Tank(pack, {"label": "int64"}, 10, in_same_size=False)
     assert [len(b["label"]) for b in short] == [10, 10, 3]
 

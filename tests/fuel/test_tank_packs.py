@@ -62,7 +62,7 @@ def edit_meta(path: str, edit) -> None:
 
 def serve(paths) -> None:
     with Tank(paths, SPEC, 4, shuffle=False) as tank:
-        for _ in range(tank.MPE):
+        for _ in range(tank.batches_per_epoch):
             tank.next()
 
 

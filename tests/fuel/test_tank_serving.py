@@ -60,14 +60,15 @@ def names_of(batches, mask_key=None) -> list[str]:
 
 def test_the_default_fills_and_says_so(pack):
     tank = Tank(pack, {"name": "str"}, 32)
-    assert (len(tank), tank.MPE, tank.rows_per_epoch, tank.samples_per_epoch) == (80, 3, 80, 96)
+    counts = (len(tank), tank.batches_per_epoch, tank.rows_per_epoch, tank.samples_per_epoch)
+    assert counts == (80, 3, 80, 96)
     served = names_of(tank)
     assert len(served) == 96 and len(set(served)) == 80  # the fill repeats 16 rows
 
 
 def test_pad_and_mask_serves_every_row_once_in_full_batches(pack):
     tank = Tank(pack, {"image": "uint8", "name": "str"}, 32, pad=True, shuffle=False)
-    assert (tank.MPE, tank.rows_per_epoch, tank.samples_per_epoch) == (3, 80, 96)
+    assert (tank.batches_per_epoch, tank.rows_per_epoch, tank.samples_per_epoch) == (3, 80, 96)
     batches = list(tank)
     assert [b["image"].shape for b in batches] == [(32, 8, 8, 3)] * 3  # one shape
     assert [b["mask"].dtype for b in batches] == [np.bool_] * 3
@@ -79,7 +80,7 @@ def test_pad_and_mask_serves_every_row_once_in_full_batches(pack):
 
 def test_drop_last_serves_whole_batches_only(pack):
     tank = Tank(pack, {"name": "str"}, 32, drop_last=True)
-    assert (tank.MPE, tank.rows_per_epoch, tank.samples_per_epoch) == (2, 64, 64)
+    assert (tank.batches_per_epoch, tank.rows_per_epoch, tank.samples_per_epoch) == (2, 64, 64)
     served = names_of(tank)
     assert len(served) == len(set(served)) == 64
     with pytest.raises(ArgumentError, match="batch_size"):
@@ -90,7 +91,7 @@ def test_drop_last_serves_whole_batches_only(pack):
 
 def test_pad_and_mask_over_ranks_serves_every_row_once(pack):
     tanks = [Tank(pack, {"name": "str"}, 8, pad=True, rank=r, world=3, seed=5) for r in range(3)]
-    assert {t.MPE for t in tanks} == {4}  # ceil(ceil(80 / 3) / 8): every rank in step
+    assert {t.batches_per_epoch for t in tanks} == {4}  # ceil(ceil(80 / 3) / 8): every rank in step
     served = [n for t in tanks for n in names_of(t, "mask")]
     assert sorted(served) == sorted(f"item {i}" for i in range(N))
 

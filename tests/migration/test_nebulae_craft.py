@@ -1,9 +1,10 @@
 """Nebulae's Astro and Cockpit checkpoint parts as its brochure shows them (issue 18, items 3-4).
 
 The brochure's `NetNeb`/`NetTorch` classes realize and train; `Rudder()`, `Prober()`,
-`Nozzle()` work as bare contexts; `coat`/`shell` keep its defaults; `autoPad` returns its flat
-``F.pad`` tuple; `TimeMachine` takes its arguments. Laws: autoPad gives "same" sizes through
-``F.pad`` and a convolution, and is `autopad` flattened last axis first.
+`Nozzle()` work as bare contexts; `coat`/`shell` keep its defaults; `autoPad` (its home in
+`dualtrain.craft.padding`; Nebulae's own in the compat namespace) returns the flat ``F.pad``
+tuple; `TimeMachine` takes its arguments. Laws: autoPad gives "same" sizes through ``F.pad``
+and a convolution, and is `autopad` flattened last axis first.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 import dualtrain
-from dualtrain import Craft, DtypeError, TimeMachine, autoPad, autopad, dock
+from dualtrain import Craft, DtypeError, TimeMachine, autopad, dock
+from dualtrain.craft.padding import autoPad  # the flat form's home (compat builds on it)
 from dualtrain.errors import ArgumentError, CheckpointError
 
 torch = pytest.importorskip("torch")
@@ -28,7 +30,7 @@ import dualtrain_torch  # noqa: E402
 # ---- the brochure's two networks (its `super(Net, self)` names a class it never defines) ----
 
 
-class NetNeb(dock.Craft):
+class NetNeb(Craft):
     def __init__(self, nclass, scope="NEB"):
         super(NetNeb, self).__init__(scope)  # noqa: UP008 - the brochure's spelling
         self.flat = dock.Reshape()
@@ -40,7 +42,7 @@ class NetNeb(dock.Craft):
         return y
 
 
-class NetTorch(dock.Craft):
+class NetTorch(Craft):
     def __init__(self, nclass, scope="TORCH"):
         super(NetTorch, self).__init__(scope)  # noqa: UP008 - the brochure's spelling
         self.fc = torch.nn.Linear(512, nclass)
@@ -56,8 +58,9 @@ def _batch(seed=0, n=8):
     return rng.standard_normal((n, 2, 16, 16)).astype("float32"), rng.integers(0, 10, n)
 
 
-def test_dock_craft_is_the_craft_so_the_brochure_subclasses_it():
-    assert dock.Craft is Craft is dualtrain.Craft
+def test_dock_craft_is_the_craft_with_a_warning_naming_the_new_paths():
+    with pytest.warns(DeprecationWarning, match="use dualtrain.Craft .*compat.nebulae"):
+        assert dock.Craft is Craft is dualtrain.Craft
     assert NetNeb(10).scope == "NEB" and NetTorch(10).scope == "TORCH"
 
 
@@ -242,7 +245,10 @@ def test_autopad_brochure_order_and_jnp_pad():
     # (D, H, W) = (4, 6, 8), kernel (1, 3, 5): (left, right, top, bottom, front, back)
     assert autoPad((4, 6, 8), (1, 3, 5)) == (2, 2, 1, 1, 0, 0)
     assert autoPad(7, 4) == (1, 2)  # odd totals: the extra element on the high side
-    assert dualtrain.craft.autoPad is autoPad
+    with pytest.warns(DeprecationWarning, match="compat.nebulae.toolkit.autoPad"):
+        assert dualtrain.craft.autoPad is autoPad
+    with pytest.warns(DeprecationWarning, match="dualtrain.autopad"):
+        assert dualtrain.autoPad is autoPad
     x = jnp.ones((1, 1, 6, 8))
     padded = jnp.pad(x, ((0, 0), (0, 0), *autopad((6, 8), (3, 5))))
     assert padded.shape == F.pad(torch.ones(1, 1, 6, 8), autoPad((6, 8), (3, 5))).shape

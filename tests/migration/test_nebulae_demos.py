@@ -337,11 +337,11 @@ def test_comburant_and_transforms_refuse_bad_arguments():
         depot.Comburant()("not an image")
 
 
-def test_tank_by_one_key_serves_every_column_and_hands_fetch_the_stored_bytes(packs):
+def test_tank_by_one_key_serves_every_column_and_hands_fetch_decoded_and_raw_cells(packs):
     seen = {}
 
     def fetch(data, idx):
-        seen["image"] = data["image"][idx]
+        seen["image"], seen["raw"] = data["image"][idx], data.raw["image"][idx]
         return {"label": data["label"][idx].astype("int64")}
 
     tank = depot.Tank(os.path.join(packs, "train.hdf5"), "image", 16, shuffle=False, fetch_fn=fetch)
@@ -350,7 +350,8 @@ def test_tank_by_one_key_serves_every_column_and_hands_fetch_the_stored_bytes(pa
     assert isinstance(batch["label"], torch.Tensor) and batch["label"].tolist() == [
         i % 4 for i in range(16)
     ]
-    assert seen["image"].ndim == 1 and seen["image"].dtype == np.uint8  # encoded, as Nebulae
+    assert seen["image"].shape == (SIDE, SIDE, 3)  # decoded, as the brochure's fetcher reads
+    assert seen["raw"].ndim == 1 and seen["raw"].dtype == np.uint8  # the bytes Nebulae stored
     short = depot.Tank(
         os.path.join(packs, "train.hdf5"), "image", 16, in_same_size=False, fetch_fn=fetch
     )
@@ -409,6 +410,14 @@ def test_timer_and_executor_keep_results():
     assert step(21) == 42
     with pytest.raises(DualtrainError, match="func must be the step function"):
         mv.Executor(3)
+
+    # on the class, the brochure's form: the main function, run on one worker when called
+    @neb.law.Multiverse.Executor
+    def launch(mv, value):
+        return isinstance(mv, neb.law.Multiverse), mv.nworld, value
+
+    assert launch(None, 7) == (True, 1, 7)
+    assert launch.__wrapped__ is not None
 
 
 def test_a_one_worker_multiverse_syncs_a_craft_and_returns_the_data_after_it(packs):

@@ -2,7 +2,7 @@
 
 FuelGenerator in the brochure's positional order, `modify` setting generate's settings,
 the brochure's Tank `fetcher`/`prep` run as written (the object handed to fetch_fn decodes
-images on indexing), `Tank.next()`, `Tank.MPE`, `len(Tank)`, and Comburant's table.
+images on indexing), `Tank.next()`, `Tank.batches_per_epoch`, `len(Tank)`, and Comburant's table.
 """
 
 from __future__ import annotations
@@ -228,14 +228,16 @@ def test_the_brochure_tank_example_feeds_a_craft(packs):
 
     spec = {"image": "vuint8", "label": "int64"}
     tank = Tank(packs["h5"], spec, 4, True, True, fetcher, prep, to="torch")
-    assert len(tank) == N and tank.MPE == 3  # 10 rows, batches of 4, the last one filled
+    assert len(tank) == N and tank.batches_per_epoch == 3
+    with pytest.warns(DeprecationWarning, match="Tank.batches_per_epoch"):
+        assert tank.MPE == 3  # Nebulae's name, deprecated on dualtrain's Tank
     batch = tank.next()
     assert batch["image"].shape == (4, 3, SIDE, SIDE) and batch["image"].dtype == torch.float32
     assert batch["label"].dtype == torch.int64
     net = realize(Net(4), seed=0)
     loss = torch.nn.functional.cross_entropy(net(batch["image"] / 255), batch["label"])
     loss.backward()
-    for _ in range(tank.MPE - 1):
+    for _ in range(tank.batches_per_epoch - 1):
         tank.next()
     assert tank.epoch == 1 and tank.position == 0  # next() crossed into epoch 1
 
@@ -280,7 +282,7 @@ def test_every_worker_kind_serves_the_same_batches(packs):
     runs = []
     for kw in ({}, {"workers": 2}, {"workers": 2, "worker_mode": "process"}):
         with Tank(packs["npz"], spec, 4, True, True, fetcher, prep, seed=3, **kw) as tank:
-            runs.append([tank.next() for _ in range(tank.MPE + 1)])
+            runs.append([tank.next() for _ in range(tank.batches_per_epoch + 1)])
     for run in runs[1:]:
         for a, b in zip(runs[0], run, strict=True):
             assert np.array_equal(a["image"], b["image"]) and np.array_equal(a["label"], b["label"])
@@ -336,9 +338,13 @@ def test_sampling_and_numpy_ints(packs):
     assert np.array_equal(same, Comburant(Flip(p=1.0))(frames[0], key=(0, 1, 2)))
 
 
-def test_depot_is_nebulaes_spelling():
-    from dualtrain.fuel import depot
+def test_the_old_depot_path_warns_and_still_gives_dualtraints_names():
+    import importlib
+    import sys
 
+    sys.modules.pop("dualtrain.fuel.depot", None)
+    with pytest.warns(DeprecationWarning, match="dualtrain.compat.nebulae.fuel.depot"):
+        depot = importlib.import_module("dualtrain.fuel.depot")
     assert depot.Tank is Tank and depot.Comburant is Comburant
     table = ("Flip", "Crop", "Rotate", "Brighten", "Contrast", "Saturate", "Sampling")
     assert all(getattr(depot, name) is globals()[name] for name in table)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from dualtrain import ArgumentError, Multiverse, WorkerError
+from dualtrain.multiverse import main_decorator
 from tests.multiverse import universes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +144,7 @@ def test_a_universe_spawned_workers_cannot_import_is_refused_before_any_start() 
 def test_executor_runs_a_main_function_on_one_worker_without_a_multiverse() -> None:
     seen: list[Any] = []
 
-    @Multiverse.Executor
+    @main_decorator
     def launch(mv: Multiverse | None, value: int) -> int:
         assert mv is not None
         seen.append((mv.nworld, mv.rank, mv.is_main))
@@ -155,7 +156,11 @@ def test_executor_runs_a_main_function_on_one_worker_without_a_multiverse() -> N
     assert launch(mv, 5) == 10
     assert seen == [(1, 0, True)] * 3
     with pytest.raises(ArgumentError, match="function"):
-        Multiverse.Executor(3)  # type: ignore[arg-type]
+        main_decorator(3)  # type: ignore[arg-type]
+    # the old spelling: the same decorator, with a warning naming both new ones
+    with pytest.warns(DeprecationWarning, match="main_decorator.*compat.nebulae.law"):
+        old = Multiverse.Executor(lambda mv, value: value + 1)
+    assert old(1) == 2
 
 
 def test_the_device_count_flag_goes_first_and_once() -> None:

@@ -110,7 +110,7 @@ def test_shard_serves_what_a_tank_built_for_the_rank_serves(pack, world, batch, 
             Tank(pack, spec, batch, rank=rank, world=world, **kw) as built,
         ):
             resharded.shard(rank, world)
-            assert resharded.MPE == built.MPE
+            assert resharded.batches_per_epoch == built.batches_per_epoch
             mine = names(resharded, "mask" if end == "pad" else None)
             assert mine == names(built, "mask" if end == "pad" else None)
             shares.append(mine)
@@ -131,4 +131,4 @@ def test_shard_is_refused_mid_epoch_and_for_bad_ranks(pack) -> None:
         tank.next()
         with pytest.raises(ArgumentError, match="start of an epoch"):
             tank.shard(0, 2)
-        assert tank.MPE == -(-N // 4)  # unchanged by the refusals
+        assert tank.batches_per_epoch == -(-N // 4)  # unchanged by the refusals

@@ -21,7 +21,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from dualtrain import accelerate_dataset, patch_dataset
+from dualtrain import accelerate_dataset
+from dualtrain.preload.decorators import patch_dataset  # nebulgym's name, at its home
 
 
 def picture(i: int, size: tuple[int, int] = (12, 16)) -> np.ndarray:

@@ -10,8 +10,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.utils.data import DataLoader, Dataset
 
-from dualtrain import NebulDataset, Preloader, accelerate_dataset, patch_dataset
+import dualtrain
+from dualtrain import Preloader, accelerate_dataset
 from dualtrain.errors import ArgumentError
+from dualtrain.preload.decorators import patch_dataset  # nebulgym's names, at their homes
+from dualtrain.preload.preloader import NebulDataset
 from tests.preload.datasets import (
     BareDataset,
     CalledDataset,
@@ -365,3 +368,12 @@ def test_a_class_with_slots_is_told_to_wrap_its_instances():
 
     with pytest.raises(ArgumentError, match="Preloader"):
         Slotted(3)
+
+
+@pytest.mark.parametrize("name", ["NebulDataset", "patch_dataset"])
+def test_the_old_public_paths_warn_and_name_the_compat_namespace(name):
+    home = {"NebulDataset": NebulDataset, "patch_dataset": patch_dataset}[name]
+    for module in (dualtrain, dualtrain.preload):
+        with pytest.warns(DeprecationWarning, match="dualtrain_torch.compat.nebulgym"):
+            assert getattr(module, name) is home
+    assert name not in dualtrain.__all__ and name not in dualtrain.preload.__all__

@@ -22,9 +22,10 @@ from torch.utils.data import (
     TensorDataset,
 )
 
-from dualtrain import NebulDataset, Preloader
+from dualtrain import Preloader
 from dualtrain.errors import ArgumentError
 from dualtrain.preload import nbytes
+from dualtrain.preload.preloader import NebulDataset
 from tests.preload.datasets import Recording, same_item
 from tests.strategies import arrays
 

@@ -77,7 +77,7 @@ def test_preload_serves_exactly_the_batches_served_without(
     args = {"shuffle": shuffle, "in_same_size": full, "prep_fn": augment, "seed": seed}
     args["workers"] = workers
     plain = Tank(pack, SPEC, batch, **args)
-    count = 3 * plain.MPE  # three epochs
+    count = 3 * plain.batches_per_epoch  # three epochs
     want = serve(plain, count)
     cached = Tank(pack, SPEC, batch, preload=preload, **args)
     assert_same(serve(cached, count), want)
@@ -97,10 +97,10 @@ def test_augmentation_still_differs_between_epochs(pack):
 def test_epochs_after_the_first_are_all_hits_when_the_pack_fits(pack, workers):
     with Tank(pack, SPEC, 5, prep_fn=augment, workers=workers, preload=True) as tank:
         per_epoch = tank.samples_per_epoch
-        for _ in range(tank.MPE):
+        for _ in range(tank.batches_per_epoch):
             tank.next()
         before = tank.preloader.stats()
-        for _ in range(2 * tank.MPE):
+        for _ in range(2 * tank.batches_per_epoch):
             tank.next()
         after = tank.preloader.stats()
     assert after["loads"] == N  # every row decoded once

@@ -19,8 +19,9 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+import dualtrain_torch
 from dualtrain.errors import ArgumentError
-from dualtrain_torch import accelerate, accelerate_model, patch_torch_module
+from dualtrain_torch import accelerate, accelerate_model
 from dualtrain_torch.compilation import AcceleratedForward, explain
 from dualtrain_torch.compilation_rungs import onnx_available
 from tests.core.test_accelerate_ladder import Ticks
@@ -317,7 +318,8 @@ def test_class_decorators_accelerate_every_instance():
     clone = pickle.loads(pickle.dumps(net))
     assert type(clone) is models.DecoratedNet
     torch.testing.assert_close(clone.eval()(batch(1)), net.eval()(batch(1)))
-    assert patch_torch_module is accelerate_model
+    with pytest.warns(DeprecationWarning, match="compat.nebulgym.annotations"):
+        assert dualtrain_torch.patch_torch_module is accelerate_model  # moved to compat
     instance = accelerate_model(backends=["PYTORCH"])(nn.Linear(2, 2))
     assert isinstance(instance.forward, AcceleratedForward)
 

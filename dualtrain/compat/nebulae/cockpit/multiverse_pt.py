@@ -9,13 +9,27 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from dualtrain.craft.craft import Craft
 from dualtrain.errors import bad_argument
-from dualtrain.multiverse.multiverse import Multiverse as _Multiverse
+from dualtrain.multiverse.multiverse import Multiverse as _Multiverse, main_decorator
 
 __all__ = ["Multiverse"]
+
+
+class _Executor:
+    """``mv.Executor``: Nebulae's step-function marker; ``Multiverse.Executor``: the main one.
+
+    v0.5.15's code and demos decorate step functions with ``@mv.Executor`` (it runs them as
+    they are); the brochure decorates the main function with ``@Multiverse.Executor``
+    (`dualtrain.multiverse.main_decorator`). The instance and the class give each form.
+    """
+
+    def __get__(self, instance: Any, owner: type) -> Callable[..., Any]:
+        if instance is None:
+            return functools.partial(main_decorator, multiverse=owner)
+        return cast(Callable[..., Any], instance._step)
 
 
 def _module(model: Any) -> Any:
@@ -34,8 +48,7 @@ class Multiverse(_Multiverse):
         options.setdefault("backend", "torch")
         super().__init__(universe, nworld, **options)
 
-    def Executor(self, func: Callable[..., Any]) -> Callable[..., Any]:  # type: ignore[override]  # noqa: N802
-        """Nebulae's ``@mv.Executor`` on a step function: it runs the function as it is."""
+    def _step(self, func: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(func):
             raise bad_argument("func", func, "the step function to decorate")
 
@@ -44,6 +57,8 @@ class Multiverse(_Multiverse):
             return func(*args, **kwargs)
 
         return step
+
+    Executor = _Executor()
 
     def reduce(self, value: Any, aggregate: bool = False) -> Any:
         """`value` averaged (`aggregate`: summed) over the processes; gradients pass through.

@@ -1,12 +1,14 @@
 """Nebulae's ``nebulae.fuel.depot`` (v0.5.15, torch core): ``Tank``, ``Comburant`` and transforms.
 
 The Tank is dualtrain's with Nebulae's defaults: batches are torch tensors, the incomplete
-last batch is dropped (``in_same_size=True``), ``fetch_fn(data, idx)`` reads the pack as
-stored (an image cell is its encoded bytes, as Nebulae's HDF5 file gave them) and
-``prep_fn`` runs on each sample. The Comburant is Nebulae's: it takes PIL images, arrays or
-encoded bytes (``is_encoded=True``), applies Pillow transforms drawn from Python's `random`
-(seed it with ``toolkit.destine``), and returns float32 images in [0, 1], channel-last or,
-with ``HWC2CHW()`` last, channel-first.
+last batch is dropped (``in_same_size=True``), and ``prep_fn`` runs on each sample.
+``fetch_fn(data, idx)`` reads images decoded, as the brochure's example reads them
+(``data.raw`` holds the encoded bytes Nebulae's HDF5 file gave).
+
+The Comburant is Nebulae's: it takes PIL images, arrays or encoded bytes
+(``is_encoded=True``), applies Pillow transforms drawn from Python's `random` (seed it
+with ``toolkit.destine``), and returns float32 images in [0, 1], channel-last or, with
+``HWC2CHW()`` last, channel-first.
 """
 
 from __future__ import annotations
@@ -42,16 +44,6 @@ _RESAMPLE = {
 # ---- the Tank ----
 
 
-class _RawFetch:
-    """Calls Nebulae's ``fetch_fn`` with the pack as stored (images as encoded bytes)."""
-
-    def __init__(self, fetch_fn: Callable[[Any, int], Any]) -> None:
-        self.fetch_fn = fetch_fn
-
-    def __call__(self, data: Any, idx: int) -> Any:
-        return self.fetch_fn(data.raw, idx)
-
-
 def _spec(data_path: Any, data_specf: Any) -> Mapping[str, str]:
     if isinstance(data_specf, Mapping):
         return data_specf  # dtypes checked by the Tank ('vunit8' stays a typo)
@@ -78,8 +70,10 @@ class Tank(_Tank):
             Nebulae's demo_dist gives it: every column is then served as stored.
         in_same_size: True drops each epoch's incomplete last batch (Nebulae's DataLoader
             ``drop_last``), so ``MPE = len // batch_size``; False serves it short.
-        fetch_fn: ``fetch_fn(data, idx)``, where ``data[key][idx]`` is the stored cell (an
-            image's encoded bytes as a 1-D uint8 array).
+        fetch_fn: ``fetch_fn(data, idx)``: ``data[key][idx]`` is the cell with images
+            decoded to ``(H, W, C)`` uint8 (what the brochure's fetcher reads; the
+            Comburant takes them with ``is_encoded=True`` too); ``data.raw[key][idx]`` is
+            the stored cell, an image's encoded bytes (what Nebulae's HDF5 file gave).
         options: dualtrain's Tank keywords (``seed``, ``workers``, ``to``...); ``to`` is
             "torch" by default.
     """
@@ -105,9 +99,14 @@ class Tank(_Tank):
             options.setdefault("drop_last", True)
         super().__init__(
             data_path, _spec(data_path, data_specf), batch_size, shuffle, in_same_size,
-            _RawFetch(fetch_fn) if fetch_fn is not None else None, prep_fn, collate_fn,
+            fetch_fn, prep_fn, collate_fn,
             **options,
         )  # fmt: skip
+
+    @property
+    def MPE(self) -> int:  # noqa: N802 - Nebulae's name: "miles per epoch"
+        """Batches per epoch for this rank: ``len // batch_size`` with `in_same_size`."""
+        return self.batches_per_epoch
 
 
 # ---- the Comburant and its transforms ----
