@@ -71,26 +71,11 @@ _LAZY = {
 
 # Seed tools' spellings that moved to the compat namespaces: still found here, with a
 # DeprecationWarning naming the new path, for one release.
-_MOVED = {
-    "autoPad": (
-        "dualtrain.craft.padding",
-        "autoPad",
-        "dualtrain.autopad (per-axis (low, high) pairs), or "
-        "dualtrain.compat.nebulae.toolkit.autoPad (Nebulae's flat list)",
-    ),
-    "NebulDataset": (
-        "dualtrain.preload.preloader",
-        "NebulDataset",
-        "dualtrain.Preloader, or "
-        "dualtrain_torch.compat.nebulgym.data.nebuly_dataset.NebulDataset (nebulgym's)",
-    ),
-    "patch_dataset": (
-        "dualtrain.preload.decorators",
-        "patch_dataset",
-        "dualtrain.accelerate_dataset, or "
-        "dualtrain_torch.compat.nebulgym.annotations.torch_annotations.patch_dataset (nebulgym's)",
-    ),
-}
+_MOVED = (
+    "autoPad",
+    "NebulDataset",
+    "patch_dataset",
+)
 
 __all__ = [
     "ArgumentError",

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["moved", "moved_attribute", "positional_deprecated"]
+__all__ = ["SEED_SPELLINGS", "moved", "moved_attribute", "positional_deprecated"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,20 +76,55 @@ def moved(old: str, new: str, *, stacklevel: int = 3) -> None:
     )
 
 
-def moved_attribute(module: str, name: str, table: dict[str, tuple[str, str, str]]) -> Any:
-    """What a module ``__getattr__`` returns for a name that moved, with its warning.
+# The seed tools' spellings that left the main packages (#31): name -> (the module that still
+# defines it, its name there, what to use now). Each old home's __getattr__ serves its own.
+SEED_SPELLINGS: dict[str, tuple[str, str, str]] = {
+    "autoPad": (
+        "dualtrain.craft.padding",
+        "autoPad",
+        "dualtrain.autopad (per-axis (low, high) pairs), or "
+        "dualtrain.compat.nebulae.toolkit.autoPad (Nebulae's flat list)",
+    ),
+    "Craft": (
+        "dualtrain.craft.craft",
+        "Craft",
+        "dualtrain.Craft (or dualtrain.compat.nebulae.astrobase.dock.Craft, Nebulae's Craft "
+        "that realizes itself)",
+    ),
+    "NebulDataset": (
+        "dualtrain.preload.preloader",
+        "NebulDataset",
+        "dualtrain.Preloader, or "
+        "dualtrain_torch.compat.nebulgym.data.nebuly_dataset.NebulDataset (nebulgym's)",
+    ),
+    "patch_dataset": (
+        "dualtrain.preload.decorators",
+        "patch_dataset",
+        "dualtrain.accelerate_dataset, or "
+        "dualtrain_torch.compat.nebulgym.annotations.torch_annotations.patch_dataset (nebulgym's)",
+    ),
+    "patch_torch_module": (
+        "dualtrain_torch.compilation",
+        "patch_torch_module",
+        "dualtrain_torch.accelerate_model, or dualtrain_torch.compat.nebulgym.annotations."
+        "torch_annotations.patch_torch_module (nebulgym's)",
+    ),
+}
+
+
+def moved_attribute(module: str, name: str, names: tuple[str, ...]) -> Any:
+    """What a module ``__getattr__`` returns for a seed spelling that moved, with its warning.
 
     Args:
         module: the module's ``__name__``.
         name: the attribute asked for.
-        table: old name -> (module that still defines it, its name there, what to use now).
+        names: the `SEED_SPELLINGS` this module used to export.
 
     Raises:
-        AttributeError: `name` is not in `table`.
+        AttributeError: `name` is not one of `names`.
     """
-    entry = table.get(name)
-    if entry is None:
+    if name not in names:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    home, attribute, new = entry
+    home, attribute, new = SEED_SPELLINGS[name]
     moved(f"{module}.{name}", new, stacklevel=4)
     return getattr(importlib.import_module(home), attribute)

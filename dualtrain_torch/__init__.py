@@ -63,14 +63,7 @@ __all__ = [
 
 
 # nebulgym's spelling, moved to the compat namespace: here with a DeprecationWarning
-_MOVED = {
-    "patch_torch_module": (
-        "dualtrain_torch.compilation",
-        "patch_torch_module",
-        "dualtrain_torch.accelerate_model, or dualtrain_torch.compat.nebulgym.annotations."
-        "torch_annotations.patch_torch_module (nebulgym's)",
-    ),
-}
+_MOVED = ("patch_torch_module",)
 
 
 def __getattr__(name: str) -> Any:

@@ -20,14 +20,8 @@ __all__ = [
     "reference_forward",
 ]
 
-_MOVED = {
-    "autoPad": (
-        "dualtrain.craft.padding",
-        "autoPad",
-        "dualtrain.autopad (per-axis (low, high) pairs), or "
-        "dualtrain.compat.nebulae.toolkit.autoPad (Nebulae's flat list)",
-    )
-}
+# Seed spellings served with a warning (dualtrain.deprecation.SEED_SPELLINGS).
+_MOVED = ("autoPad",)
 
 
 def __getattr__(name: str) -> Any:

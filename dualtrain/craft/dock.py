@@ -81,14 +81,8 @@ __all__ = [
     *ops.__all__,
 ]
 
-_MOVED = {
-    "Craft": (
-        "dualtrain.craft.craft",
-        "Craft",
-        "dualtrain.Craft "
-        "(or dualtrain.compat.nebulae.astrobase.dock.Craft, Nebulae's Craft that realizes itself)",
-    )
-}
+# Seed spellings served with a warning (dualtrain.deprecation.SEED_SPELLINGS).
+_MOVED = ("Craft",)
 
 
 def __getattr__(name: str) -> Any:

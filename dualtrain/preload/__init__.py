@@ -31,20 +31,11 @@ __all__ = [
     "nbytes",
 ]
 
-_MOVED = {
-    "NebulDataset": (
-        "dualtrain.preload.preloader",
-        "NebulDataset",
-        "dualtrain.Preloader, or "
-        "dualtrain_torch.compat.nebulgym.data.nebuly_dataset.NebulDataset (nebulgym's)",
-    ),
-    "patch_dataset": (
-        "dualtrain.preload.decorators",
-        "patch_dataset",
-        "dualtrain.accelerate_dataset, or "
-        "dualtrain_torch.compat.nebulgym.annotations.torch_annotations.patch_dataset (nebulgym's)",
-    ),
-}
+# Seed spellings served with a warning (dualtrain.deprecation.SEED_SPELLINGS).
+_MOVED = (
+    "NebulDataset",
+    "patch_dataset",
+)
 
 
 def __getattr__(name: str) -> Any:
