@@ -178,6 +178,17 @@ _TABLE: dict[type, Callable[..., Any]] = {
 }
 LAYERS: dict[type, Callable[..., Any]] = {kind: _jax_input(fn) for kind, fn in _TABLE.items()}
 
+
+def _cross_entropy(logits: Any, labels: Any) -> Any:
+    # A label outside [0, K) (negative ones too, which indexing would wrap) picks NaN: its
+    # value is unknown while tracing, so it cannot raise as NumPy and torch do.
+    classes = logits.shape[-1]
+    picked = jnp.where((labels < 0) | (labels >= classes), classes, labels).astype(jnp.int32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(logp, picked[:, None], axis=-1, mode="fill", fill_value=jnp.nan)
+    return -chosen.mean()
+
+
 OPS: dict[str, Callable[..., Any]] = {
     "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # JAX defaults to the tanh form
@@ -192,10 +203,10 @@ OPS: dict[str, Callable[..., Any]] = {
     "pad": lambda x, pads, value: jnp.pad(
         x, ((0, 0),) * (x.ndim - len(pads)) + pads, constant_values=value
     ),
-    "cross_entropy": lambda logits, labels: (
-        -jnp.take_along_axis(
-            jax.nn.log_softmax(logits, axis=-1), labels[:, None].astype(jnp.int32), axis=-1
-        ).mean()
+    "cross_entropy": _cross_entropy,
+    "accuracy": lambda logits, labels: (
+        (logits.argmax(-1) == labels)
+        .astype(logits.dtype if jnp.issubdtype(logits.dtype, jnp.floating) else jnp.float32)
+        .mean()
     ),
-    "accuracy": lambda logits, labels: (logits.argmax(-1) == labels).astype(logits.dtype).mean(),
 }

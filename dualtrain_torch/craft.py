@@ -161,7 +161,11 @@ def _module_for(part: Any, modules: _LayerTable) -> nn.Module:
     if known is not None:  # a layer used twice is one module: tied weights
         return known
     if isinstance(part, Craft):
-        out: nn.Module = CraftModule(part, modules)
+        # A Craft that owns its realized module (Nebulae compat's, which realizes itself
+        # when first used) takes part as that module, so one set of weights serves it
+        # wherever it is held.
+        own = getattr(type(part), "__realized__", None)
+        out: nn.Module = own(part) if own is not None else CraftModule(part, modules)
     elif isinstance(part, dock.Sequential):
         out = nn.ModuleList([_module_for(p, modules) for p in part.layers])
     elif isinstance(part, (list, tuple)):

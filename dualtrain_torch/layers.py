@@ -154,6 +154,8 @@ def build(spec: Any) -> nn.Module:
     return BUILDERS[type(spec)](spec)
 
 
+_NO_CLASS = -(2**63)  # F.cross_entropy's ignore_index: a label no tensor can hold
+
 OPS: dict[str, Callable[..., Any]] = {
     "relu": torch.relu,
     "gelu": F.gelu,  # exact (erf) by default, as the reference
@@ -173,6 +175,13 @@ OPS: dict[str, Callable[..., Any]] = {
     "pad": lambda x, pads, value: F.pad(
         x, [s for pair in reversed(pads) for s in pair], value=value
     ),
-    "cross_entropy": lambda logits, labels: F.cross_entropy(logits, labels.long()),
-    "accuracy": lambda logits, labels: (logits.argmax(-1) == labels).to(logits.dtype).mean(),
+    # no ignore_index: every label counts, and one out of range raises as under NumPy
+    "cross_entropy": lambda logits, labels: F.cross_entropy(
+        logits, labels.long(), ignore_index=_NO_CLASS
+    ),
+    "accuracy": lambda logits, labels: (
+        (logits.argmax(-1) == labels)
+        .to(logits.dtype if logits.is_floating_point() else torch.float32)
+        .mean()
+    ),
 }

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from dualtrain.errors import OutOfRangeError
+
 __all__ = ["OPS"]
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -31,13 +33,23 @@ def _pad(x: np.ndarray, pads: tuple[tuple[int, int], ...], value: float) -> np.n
     return np.pad(x, widths, constant_values=value)
 
 
+def _classes(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    wrong = (labels < 0) | (labels >= logits.shape[-1])
+    if wrong.any():
+        raise OutOfRangeError(
+            f"labels must be classes in [0, {logits.shape[-1]}); got {labels[wrong][:5].tolist()}"
+        )
+    return labels.astype(np.int64)
+
+
 def _cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    picked = np.take_along_axis(_log_softmax(logits, -1), labels[:, None].astype(np.int64), -1)
+    picked = np.take_along_axis(_log_softmax(logits, -1), _classes(logits, labels)[:, None], -1)
     return -picked.mean().astype(logits.dtype)
 
 
 def _accuracy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    return (logits.argmax(-1) == labels).mean().astype(logits.dtype)
+    dtype = logits.dtype if logits.dtype.kind == "f" else np.dtype(np.float32)
+    return (logits.argmax(-1) == labels).mean().astype(dtype)
 
 
 OPS: dict[str, Any] = {

@@ -128,7 +128,9 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
 
     Args:
         logits: ``(N, K)`` floating scores.
-        labels: ``(N,)`` integer classes in ``[0, K)``.
+        labels: ``(N,)`` integer classes in ``[0, K)``. NumPy and torch raise for one
+            outside (every label counts: torch's ``ignore_index`` is not used); JAX, whose
+            values are not known while tracing, gives NaN.
 
     Raises:
         ShapeError: shapes other than ``(N, K)`` and ``(N,)``.
@@ -138,7 +140,9 @@ def cross_entropy(logits: Any, labels: Any) -> Any:
 
 
 def accuracy(logits: Any, labels: Any) -> Any:
-    """The fraction of rows whose largest score is at their label: a scalar of logits' dtype.
+    """The fraction of rows whose largest score is at their label.
+
+    A scalar of logits' dtype when it is floating, else float32.
 
     Args:
         logits: ``(N, K)`` scores.

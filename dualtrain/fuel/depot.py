@@ -20,5 +20,5 @@ moved(
     "dualtrain.fuel.depot",
     "dualtrain.fuel's own names (Tank, Comburant, ...), or dualtrain.compat.nebulae.fuel.depot "
     "(Nebulae's)",
-    stacklevel=2,
+    stacklevel=3,  # moved -> this module -> the importer (outside importlib's frames)
 )

@@ -52,6 +52,18 @@ def check_picklable(universe: Callable[..., Any], args: tuple[Any, ...]) -> None
             ) from None
 
 
+def check_class(cls: type) -> None:
+    """Refuses a Multiverse subclass that spawned workers cannot import by name."""
+    try:
+        pickle.dumps(cls)
+    except Exception as err:
+        raise ArgumentError(
+            f"a Multiverse subclass runs in every spawned worker, which imports it by name: "
+            f"define {cls.__qualname__} at the top level of an importable module, taking "
+            f"(universe, nworld, **options) as Multiverse does ({err})"
+        ) from None
+
+
 def run_workers(
     target: Callable[..., Any],
     payloads: Sequence[tuple[Any, ...]],

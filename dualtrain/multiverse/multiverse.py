@@ -19,6 +19,7 @@ from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.checks import check_divisible, is_number, positive_count
 from dualtrain.multiverse.devices import host_devices
 from dualtrain.multiverse.launch import (
+    check_class,
     check_picklable,
     run_workers,
 )
@@ -191,6 +192,7 @@ class Multiverse:
             finally:
                 self.leave()
         check_picklable(self.universe, args)
+        check_class(type(self))
         return self._spawn(args)
 
     def _spawn(self, args: tuple[Any, ...]) -> Any:

@@ -25,6 +25,7 @@ from torch import nn
 
 from dualtrain.compat.nebulae.cockpit.engine import latest
 from dualtrain.compat.nebulae.toolkit.utility import autoPad
+from dualtrain.compat.retired import retire
 from dualtrain.craft import Craft as _Craft, dock as _dock
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.craft import (
@@ -39,9 +40,10 @@ from dualtrain_torch.craft import (
 
 __all__ = [
     "CUBIC", "LINEAR", "NEAREST", "STEP",
-    "AccCls", "AvgPool", "Conv", "Craft", "Dense", "MaxPool", "Momentum", "Nozzle", "Ones",
-    "Normal", "Orthog", "Prober", "Relu", "Reshape", "Rudder", "SftmXE", "StepLR", "Uniform",
-    "Void", "XavierNorm", "XavierUnif", "Zeros",
+    "AccCls", "Adam", "AdamW", "AvgPool", "Conv", "Craft", "Dense", "Gelu", "MaxPool", "Momentum",
+    "Nesterov", "Nozzle", "Ones", "Normal", "Orthog", "Prober", "RMSProp", "Relu", "Reshape",
+    "Rudder", "SftmXE", "Sigm", "StepLR", "Tanh", "Uniform", "Void", "WarmUp", "XavierNorm",
+    "XavierUnif", "Zeros",
     "autoPad", "coat", "shell",
 ]  # fmt: skip
 
@@ -119,6 +121,12 @@ class Uniform(_Init):
                 nn.init.uniform_(params, self.low, self.high)
 
 
+def _check_w_init(w_init: Any) -> Any:
+    if not callable(w_init):
+        raise bad_argument("w_init", w_init, "an initializer (dock.XavierNorm(), ...) or Void()")
+    return w_init
+
+
 def _has_bias(b_init: Any) -> bool:
     # Nebulae built a bias unless b_init was a Void; None crashed there (None(bias)), and
     # demo_dist passes it, so None means no bias here too.
@@ -165,13 +173,28 @@ class Craft(_Craft):
         return {name: _as_module(part) for name, part in super().parts().items()}
 
     def module(self) -> CraftModule:
-        """This Craft's torch module, realized on first use (on its geared device)."""
+        """This Craft's torch module, realized on first use (on its geared device).
+
+        Its initial weights come from torch's global generator (``torch.manual_seed`` or
+        ``toolkit.destine`` reproduce them), as Nebulae's did; then Nebulae's
+        initializers (``w_init`` / ``b_init``) apply.
+        """
         made = self.__dict__.get("_module")
         if made is None:
-            made = realize(self, device=self.geared)
+            seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+            made = realize(self, seed=seed, device=self.geared)
             self.initialize(made)
             object.__setattr__(self, "_module", made)
         return made
+
+    # dualtrain_torch.realize holds a Craft with this method as the module it returns,
+    # wherever it sits (a plain Craft's attribute, a dock.Sequential, a list...)
+    __realized__ = module
+
+    @property
+    def training(self) -> bool:
+        """Whether its module is in training mode."""
+        return self.module().training
 
     def initialize(self, module: CraftModule) -> None:
         """Applies Nebulae's initializers once realized (layers with w_init / b_init)."""
@@ -181,17 +204,19 @@ class Craft(_Craft):
         # forward calls `run`, never this).
         return self.module()(*inputs, **kwargs)
 
-    def gear(self, gr: Any) -> Any:
+    def gear(self, gr: Any) -> Craft:
         """True / False: training / evaluation mode; an Engine or device: placed there.
 
-        Returns the realized module (Nebulae returned the Craft, itself a module).
+        Returns the Craft, as Nebulae's did (``net = net.gear(engine)``).
         """
         if isinstance(gr, bool):
-            return self.module().train(gr)
-        if isinstance(gr, (Rudder, Prober, Nozzle)):
-            return self.module().train(gr.train)
-        super().gear(gr)
-        return self.module().gear(gr)
+            self.module().train(gr)
+        elif isinstance(gr, (Rudder, Prober, Nozzle)):
+            self.module().train(gr.train)
+        else:
+            super().gear(gr)
+            self.module().gear(gr)
+        return self
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """Nebulae's ``forward``: the same as calling the Craft."""
@@ -213,11 +238,13 @@ class Craft(_Craft):
     def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self.module().load_state_dict(*args, **kwargs)
 
-    def train(self, mode: bool = True) -> CraftModule:
-        return self.module().train(mode)
+    def train(self, mode: bool = True) -> Craft:
+        self.module().train(mode)
+        return self
 
-    def eval(self) -> CraftModule:
-        return self.module().eval()
+    def eval(self) -> Craft:
+        self.module().eval()
+        return self
 
     def __setitem__(self, key: str, value: Any) -> None:
         if not isinstance(key, str) or "/" in key:
@@ -300,7 +327,7 @@ class Conv(Craft):
         super().__init__(scope)
         kernel = _kernel(kernel)
         pads = _flat_pads("padding", padding, len(kernel))
-        self.w_init, self.b_init = w_init, b_init
+        self.w_init, self.b_init = _check_w_init(w_init), b_init
         self.conv = _dock.Conv(
             in_chs, out_chs, kernel, stride=stride, padding=pads, dilation=dilation,
             groups=group, bias=_has_bias(b_init),
@@ -331,7 +358,7 @@ class Dense(Craft):
         super().__init__(scope)
         if not isinstance(axis, int) or isinstance(axis, bool) or axis == 0:
             raise bad_argument("axis", axis, "an int other than 0 (axis 0 is the batch)")
-        self.axis, self.w_init, self.b_init = axis, w_init, b_init
+        self.axis, self.w_init, self.b_init = axis, _check_w_init(w_init), b_init
         self.fc = _dock.Dense(in_chs, out_chs, bias=_has_bias(b_init))
 
     def initialize(self, module: CraftModule) -> None:
@@ -414,11 +441,40 @@ def Reshape(scope: str = "RESHAPE") -> Any:  # noqa: N802 - Nebulae's class name
 class Relu(Craft):
     """max(x, 0): ``dock.relu``."""
 
+    op = staticmethod(_dock.relu)
+
     def __init__(self, scope: str = "RELU") -> None:
         super().__init__(scope)
 
     def run(self, x: Any) -> Any:
-        return _dock.relu(x)
+        return type(self).op(x)
+
+
+class Tanh(Relu):
+    """``dock.tanh``."""
+
+    op = staticmethod(_dock.tanh)
+
+    def __init__(self, scope: str = "TANH") -> None:
+        super().__init__(scope)
+
+
+class Sigm(Relu):
+    """The logistic sigmoid: ``dock.sigmoid``."""
+
+    op = staticmethod(_dock.sigmoid)
+
+    def __init__(self, scope: str = "SIGM") -> None:
+        super().__init__(scope)
+
+
+class Gelu(Relu):
+    """The exact (erf) GELU: ``dock.gelu``."""
+
+    op = staticmethod(_dock.gelu)
+
+    def __init__(self, scope: str = "GELU") -> None:
+        super().__init__(scope)
 
 
 # ---- losses and metrics ----
@@ -496,6 +552,8 @@ def _schedule(lr_decay: Any, lr_params: Any) -> Any:
         raise bad_argument(
             "lr_decay", lr_decay, "None, dock.STEP or a schedule like StepLR(300, 0.8)"
         )
+    if lr_params is not None:
+        raise ArgumentError("lr_params is read only with lr_decay=dock.STEP; drop one of them")
     return lr_decay
 
 
@@ -514,58 +572,40 @@ def _selected(hull: Any, update_scope: Any) -> list[nn.Parameter]:
     return params
 
 
-class Momentum:
-    """Nebulae's Momentum: SGD with momentum (torch.optim.SGD); ``optz(loss)`` steps.
+class _Optimizer:
+    """What Nebulae's optimizers share: ``optz(loss)`` back-propagates and steps.
 
-    A call zeroes the gradients, back-propagates `loss`, and every `grad_accum` calls steps
-    the optimizer and the schedule (gradients add up across those calls).
+    Every `grad_accum` calls it clips, steps the torch optimizer and the schedule.
 
-    Args:
-        hull: the model (a Craft or module) whose parameters it updates.
-        lr: the learning rate.
-        mmnt: momentum.
-        wd: weight decay.
-        lr_decay: None, a schedule (``StepLR(period, factor)``) or ``STEP`` with `lr_params`.
-        warmup: steps over which the rate rises linearly from 0 before `lr_decay` runs.
-        grad_limit: clip each gradient element to ±grad_limit before a step (<= 0: off).
-        grad_accum: backward passes per step.
-        update_scope: a part path ('net/fc') or a list of them: update only those.
-        lr_params: (period, factor) for ``lr_decay=STEP``.
+    The gradients are zeroed at the first call of each group of `grad_accum` calls, so they
+    add up within it (Nebulae zeroed them at every call). The rate rises from 0 over
+    `warmup` steps exactly as Nebulae's WarmUpWrapper had it, then `lr_decay` runs.
     """
 
     def __init__(
         self,
         hull: Any,
-        lr: float,
-        mmnt: float = 0.9,
-        wd: float = 0,
-        lr_decay: Any = None,
-        warmup: int = 0,
-        grad_limit: float = -1,
-        grad_accum: int = 1,
-        update_scope: Any = None,
-        scope: str = "MOMENTUM",
-        lr_params: Any = None,
+        make: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+        lr_decay: Any,
+        warmup: int,
+        grad_limit: float,
+        grad_accum: int,
+        update_scope: Any,
+        scope: str,
+        lr_params: Any,
     ) -> None:
         schedule = _schedule(lr_decay, lr_params)
-        for name, value in (("warmup", warmup), ("grad_accum", grad_accum)):
-            if (
-                not isinstance(value, int)
-                or isinstance(value, bool)
-                or value < (name == "grad_accum")
-            ):
-                raise bad_argument(
-                    name, value, "an int >= 1" if name == "grad_accum" else "an int >= 0"
-                )
+        for name, value, low in (("warmup", warmup, 0), ("grad_accum", grad_accum, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise bad_argument(name, value, f"an int >= {low}")
+        if not isinstance(grad_limit, (int, float)) or isinstance(grad_limit, bool):
+            raise bad_argument("grad_limit", grad_limit, "a number (<= 0: no clipping)")
         self.scope, self.grad_limit, self.grad_accum = scope, float(grad_limit), grad_accum
         self.params = _selected(hull, update_scope)
-        self.optz = self.optimizer(self.params, float(lr), float(mmnt), float(wd))
-        self.lr_decay = _warmed(self.optz, schedule, warmup)
+        self.optz = make(self.params)
+        after = schedule(self.optz) if schedule is not None else None
+        self.lr_decay = WarmUp(self.optz, warmup, after) if warmup else after
         self.calls = 0
-
-    @staticmethod
-    def optimizer(params: list[nn.Parameter], lr: float, mmnt: float, wd: float) -> Any:
-        return torch.optim.SGD(params, lr=lr, momentum=mmnt, weight_decay=wd)
 
     def __call__(self, target: torch.Tensor) -> None:
         if self.calls == 0:
@@ -588,15 +628,154 @@ class Momentum:
         self.optz.load_state_dict(state)
 
 
-def _warmed(optimizer: torch.optim.Optimizer, schedule: Any, warmup: int) -> Any:
-    """`schedule` after `warmup` steps of a linear rise from 0 (Nebulae's WarmUpWrapper)."""
-    after = schedule(optimizer) if schedule is not None else None
-    if warmup == 0:
-        return after
-    rise = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(step / warmup, 1.0))
-    if after is None:
-        return rise
-    return torch.optim.lr_scheduler.SequentialLR(optimizer, [rise, after], milestones=[warmup])
+class Momentum(_Optimizer):
+    """SGD with momentum (``torch.optim.SGD``); ``optz(loss)`` steps.
+
+    Args:
+        hull: the model (a Craft or module) whose parameters it updates.
+        lr: the learning rate.
+        mmnt: momentum.
+        wd: weight decay.
+        lr_decay: None, a schedule (``StepLR(period, factor)``) or ``STEP`` with `lr_params`.
+        warmup: steps of Nebulae's warm-up (the rate 0 for two steps, then rising to `lr`
+            at step ``warmup + 1``) before `lr_decay` runs.
+        grad_limit: clip each gradient element to ±grad_limit before a step (<= 0: off).
+        grad_accum: backward passes per step.
+        update_scope: a part path ('net/fc') or a list of them: update only those.
+        lr_params: (period, factor) for ``lr_decay=STEP``.
+    """
+
+    nesterov = False
+
+    def __init__(
+        self,
+        hull: Any,
+        lr: float,
+        mmnt: float = 0.9,
+        wd: float = 0,
+        lr_decay: Any = None,
+        warmup: int = 0,
+        grad_limit: float = -1,
+        grad_accum: int = 1,
+        update_scope: Any = None,
+        scope: str = "MOMENTUM",
+        lr_params: Any = None,
+    ) -> None:
+        def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+            return torch.optim.SGD(
+                params, lr=lr, momentum=mmnt, weight_decay=wd, nesterov=self.nesterov
+            )
+
+        super().__init__(hull, make, lr_decay, warmup, grad_limit, grad_accum, update_scope,
+                         scope, lr_params)  # fmt: skip
+
+
+class Nesterov(Momentum):
+    """SGD with Nesterov momentum; Momentum's arguments."""
+
+    nesterov = True
+
+    def __init__(self, hull: Any, lr: float, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("scope", "NESTEROV")
+        super().__init__(hull, lr, *args, **kwargs)
+
+
+class RMSProp(_Optimizer):
+    """``torch.optim.RMSprop``; Momentum's arguments, `mmnt` 0 by default (Nebulae's)."""
+
+    def __init__(
+        self,
+        hull: Any,
+        lr: float,
+        mmnt: float = 0.0,
+        wd: float = 0,
+        lr_decay: Any = None,
+        warmup: int = 0,
+        grad_limit: float = -1,
+        grad_accum: int = 1,
+        update_scope: Any = None,
+        scope: str = "RMSPROP",
+        lr_params: Any = None,
+    ) -> None:
+        def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+            return torch.optim.RMSprop(params, lr=lr, momentum=mmnt, weight_decay=wd)
+
+        super().__init__(hull, make, lr_decay, warmup, grad_limit, grad_accum, update_scope,
+                         scope, lr_params)  # fmt: skip
+
+
+class Adam(_Optimizer):
+    """``torch.optim.Adam`` with betas ``(mmnt1, mmnt2)``; the other arguments are Momentum's."""
+
+    decoupled = False
+
+    def __init__(
+        self,
+        hull: Any,
+        lr: float,
+        mmnt1: float = 0.9,
+        mmnt2: float = 0.999,
+        wd: float = 0,
+        lr_decay: Any = None,
+        warmup: int = 0,
+        grad_limit: float = -1,
+        grad_accum: int = 1,
+        update_scope: Any = None,
+        scope: str = "ADAM",
+        lr_params: Any = None,
+    ) -> None:
+        kind = torch.optim.AdamW if self.decoupled else torch.optim.Adam
+
+        def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+            return kind(params, lr=lr, betas=(mmnt1, mmnt2), weight_decay=wd)
+
+        super().__init__(hull, make, lr_decay, warmup, grad_limit, grad_accum, update_scope,
+                         scope, lr_params)  # fmt: skip
+
+
+class AdamW(Adam):
+    """``torch.optim.AdamW`` (decoupled weight decay); Adam's arguments."""
+
+    decoupled = True
+
+    def __init__(self, hull: Any, lr: float, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("scope", "ADAMW")
+        super().__init__(hull, lr, *args, **kwargs)
+
+
+class WarmUp:
+    """Nebulae's WarmUpWrapper: the rate rises from 0 to `lr`, then `after` runs.
+
+    The rate is set to 0; each `step` counts a mile from 0 and sets ``lr * mile / warmup``
+    up to mile `warmup`; after that `after` steps.
+
+    So the optimizer steps at rate 0 twice, reaches `lr` at step ``warmup + 1`` (0-based),
+    and `after` (a torch scheduler, or None) counts from there. ``state_dict`` resumes it.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, warmup: int, after: Any) -> None:
+        self.optimizer, self.warmup, self.after = optimizer, warmup, after
+        self.base = [float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups]
+        self.mile = -1
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0
+
+    def step(self) -> None:
+        self.mile += 1
+        if self.mile <= self.warmup:
+            for group, base in zip(self.optimizer.param_groups, self.base, strict=True):
+                group["lr"] = base * self.mile / self.warmup
+        elif self.after is not None:
+            self.after.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        after = self.after.state_dict() if self.after is not None else None
+        return {"mile": self.mile, "base": list(self.base), "after": after}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.mile, self.base = int(state["mile"]), list(state["base"])
+        if self.after is not None and state.get("after") is not None:
+            self.after.load_state_dict(state["after"])
 
 
 # ---- moving data: the latest Engine's device ----
@@ -615,3 +794,63 @@ def coat(datum: Any, as_const: bool = True) -> torch.Tensor:
 def shell(datum: Any, as_np: bool = True) -> Any:
     """A tensor back as NumPy (a single value as a Python number), or detached on the CPU."""
     return _shell(datum, as_np)
+
+
+# Nebulae v0.5.15's other dock names: not carried over (only the names its demos use are,
+# with the common optimizers and activations); each says what to use instead.
+_LAYER = "hold a torch.nn module in the Craft (self.x = torch.nn.X(...)), or use {}"
+_RETIRED = {
+    **{
+        n: _LAYER.format(w)
+        for n, w in {
+            "BN": "dualtrain.dock.BatchNorm",
+            "IN": "torch.nn.InstanceNorm2d",
+            "LN": "dualtrain.dock.LayerNorm",
+            "Dropout": "dualtrain.dock.Dropout",
+            "Embed": "dualtrain.dock.Embedding",
+            "TransConv": "dualtrain.dock.ConvTranspose",
+            "Identity": "torch.nn.Identity",
+            "Sftm": "dualtrain.dock.softmax",
+            "LRelu": "torch.nn.LeakyReLU",
+            "Sftp": "torch.nn.Softplus",
+            "Concat": "dualtrain.dock.concat",
+            "Mean": "dualtrain.dock.mean",
+            "Permute": "x.permute",
+            "Expand": "x.expand",
+            "Squash": "x.squeeze",
+            "Upscale": "torch.nn.Upsample",
+            "SubPix": "torch.nn.PixelShuffle",
+            "SurPix": "torch.nn.PixelUnshuffle",
+            "RNN": "torch.nn.RNN",
+            "LSTM": "torch.nn.LSTM",
+            "BiRNN": "torch.nn.RNN(bidirectional=True)",
+            "BiLSTM": "torch.nn.LSTM(bidirectional=True)",
+            "MHAttn": "torch.nn.MultiheadAttention",
+            "Clip": "torch.clamp",
+        }.items()
+    },
+    **{
+        n: "write it as a torch loss on the outputs: " + w
+        for n, w in {
+            "MAE": "torch.nn.functional.l1_loss",
+            "MSE": "torch.nn.functional.mse_loss",
+            "Huber": "torch.nn.functional.huber_loss",
+            "SigmXE": "torch.nn.functional.binary_cross_entropy_with_logits",
+            "OHEM": "a per-row loss, its top-k rows kept",
+        }.items()
+    },
+    "AdaBelief": "torch.optim has no AdaBelief; dock.Adam / dock.AdamW take the same arguments",
+    "PolyLR": "lr_decay takes any callable optimizer -> torch scheduler, e.g. "
+    "lambda opt: torch.optim.lr_scheduler.PolynomialLR(opt, total_iters, power)",
+    "CosLR": "lr_decay=lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, period)",
+    "ExpLR": "lr_decay=lambda opt: torch.optim.lr_scheduler.ExponentialLR(opt, gamma)",
+    "WavyLR": "lr_decay=lambda opt: torch.optim.lr_scheduler.CyclicLR(opt, ...)",
+    "EMA": "torch.optim.swa_utils.AveragedModel(module, multi_avg_fn=get_ema_multi_avg_fn(d))",
+    "Retroact": "torch.autograd.grad(output, feature) for a feature map's gradient",
+    "PSNR": "10 * log10(peak ** 2 / mse) on the outputs",
+    "SSIM": "an SSIM of your choice on the outputs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    retire("dualtrain.compat.nebulae.astrobase.dock", name, _RETIRED)

@@ -258,3 +258,17 @@ def test_bad_op_inputs_are_named(call, message):
     with pytest.raises(dualtrain.DualtrainError) as info:
         call(np.zeros((2, 3), "float32"))
     assert message in str(info.value)
+
+
+def test_labels_outside_the_classes_raise_or_give_nan_never_a_wrong_number():
+    logits = np.zeros((2, 3), "float32")
+    for labels in ([0, 3], [0, -1], [0, -100]):  # -100: torch's default ignore_index
+        with pytest.raises(dualtrain.errors.OutOfRangeError, match=r"labels must be classes"):
+            dock.cross_entropy(logits, np.array(labels))
+        with pytest.raises(IndexError):
+            dock.cross_entropy(torch.from_numpy(logits), torch.tensor(labels))
+        assert np.isnan(np.asarray(dock.cross_entropy(jnp.asarray(logits), jnp.asarray(labels))))
+    # integer scores: the fraction in float32 under every backend (not truncated to 0)
+    scores, labels = np.array([[1, 2], [3, 1]]), np.array([1, 1])
+    for conv in (np.asarray, torch.tensor, jnp.asarray):
+        assert float(dock.accuracy(conv(scores), conv(labels))) == 0.5

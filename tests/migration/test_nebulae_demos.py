@@ -208,14 +208,16 @@ def test_momentum_is_torch_sgd_with_nebulae_warmup_and_step_schedule(lr, mmnt, w
     sgd = torch.optim.SGD(plain.parameters(), lr=lr, momentum=mmnt, weight_decay=wd)
     x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
     for step in range(10):
-        # Nebulae's WarmUpWrapper: lr * step / warmup for the first steps (0 at the first),
-        # then the schedule, which starts counting then
-        after = step - warmup
-        rate = (
-            lr * min(step / warmup, 1.0)
-            if warmup and after < 0
-            else lr * 0.5 ** (max(after, 0) // period)
-        )
+        # Nebulae's WarmUpWrapper zeroes the rate when made; its k-th step() sets mile k - 1
+        # and the rate lr * mile / warmup while mile <= warmup, then steps the schedule. So
+        # optimizer step n runs at 0, then lr * (n - 1) / warmup, reaching lr at n =
+        # warmup + 1, where the StepLR starts counting.
+        if not warmup:
+            rate = lr * 0.5 ** (step // period)
+        elif step <= warmup + 1:
+            rate = lr * max(step - 1, 0) / warmup
+        else:
+            rate = lr * 0.5 ** ((step - warmup - 1) // period)
         for group in sgd.param_groups:
             group["lr"] = rate
         assert optz.optz.param_groups[0]["lr"] == pytest.approx(rate)
@@ -225,6 +227,58 @@ def test_momentum_is_torch_sgd_with_nebulae_warmup_and_step_schedule(lr, mmnt, w
         sgd.step()
     for got, want in zip(net.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_warm_up_rates_are_nebulaes_own_sequence():
+    # WarmUpWrapper(3, StepLR(2, 0.5)) stepped by hand through Nebulae's code
+    want = [0, 0, 1 / 3, 2 / 3, 1, 1, 0.5, 0.5, 0.25]
+    net = dock.Dense(2, 1)
+    optz = dock.Momentum(net, 1.0, lr_decay=dock.StepLR(2, 0.5), warmup=3)
+    got = []
+    for _ in want:
+        got.append(optz.optz.param_groups[0]["lr"])
+        optz(net(torch.ones(1, 2)).sum())
+    assert got == pytest.approx(want)
+    state = optz.lr_decay.state_dict()
+    again = dock.Momentum(net, 1.0, lr_decay=dock.StepLR(2, 0.5), warmup=3)
+    again.lr_decay.load_state_dict(state)
+    assert again.lr_decay.mile == optz.lr_decay.mile
+
+
+@pytest.mark.parametrize(
+    ("kind", "torch_kind", "options"),
+    [
+        ("Adam", torch.optim.Adam, {"betas": (0.8, 0.99)}),
+        ("AdamW", torch.optim.AdamW, {"betas": (0.8, 0.99)}),
+        ("Nesterov", torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
+        ("RMSProp", torch.optim.RMSprop, {"momentum": 0.0}),
+    ],
+)
+def test_the_other_optimizers_are_torch_optims(kind, torch_kind, options):
+    torch.manual_seed(0)
+    net = dock.Dense(4, 2)
+    plain = torch.nn.Linear(4, 2)
+    plain.load_state_dict({k.split(".")[-1]: v for k, v in net.state_dict().items()})
+    betas = {"mmnt1": 0.8, "mmnt2": 0.99} if "Adam" in kind else {}
+    optz = getattr(dock, kind)(net, 0.01, wd=0.001, **betas)
+    ref = torch_kind(plain.parameters(), lr=0.01, weight_decay=0.001, **options)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    for _ in range(4):
+        optz(F.cross_entropy(net(x), y))
+        ref.zero_grad()
+        F.cross_entropy(plain(x), y).backward()
+        ref.step()
+    for got, want in zip(net.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_names_not_carried_over_say_what_to_use():
+    with pytest.raises(RetiredError, match=r"dock\.BN is not provided.*dualtrain\.dock\.BatchNorm"):
+        dock.BN  # noqa: B018
+    with pytest.raises(RetiredError, match=r"mse_loss"):
+        from dualtrain.compat.nebulae.astrobase.dock import MSE  # noqa: F401
+    with pytest.raises(AttributeError):
+        dock.NotANebulaeName  # noqa: B018
 
 
 def test_step_with_lr_params_and_grad_accum_and_limits():
@@ -259,6 +313,53 @@ class Pair(dock.Craft):
         return self.b(self["mid"])
 
 
+def test_children_in_any_container_or_under_a_plain_craft_share_their_weights():
+    import dualtrain
+    import dualtrain_torch
+    from dualtrain.craft import dock as neutral
+
+    class InSequence(dock.Craft):
+        def __init__(self):
+            super().__init__("SEQ")
+            self.seq = neutral.Sequential(dock.Dense(3, 3), dock.Dense(3, 2))
+
+        def run(self, x):
+            return self.seq.layers[1](self.seq.layers[0](x))
+
+    class Plain(dualtrain.Craft):
+        def __init__(self):
+            super().__init__("PLAIN")
+            self.fc = dock.Dense(3, 2)
+
+        def run(self, x):
+            return self.fc(x)
+
+    x = torch.randn(4, 3)
+    seq = InSequence()
+    before = seq(x).detach().clone()
+    dock.Momentum(seq, 0.5)(seq(x).sum())
+    assert not torch.allclose(before, seq(x))  # the optimizer stepped what runs
+    plain = dualtrain_torch.realize(Plain())
+    assert {id(p) for p in plain.parameters()} == {id(p) for p in plain.craft.fc.parameters()}
+    before = plain(x).detach().clone()
+    sgd = torch.optim.SGD(plain.parameters(), 0.5)
+    plain(x).sum().backward()
+    sgd.step()
+    assert not torch.allclose(before, plain(x))
+
+
+def test_initial_weights_follow_torchs_generator_as_in_nebulae():
+    def weights():
+        return dock.Conv(3, 4, (3, 3), w_init=dock.Void()).module().conv.weight.detach()
+
+    torch.manual_seed(1)
+    first = weights()
+    torch.manual_seed(2)
+    second = weights()
+    torch.manual_seed(1)
+    assert torch.equal(weights(), first) and not torch.equal(first, second)
+
+
 def test_a_craft_and_its_children_share_one_set_of_weights():
     pair = Pair()
     x = torch.randn(4, 3)
@@ -271,7 +372,8 @@ def test_a_craft_and_its_children_share_one_set_of_weights():
     torch.testing.assert_close(pair(x), pair.b(pair.a(x)))
     assert not torch.allclose(pair(x), direct)
     assert len(list(pair.parameters())) == 4
-    assert pair.gear(False).training is False and pair.gear(True).training is True
+    assert pair.gear(False) is pair and pair.training is False  # gear returns the Craft
+    assert pair.gear(True).training is True and pair.gear(neb.cockpit.Engine(device="cpu")) is pair
     with pytest.raises(KeyError, match="keeps no tensor 'nope'"):
         pair["nope"]
     with pytest.raises(ArgumentError, match="scope must be a str"):
@@ -322,6 +424,8 @@ def test_comburant_returns_float_images_in_unit_range_from_bytes_or_arrays(h, w,
     assert depot.Comburant(depot.Resize((3, 5)))(pixels).shape == (3, 5, 3)
     crop = depot.Comburant(depot.Crop((2, 2)))(pixels)
     assert crop.shape == (2, 2, 3) and crop.dtype == np.float32
+    grey = depot.Comburant(lambda image: image.convert("L"))(pixels)  # any per-image callable
+    assert grey.shape == (h, w) and grey.dtype == np.float32
     frames = depot.Comburant(depot.Crop((2, 2)), depot.Brighten(0.5))([pixels, pixels])
     np.testing.assert_array_equal(frames[0], frames[1])  # one draw serves every frame
 
@@ -428,6 +532,8 @@ def test_a_one_worker_multiverse_syncs_a_craft_and_returns_the_data_after_it(pac
             return {"label": data["label"][idx].astype("int64")}
 
         tank = depot.Tank(os.path.join(packs, "train.hdf5"), "image", 8, fetch_fn=fetch)
+        with pytest.raises(TypeError):
+            mv.sync(net)  # Nebulae's sync takes the data too
         synced, same = mv.sync(net, tank)
         loss = torch.tensor(2.0, requires_grad=True)
         reduced = mv.reduce(loss * 3)

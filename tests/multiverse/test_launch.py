@@ -214,3 +214,11 @@ def test_reading_where_it_stands_before_the_call_still_spawns(tmp_path: Path) ->
     assert [r["rank"] for r in records(tmp_path, 3)] == [0, 1, 2]
     with pytest.raises(ArgumentError, match="call mv"):
         mv.init()  # the parent is no worker of a 3-process run
+
+
+def test_a_multiverse_subclass_workers_cannot_import_is_refused_before_any_start() -> None:
+    class Local(Multiverse):  # defined in a function: spawned workers cannot import it
+        pass
+
+    with pytest.raises(ArgumentError, match=r"define .*Local at the top level"):
+        Local(universes.where, 2)()

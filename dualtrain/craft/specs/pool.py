@@ -34,8 +34,9 @@ class _Pool(Layer):
             raise bad_argument(
                 "padding",
                 self.padding,
-                f"one int per axis ({nd} of them, each at most kernel/2), not (low, high) "
-                "pairs: pad first with dock.pad(x, pairs, value) and pool with padding=0",
+                f"one int per axis ({nd} of them, each at most kernel/2; pooling pads both "
+                "sides alike, MaxPool with -inf), not (low, high) pairs: pad first with "
+                "dock.pad(x, pairs, value) and pool with padding=0",
             )
         ok = len(pads) == nd and all(is_int(p) and p >= 0 for p in pads)
         if not ok or any(2 * p > k for p, k in zip(pads, self.kernel, strict=True)):

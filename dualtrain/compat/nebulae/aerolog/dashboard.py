@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dualtrain.aerolog.dashboard import DashBoard as _DashBoard
 from dualtrain.errors import ArgumentError, bad_argument
 
@@ -22,9 +24,9 @@ _KEYS = ("log_path", "window", "divisor", "span", "format")
 
 
 def _count(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
         raise bad_argument(name, value, f"an int >= 0 (Nebulae counts {name}s from 0)")
-    return value
+    return int(value)
 
 
 class DashBoard(_DashBoard):

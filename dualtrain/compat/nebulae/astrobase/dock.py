@@ -16,3 +16,8 @@ backends.load("torch")  # a clear error when torch is not installed
 _dock: Any = importlib.import_module("dualtrain_torch.compat.nebulae_dock")
 globals().update({name: getattr(_dock, name) for name in _dock.__all__})
 __all__: list[str] = list(_dock.__all__)
+
+
+def __getattr__(name: str) -> Any:
+    """Nebulae's dock names not carried over: a RetiredError saying what to use instead."""
+    return getattr(_dock, name)

@@ -40,8 +40,8 @@ class Multiverse(_Multiverse):
     """``Multiverse(universe, nworld=1)``: ``mv()`` runs ``universe(mv)`` on `nworld` processes.
 
     Each process is a torch worker (gloo on the CPU, NCCL on GPUs); Tanks given to `sync`
-    serve each process its share of every epoch, where Nebulae's gave every process all of
-    it. `options` are dualtrain's (``timeout``, DDP's keywords).
+    serve each process its share of every epoch (Nebulae's Tank sharded itself by the
+    launcher's RANK). `options` are dualtrain's (``timeout``, DDP's keywords).
     """
 
     def __init__(self, universe: Callable[..., Any], nworld: int = 1, **options: Any) -> None:
@@ -73,7 +73,7 @@ class Multiverse(_Multiverse):
             return value + (reduced - value).detach()
         return super().reduce(value, aggregate)
 
-    def sync(self, models: Any, data: Any = ()) -> Any:
+    def sync(self, models: Any, data: Any) -> Any:  # type: ignore[override]
         """``(*synced models, *data)``: models wrapped for DDP, Tanks sharded in place."""
         many = isinstance(models, (tuple, list))
         given = [_module(m) for m in (models if many else [models])]

@@ -187,7 +187,9 @@ class Comburant:
         many = isinstance(imgs, (list, tuple))
         frames: Any = [_image(f, self.is_encoded) for f in (imgs if many else [imgs])]
         for t in self.transforms:
-            frames = t(frames)
+            # Nebulae's own transforms take the frames together (one draw for all); any
+            # other callable is handed one image at a time, as torchvision's Compose did
+            frames = t(frames) if isinstance(t, _Transform) else [t(f) for f in frames]
         out = [np.asarray(f, dtype=np.float32) / 255 for f in frames]
         if self.to_chw is not None:
             out = [self.to_chw(o) for o in out]
@@ -198,7 +200,7 @@ class Random(_Transform):
     """Applies `comburant` (a transform) with probability `p`, to every frame or none."""
 
     def __init__(self, p: float, comburant: Callable[[Any], Any]) -> None:
-        if not 0 <= p <= 1:
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
             raise bad_argument("p", p, "a probability in [0, 1]")
         self.p, self.comburant = float(p), comburant
 
@@ -250,9 +252,21 @@ class Crop(_Transform):
         scale: Sequence[int] = (),
     ) -> None:
         self.size = _size("size", size)
-        if len(padding) != 4 or not all(isinstance(p, int) and p >= 0 for p in padding):
+        if (
+            not isinstance(padding, (tuple, list))
+            or len(padding) != 4
+            or not all(isinstance(p, int) and p >= 0 for p in padding)
+        ):
             raise bad_argument("padding", padding, "(left, top, right, bottom), ints >= 0")
         self.padding, self.scale = tuple(padding), tuple(scale)
+        for name, pair in (("area_ratio", area_ratio), ("aspect_ratio", aspect_ratio)):
+            if (
+                not isinstance(pair, (tuple, list))
+                or len(pair) != 2
+                or not all(isinstance(v, (int, float)) and v > 0 for v in pair)
+                or pair[0] > pair[1]
+            ):
+                raise bad_argument(name, pair, "(low, high), two positive numbers, low <= high")
         self.area, self.aspect = tuple(area_ratio), tuple(aspect_ratio)
         self.resized = not (self.area == self.aspect == (1, 1))
         self.resample = _resample(interp)
@@ -307,7 +321,7 @@ class Flip(_Transform):
             raise ArgumentError(f"Flip takes (axial) or (p, axial); got {len(args)} arguments")
         if axial not in (HORIZONTAL, VERTICAL):
             raise bad_argument("axial", axial, "depot.HORIZONTAL or depot.VERTICAL")
-        if not 0 <= p <= 1:
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
             raise bad_argument("p", p, "a probability in [0, 1]")
         self.p = float(p)
         self.method = (
