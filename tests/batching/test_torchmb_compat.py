@@ -118,7 +118,7 @@ def test_readme_extending_the_model_batcher():
         base_class = MyModule
 
         @classmethod
-        def from_module(cls, module: MyModule, batch: int) -> MyBatchModule:
+        def from_module(cls, module: MyModule, batch: int) -> MyBatchModule:  # type: ignore[override]
             return cls(batch, module.scale.shape[0])
 
         def __init__(self, batch: int, features: int):
@@ -409,7 +409,11 @@ _LINEAR = {"weight": torch.zeros(2, 3), "bias": torch.zeros(2)}
         (lambda bm: bm([1.0]), ArgumentError, r"x\[0\] must be a tensor"),
         (lambda bm: bm(), ArgumentError, "at least one input"),
         (lambda bm: BatchModule(nn.Linear(3, 2), 0), ArgumentError, "batch must be a positive int"),
-        (lambda bm: BatchModule("net", 2), ArgumentError, "model must be a torch nn.Module"),
+        (
+            lambda bm: BatchModule("net", 2),  # type: ignore[arg-type]
+            ArgumentError,
+            "model must be a torch nn.Module",
+        ),
         (lambda bm: BatchModule(nn.Linear(3, 2), 2, True, print), ArgumentError, "replace_func"),
         (lambda bm: BatchModule(nn.ReLU(), 2, strategy="fast"), ArgumentError, "strategy must be"),
         (

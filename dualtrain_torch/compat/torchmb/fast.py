@@ -1,4 +1,4 @@
-"""The registered fast path of the torchmb shim: hand-written batch modules, checked.
+"""The checked fast path of the torchmb shim (dualtrain's own; torchmb has no such module).
 
 A module of a registered ``base_class`` (the wrapped module itself, or a child of an
 ``nn.Sequential``, nested Sequentials included) runs through its registered
@@ -23,8 +23,9 @@ from torch.utils import _pytree as pytree
 
 from dualtrain.batching import isolation
 from dualtrain.errors import ArgumentError, RegisteredModuleError
-from dualtrain_torch.compat.torchmb_functional import merge_batch, to_members
-from dualtrain_torch.compat.torchmb_registry import AbstractBatchModule, registered_for
+from dualtrain_torch.compat.torchmb.base import AbstractBatchModule
+from dualtrain_torch.compat.torchmb.functional import merge_batch, to_members
+from dualtrain_torch.compat.torchmb.utils import registered_for
 
 __all__ = ["Piece", "plan", "run_fast", "run_generic", "verify"]
 

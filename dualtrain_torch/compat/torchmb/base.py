@@ -1,31 +1,24 @@
-"""torchmb's `AbstractBatchModule` and its registry of hand-written batch modules.
+"""torchmb's `AbstractBatchModule` (``torchmb.base``): `batch` models' tensors in one module.
 
-A registered batch module is a fast path for one module class (its ``base_class``): the
-compat `BatchModule` calls it with the members' stacked weights and checks it against the
-generic ``torch.func`` path on the first call. Its tensors carry torchmb's layout: the base
-module's names, each ``[batch, *shape]`` (a shared buffer keeps the base shape).
+Its tensors carry torchmb's layout: the base module's names, each ``[batch, *shape]`` (a
+shared buffer keeps the base shape); its ``forward`` takes and returns tensors in merged
+``(b g)`` order. `load_state_dicts` and `state_dicts` move members in and out as ordinary
+state dicts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from dualtrain.batching import members
 from dualtrain.errors import ArgumentError, ShapeError, bad_argument
+from dualtrain_torch.compat.torchmb.types import StateDict
 
-__all__ = [
-    "BATCH_MODULES",
-    "AbstractBatchModule",
-    "register_batch_module",
-    "register_module",
-    "registered_for",
-]
-
-StateDict = dict[str, Any]
+__all__ = ["AbstractBatchModule"]
 
 
 class AbstractBatchModule(nn.Module):
@@ -178,65 +171,3 @@ class AbstractBatchModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"batch={self.batch}"
-
-
-# base class -> its batch module; torchmb looks modules up by exact type, so do we.
-BATCH_MODULES: dict[type[nn.Module], type[AbstractBatchModule]] = {}
-
-B = TypeVar("B", bound=type[nn.Module])
-
-
-def register_batch_module(cls: B) -> B:
-    """Registers a batch module for its ``base_class``; returns `cls` (a decorator too).
-
-    As torchmb's README writes it, `cls` may also be the base class itself: the one
-    `AbstractBatchModule` subclass that names it as its ``base_class`` is registered (of a
-    class defined several times under one name, the latest definition).
-
-    Raises:
-        ArgumentError: `cls` is not a class; a batch module that leaves ``base_class`` at
-            ``nn.Module``; a base class no batch module names, or several do.
-    """
-    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
-        raise bad_argument("cls", cls, "an AbstractBatchModule subclass or its base class")
-    if issubclass(cls, AbstractBatchModule):
-        base = cls.base_class
-        if base is nn.Module or not (isinstance(base, type) and issubclass(base, nn.Module)):
-            raise bad_argument(
-                "cls", cls, "a batch module whose base_class names the module class it batches"
-            )
-        BATCH_MODULES[base] = cls
-        return cls
-    if cls is nn.Module:
-        raise bad_argument("cls", cls, "a module class of yours, not nn.Module itself")
-    found = [c for c in _subclasses(AbstractBatchModule) if c.__dict__.get("base_class") is cls]
-    # One class defined again (a notebook cell run twice) counts once: its latest definition.
-    latest = {(c.__module__, c.__qualname__): c for c in found}
-    found = list(latest.values())
-    if len(found) != 1:
-        names = [c.__name__ for c in found]
-        raise ArgumentError(
-            f"register_batch_module got the module class {cls.__name__}: exactly one "
-            f"AbstractBatchModule subclass must have base_class = {cls.__name__}; "
-            + (f"found {names}: pass the one to use" if names else "found none: define it first")
-        )
-    BATCH_MODULES[cls] = found[0]
-    return cls
-
-
-register_module = register_batch_module  # the name torchmb's README gives it in prose
-
-
-def registered_for(module: nn.Module) -> type[AbstractBatchModule] | None:
-    """The batch module registered for ``type(module)``, or None."""
-    return BATCH_MODULES.get(type(module))
-
-
-def _subclasses(cls: type[AbstractBatchModule]) -> list[type[AbstractBatchModule]]:
-    out: list[type[AbstractBatchModule]] = []
-    todo: list[Callable[[], list[Any]]] = [cls.__subclasses__]
-    while todo:
-        for sub in todo.pop()():
-            out.append(sub)
-            todo.append(sub.__subclasses__)
-    return out

@@ -1,4 +1,4 @@
-"""torchmb's layout helpers, `batch_loss` and `batch_accuracy`, on dualtrain's batching.
+"""torchmb's layout helpers, `batch_loss` and `batch_accuracy` (``torchmb.functional``).
 
 torchmb flattens ``[G, B, ...]`` into ``(b g)`` order (sample-major, member-minor); these
 helpers do the same with plain reshapes. The data orders are torchmb's: ``'g b'`` and
@@ -21,6 +21,8 @@ from dualtrain_torch.batching_loss import batch_loss as _batch_loss, batch_topk 
 __all__ = [
     "DATA_ORDERS",
     "batch_accuracy",
+    "check_order",
+    "from_members",
     "batch_loss",
     "batch_topk",
     "inner_batch_size",
@@ -32,7 +34,12 @@ __all__ = [
 DATA_ORDERS = ("g b", "b g", "(g b)", "(b g)")
 
 
-def _check_order(data_order: object) -> str:
+def check_order(data_order: object) -> str:
+    """`data_order` if it is one of `DATA_ORDERS`.
+
+    Raises:
+        ArgumentError: it is not.
+    """
     if not isinstance(data_order, str) or data_order not in DATA_ORDERS:
         raise bad_argument("data_order", data_order, f"one of {DATA_ORDERS}")
     return data_order
@@ -55,7 +62,7 @@ def inner_batch_size(x: torch.Tensor, batch: int) -> int:
 
 def to_members(x: torch.Tensor, batch: int, data_order: str = "g b") -> torch.Tensor:
     """`x` in `data_order` as ``[G, B, ...]`` (a view where the order allows)."""
-    order = _check_order(data_order)
+    order = check_order(data_order)
     if order in ("g b", "b g"):
         if x.ndim < 2 or x.shape[0 if order == "g b" else 1] != batch:
             raise ShapeError(
@@ -72,7 +79,7 @@ def to_members(x: torch.Tensor, batch: int, data_order: str = "g b") -> torch.Te
 
 def from_members(x: torch.Tensor, data_order: str = "g b") -> torch.Tensor:
     """``[G, B, ...]`` in `data_order` (the inverse of `to_members`)."""
-    order = _check_order(data_order)
+    order = check_order(data_order)
     if order == "g b":
         return x
     if order == "b g":
@@ -84,7 +91,7 @@ def from_members(x: torch.Tensor, data_order: str = "g b") -> torch.Tensor:
 
 def merge_batch(x: torch.Tensor, data_order: str = "g b") -> torch.Tensor:
     """``[G, B, ...]`` (or ``[B, G, ...]``) -> ``[(b g), ...]``, torchmb's merged order."""
-    order = _check_order(data_order)
+    order = check_order(data_order)
     if order in ("(g b)", "(b g)"):
         raise bad_argument("data_order", order, "'g b' or 'b g' (the batch size is unknown)")
     if x.ndim < 2:

@@ -1,17 +1,15 @@
-"""torchmb's API on dualtrain's batching, for code migrating from torchmb.
+"""torchmb's `BatchModule` (``torchmb.batch``): `batch` copies of a model run as one module.
 
-Change ``from torchmb import ...`` to ``from dualtrain_torch.compat.torchmb import ...``
-and torchmb's README examples run as written. Kept: ``BatchModule(model, batch)`` with
-every member a copy of `model`'s weights; ``forward(*x, merge=True, split=True,
-data_order='g b')`` on ``[G, B, ...]`` inputs; ``state_dict()`` under the model's own keys
-(``[G, ...]`` tensors); ``load_state_dicts`` / ``state_dicts`` to move members in and out;
-``batch_loss``, ``batch_accuracy`` (alias ``batch_topk``); ``AbstractBatchModule`` and
-``register_batch_module`` (alias ``register_module``). Different underneath: no ``torch.fx``
-rewrite and no per-layer registry are needed (``torch.func`` runs any module, so Conv1d,
-LayerNorm, grouped convs, padding modes and ``x.mean(0)`` are right), no B*G copies of the
-weights, and an isolation probe on the first call. A registered batch module is a fast path,
-checked against the generic one before it is used (docs/batching.md, "Migrating from
-torchmb").
+Kept: ``BatchModule(model, batch)`` with every member a copy of `model`'s weights;
+``forward(*x, merge=True, split=True, data_order='g b')`` on ``[G, B, ...]`` inputs;
+``state_dict()`` under the model's own keys (``[G, ...]`` tensors); ``load_state_dicts`` /
+``state_dicts`` to move members in and out. Different underneath: no ``torch.fx`` rewrite and
+no per-layer registry are needed (``torch.func`` runs any module, so Conv1d, LayerNorm,
+grouped convs, padding modes and ``x.mean(0)`` are right), no B*G copies of the weights, and
+an isolation probe on the first call. A registered batch module is a fast path, checked
+against the generic one before it is used (docs/batching.md, "Migrating from torchmb").
+torchmb's ``BatcherTracer`` (its ``torch.fx`` tracer) has no counterpart: asking for it
+raises `MovedNameError` saying so.
 """
 
 from __future__ import annotations
@@ -26,37 +24,31 @@ from dualtrain.batching import members
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.batching import BatchModule as NativeBatchModule
 from dualtrain_torch.batching_members import Stack, copy_module
-from dualtrain_torch.compat import torchmb_fast
-from dualtrain_torch.compat.torchmb_functional import (
-    batch_accuracy,
-    batch_loss,
-    batch_topk,
+from dualtrain_torch.compat.torchmb import fast
+from dualtrain_torch.compat.torchmb.base import AbstractBatchModule
+from dualtrain_torch.compat.torchmb.functional import (
     from_members,
-    inner_batch_size,
     merge_batch,
     split_batch,
     to_members,
 )
-from dualtrain_torch.compat.torchmb_registry import (
-    BATCH_MODULES,
-    AbstractBatchModule,
-    register_batch_module,
-    register_module,
-)
+from dualtrain_torch.compat.torchmb.moved import moved_names
+from dualtrain_torch.compat.torchmb.types import DataOrder
+from dualtrain_torch.compat.torchmb.utils import to_batch_func, to_batch_module
 
-__all__ = [
-    "BATCH_MODULES",
-    "AbstractBatchModule",
-    "BatchModule",
-    "batch_accuracy",
-    "batch_loss",
-    "batch_topk",
-    "inner_batch_size",
-    "merge_batch",
-    "register_batch_module",
-    "register_module",
-    "split_batch",
-]
+# AbstractBatchModule, merge_batch and split_batch: torchmb's tests import them from here.
+__all__ = ["AbstractBatchModule", "BatchModule", "merge_batch", "split_batch"]
+
+__getattr__ = moved_names(
+    __name__,
+    {
+        "BatcherTracer": (
+            "dualtrain traces nothing: BatchModule(model, batch) runs the model as written, "
+            "per member through torch.func, and registered batch modules "
+            "(register_batch_module) stand in for their base class's modules"
+        )
+    },
+)
 
 
 class _Run:
@@ -91,9 +83,21 @@ class BatchModule(AbstractBatchModule):
     # Plain attributes, set through __dict__: not submodules of this one.
     _native: NativeBatchModule | None
     _template: nn.Module
-    _pieces: list[torchmb_fast.Piece] | None
+    _pieces: list[fast.Piece] | None
     _run: _Run
     _stack: nn.Module
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        hooks = [n for n in ("to_batch_func", "to_batch_module") if n in cls.__dict__]
+        if hooks:
+            # torchmb's rewrite called them per graph node; nothing here would: refuse, not ignore.
+            raise ArgumentError(
+                f"{cls.__name__} overrides {hooks}, the hooks torchmb's torch.fx rewrite called "
+                "per node; dualtrain rewrites nothing and would never call them. Register a "
+                "batch module for the layer instead (register_batch_module), or write the "
+                "function into the model: every member runs it on its own rows"
+            )
 
     def __init__(
         self,
@@ -114,7 +118,7 @@ class BatchModule(AbstractBatchModule):
         if replace_func is not None:
             raise bad_argument("replace_func", replace_func, "None (torchmb never used it)")
         template = copy_module(model)
-        pieces = torchmb_fast.plan(template, self.batch)
+        pieces = fast.plan(template, self.batch)
         native = None
         if any(True for _ in model.parameters()):
             native = NativeBatchModule(
@@ -161,6 +165,14 @@ class BatchModule(AbstractBatchModule):
         """
         return self._native
 
+    def to_batch_func(self, node: Any, batch: int) -> Any:
+        """`to_batch_func` (``torchmb.utils``) for `node`; the model's calls need none."""
+        return to_batch_func(node, batch)
+
+    def to_batch_module(self, node: Any, module: nn.Module, batch: int) -> AbstractBatchModule:
+        """`to_batch_module` (``torchmb.utils``): the registered batch module for `module`."""
+        return to_batch_module(node, module, batch)
+
     def train(self, mode: bool = True) -> BatchModule:
         super().train(mode)
         for m in self._others():
@@ -189,7 +201,7 @@ class BatchModule(AbstractBatchModule):
         *x: torch.Tensor,
         merge: bool = True,
         split: bool = True,
-        data_order: str = "g b",
+        data_order: DataOrder = "g b",
     ) -> Any:
         """The members' outputs for inputs in `data_order` (torchmb's call).
 
@@ -230,12 +242,12 @@ class BatchModule(AbstractBatchModule):
         if self._pieces is None:
             if self._native is not None:
                 return self._native(*xs)
-            return torchmb_fast.run_generic(self._template, params, buffers, xs)
+            return fast.run_generic(self._template, params, buffers, xs)
         if self._run.checked is None:
-            self._run.checked = torchmb_fast.verify(self._pieces, self.batch, params, buffers, xs)
+            self._run.checked = fast.verify(self._pieces, self.batch, params, buffers, xs)
             if self._native is not None:
                 self._native.tune(*xs)  # the isolation probe, on the generic path
-        return torchmb_fast.run_fast(self._pieces, self.batch, params, buffers, xs)
+        return fast.run_fast(self._pieces, self.batch, params, buffers, xs)
 
     def explain(self) -> str:
         """The native report, and which registered batch modules run and were checked."""
