@@ -279,6 +279,8 @@ def test_names_not_carried_over_say_what_to_use():
         from dualtrain.compat.nebulae.astrobase.dock import MSE  # noqa: F401
     with pytest.raises(AttributeError):
         dock.NotANebulaeName  # noqa: B018
+    with pytest.raises(RetiredError, match="DashBoard draws its live view"):
+        neb.aerolog.CtrlPanel  # noqa: B018
 
 
 def test_step_with_lr_params_and_grad_accum_and_limits():
