@@ -35,7 +35,9 @@ before changing the table.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import weakref
 from typing import Any, cast
 
 import numpy as np
@@ -122,6 +124,16 @@ def _ids(pos: Any, neg: Any) -> tuple[Any, ...]:
     return (pos,) if neg is None else (pos, neg)
 
 
+# id(weight) -> (the weight, weakly; its factory's hook handle). Tensors compare elementwise,
+# so they cannot be the keys of a WeakKeyDictionary.
+_HOOKS: dict[int, tuple[weakref.ref[torch.Tensor], Any]] = {}
+
+
+def _sum_repeats_of(factory: weakref.ref[Any], grad: torch.Tensor) -> torch.Tensor:
+    made = factory()
+    return grad if made is None else made.sum_repeats(grad)
+
+
 class ModelFactory:
     """The rows of a big embedding, swapped into a small ``nn.Embedding`` per batch.
 
@@ -181,7 +193,16 @@ class ModelFactory:
         self.device = self.transfer.device
         self._batch = Swapped()
         self._inverse: torch.Tensor | None = None
-        weight.register_hook(self._sum_repeats)
+        # One factory a weight: a new factory on the same embedding takes its hook over
+        # (an old factory's hook would sum the new batch's gradients by its own last batch).
+        # The hook holds the factory weakly, so the model does not keep an old table alive.
+        old = _HOOKS.pop(id(weight), None)
+        if old is not None and old[0]() is weight:
+            old[1].remove()
+        _HOOKS[id(weight)] = (
+            weakref.ref(weight),
+            weight.register_hook(functools.partial(_sum_repeats_of, weakref.ref(self))),
+        )
 
     def _table_for_init(self) -> None:
         """Called before every init method fills the table (the memmap class makes its file)."""
@@ -265,7 +286,8 @@ class ModelFactory:
         weight.data = self.transfer(rows)
         self._inverse = self.transfer(found.inverse)
 
-    def _sum_repeats(self, grad: torch.Tensor) -> torch.Tensor:
+    def sum_repeats(self, grad: torch.Tensor) -> torch.Tensor:
+        """The swapped batch's gradient with the rows of repeated ids summed (one per id)."""
         found, inverse = self._batch.found, self._inverse
         if found is None or inverse is None or grad.shape[0] != found.inverse.size:
             return grad  # not a swapped batch: the embedding is used as it is

@@ -55,7 +55,14 @@ class DataGadget:
         """Writes rows; of repeated ids the last occurrence wins (always, unlike SpeedTorch)."""
         table = self._table()
         ids = as_ids(indexes, len(table), "indexes").ravel()
-        values = dataObject.detach().cpu().numpy().reshape(ids.size, -1)
+        values = dataObject.detach().cpu().numpy()
+        if values.size != ids.size * int(np.prod(table.shape[1:], dtype=np.int64)):
+            raise bad_argument(
+                "dataObject",
+                tuple(values.shape),
+                f"{ids.size} rows of shape {tuple(table.shape[1:])} (one per index)",
+            )
+        values = values.reshape(ids.size, *table.shape[1:])
         table[ids] = values  # NumPy assigns in order, so the last occurrence is what stays
 
     def getNumpyVersion(self) -> np.ndarray:

@@ -75,6 +75,8 @@ def dtype_name(name: str, datatype: Any) -> str:
     try:
         if isinstance(datatype, torch.dtype):
             text = str(datatype).removeprefix("torch.")
+        elif datatype is None:  # np.dtype(None) is float64; SpeedTorch's default was float32
+            text = ""
         else:
             text = "bfloat16" if datatype == "bfloat16" else str(np.dtype(datatype))
     except TypeError:

@@ -9,6 +9,7 @@ matches ``torch.optim.SparseAdam`` on a sparse ``nn.Embedding``.
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import numpy as np
@@ -631,3 +632,39 @@ def test_cuda_without_a_gpu_is_refused_naming_the_argument():
         SpeedTorch.PytorchModelFactory(_emb(), 10, DIM, torch.float, "cuda")
     factory = SpeedTorch.PytorchModelFactory(_emb(), 10, DIM)  # the default falls back
     assert factory.device == torch.device("cpu")
+
+
+def test_a_second_factory_on_one_embedding_takes_the_gradient_hook_over():
+    import gc
+
+    embedding = torch.nn.Embedding(2, 2)
+    first = SpeedTorch.ModelFactory(embedding, 10, 2)
+    first.zerosInit()
+    first.beforeForwardPass(np.array([[1, 1, 2]]))
+    embedding(torch.arange(3)).sum().backward()
+    second = SpeedTorch.ModelFactory(embedding, 10, 2)
+    second.zerosInit()
+    second.beforeForwardPass(np.array([[3, 4, 5]]))
+    embedding.weight.grad = None
+    weights = torch.tensor([[1.0], [10.0], [100.0]])
+    (embedding(torch.arange(3)) * weights).sum().backward()
+    # three distinct ids: each row keeps its own gradient (the old hook would have summed
+    # rows 0 and 1 by the first factory's repeated id)
+    torch.testing.assert_close(embedding.weight.grad, weights.expand(3, 2))
+    ref = weakref.ref(first)
+    del first
+    gc.collect()
+    assert ref() is None  # the model does not keep an old factory (and its table) alive
+
+
+def test_datagadget_refuses_rows_of_the_wrong_shape_and_datatype_none(tmp_path):
+    path = tmp_path / "rows.npy"
+    np.save(path, np.zeros((6, 3), np.float32))
+    gadget = SpeedTorch.DataGadget(str(path))
+    gadget.gadgetInit()
+    with pytest.raises(ArgumentError, match=r"dataObject must be 2 rows of shape \(3,\)"):
+        gadget.insertData(torch.ones(2, 6), np.array([0, 1]))
+    gadget.insertData(torch.ones(2, 3), np.array([0, 1]))
+    assert gadget.getNumpyVersion()[:2].sum() == 6
+    with pytest.raises(ArgumentError, match="datatype must be a float dtype"):
+        SpeedTorch.ModelFactory(torch.nn.Embedding(2, 2), 10, 2, None)

@@ -529,3 +529,20 @@ def test_model_batching_law_over_drawn_sizes(g, b, hidden, norm):
     layers += [nn.BatchNorm2d(hidden)] if norm else []
     layers += [nn.ReLU(), nn.Flatten(), nn.Linear(hidden * 16, 3)]
     test_model_batching(nn.Sequential(*layers), [(b, 2, 4, 4)], g, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_loss_reduces_the_samples_axis_only_as_torchmb():
+    # a per-pixel loss [G, B, H, W]: torchmb's mean over B keeps [G, H, W]
+    g = torch.Generator().manual_seed(0)
+    out, target = (
+        torch.randn(2, 3, 4, 5, 5, generator=g),
+        torch.randint(0, 4, (2, 3, 5, 5), generator=g),
+    )
+    per_pixel = torch.stack(
+        [F.cross_entropy(out[m], target[m], reduction="none") for m in range(2)]
+    )
+    mean = batch_loss(out, target, 2, F.cross_entropy, "mean")
+    total = batch_loss(out, target, 2, F.cross_entropy, "sum")
+    assert mean.shape == (2, 5, 5)
+    torch.testing.assert_close(mean, per_pixel.mean(1))
+    torch.testing.assert_close(total, per_pixel.sum(1))

@@ -112,11 +112,12 @@ def batch_loss(
     reduction: str = "mean",
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Torchmb's per-member loss: ``[G]`` (``"mean"``, ``"sum"``) or ``[G, B, ...]``.
+    """Torchmb's per-member loss: ``[G, ...]`` (``"mean"``, ``"sum"``) or ``[G, B, ...]``.
 
     ``loss_func(outputs, targets, **kwargs, reduction="none")`` is taken per sample and
-    reduced per member over every dimension but the first (torchmb's mean of per-sample
-    losses, so class weights are not renormalized as torch's own ``"mean"`` does).
+    reduced over the samples' axis B only, as torchmb's: a per-sample loss ``[G, B]``
+    gives ``[G]``, a per-pixel one ``[G, B, H, W]`` gives ``[G, H, W]`` (torchmb's mean of
+    per-sample losses, so class weights are not renormalized as torch's own ``"mean"`` is).
 
     Args:
         batch_inputs: the members' outputs ``[G, B, ...]``.
@@ -138,8 +139,7 @@ def batch_loss(
     loss = _batch_loss(batch_inputs, batch_targets, batch, per_sample, "none")
     if reduction == "none":
         return loss
-    dims = tuple(range(1, loss.ndim))
-    return loss.mean(dims) if reduction == "mean" else loss.sum(dims)
+    return loss.mean(1) if reduction == "mean" else loss.sum(1)
 
 
 def batch_accuracy(
