@@ -331,7 +331,8 @@ class BatchBatchNorm2d(AbstractBatchModule):
     As in torch, ``num_batches_tracked`` counts training calls only (torchmb counted every
     call), ``momentum=None`` is the cumulative average (each member by its own count), and
     ``track_running_stats=False`` normalizes with the batch's statistics in eval too.
-    Outputs, gradients and statistics equal ``nn.BatchNorm2d``'s per member bit for bit; 1x1
+    Outputs, gradients and statistics equal ``nn.BatchNorm2d``'s per member bit for bit on
+    contiguous input (channels-last input: within 1e-6, torch's kernel rounds otherwise); 1x1
     images and members at different counts (``momentum=None``) run one member at a time.
 
     Args:
