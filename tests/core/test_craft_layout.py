@@ -24,8 +24,8 @@ CRAFT = pathlib.Path(dualtrain.__file__).parent / "craft"
 DOCK_NAMES = (
     "AvgPool", "BatchNorm", "Conv", "ConvTranspose", "Dense", "Dropout", "Embedding",
     "Flatten", "GlobalAvgPool", "GlobalMaxPool", "Layer", "LayerNorm", "MaxPool", "Native",
-    "Reshape", "Sequential", "add", "concat", "gelu", "log_softmax", "matmul", "mean", "relu",
-    "sigmoid", "softmax", "tanh",
+    "Reshape", "Sequential", "accuracy", "add", "concat", "cross_entropy", "gelu", "log_softmax",
+    "matmul", "mean", "pad", "relu", "sigmoid", "softmax", "tanh",
 )  # fmt: skip
 
 
