@@ -355,6 +355,7 @@ def test_datasets_serve_the_plain_datasets_items_in_any_order(order, window, pos
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert all(len(d) == 12 for d in served)
     assert isinstance(nebul, Dataset) and isinstance(nebul, BaseDataset)
+    assert nebul._data is plain and served[2]._data is plain  # what nebulgym's subclasses read
 
 
 @pytest.mark.parametrize("backend", list(ENGINE_MAP))

@@ -57,3 +57,4 @@ class NebulDataset(Preloader, BaseDataset):
                 "input_data", type(input_data).__name__, "a dataset (__getitem__ and __len__)"
             )
         Preloader.__init__(self, input_data, max_memory_size, preloaded_data, **options)
+        BaseDataset.__init__(self, input_data)  # nebulgym's subclasses read self._data
