@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -14,8 +15,15 @@ from tests.torch import compilation_models as models
 
 pytestmark = pytest.mark.gpu
 
-# no compile budget: a verdict must not turn on how busy the machine is
-FORCE = {"min_speedup": 1e-9, "warm_steps": 2, "cache": False, "compile_budget": 1e9}
+# no compile budget: a verdict must not turn on how busy the machine is; budget=inf: every
+# rung is tried at the first call (a job otherwise starts eager, rungs waiting for payback)
+FORCE = {
+    "min_speedup": 1e-9,
+    "warm_steps": 2,
+    "cache": False,
+    "compile_budget": 1e9,
+    "budget": math.inf,
+}
 
 
 def _cnn() -> nn.Module:
