@@ -482,6 +482,12 @@ def test_dashboard_counts_miles_and_epochs_from_zero(tmp_path):
         db.gauge({"Loss": 1.0}, 3, 0, 3, "TRAIN")
     with pytest.raises(ArgumentError, match="read's epoch counts from 1"):
         db.read("Loss", "TRAIN", 0)
+    assert db.gauge({"Loss": 1.0}, np.int64(0), np.int64(0), 3, "TRAIN") is None  # NumPy ints
+    # Nebulae's config rank: a rank other than 0 draws nothing and reads None
+    quiet = neb.aerolog.DashBoard({"log_path": str(tmp_path / "r1"), "rank": 1})
+    quiet.gauge({"Loss": 1.0}, 0, 0, 1, "TRAIN")
+    assert quiet.rank == 1 and quiet.read("Loss", "TRAIN") is None
+    assert neb.cockpit.Engine({"device": "cpu", "rank": 1}).local_rank == 1
 
 
 def test_engine_and_time_machine_take_nebulae_arguments(tmp_path):

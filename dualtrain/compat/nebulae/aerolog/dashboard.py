@@ -55,6 +55,9 @@ class DashBoard(_DashBoard):
             if unknown:
                 raise bad_argument("config", dict(config), f"keys among {_KEYS}; not {unknown}")
             given.update({k: v for k, v in config.items() if k in _KEYS})
+            rank = config.get("rank")
+            if rank is not None and rank >= 0 and "rank" not in options:
+                options["rank"] = rank  # Nebulae's config rank: who draws (-1: the launcher's)
         super().__init__(**given, **options)
 
     def gauge(  # type: ignore[override]

@@ -58,6 +58,7 @@ class Engine(_Engine):
             least_mem = config.get("least_mem", least_mem)
             avail_gpus = config.get("avail_gpus", avail_gpus)
             multi_piston = config.get("multi_piston", multi_piston)
+        rank = config.get("rank") if config is not None else None
         if not isinstance(device, str) or device.lower() not in ("gpu", "cpu"):
             raise bad_argument("device", device, "'gpu' or 'cpu'")
         if multi_piston:
@@ -68,7 +69,10 @@ class Engine(_Engine):
         world = os.environ.get("WORLD_SIZE")
         if world is not None and world.isdigit():
             ngpus = int(world)
-        super().__init__(device, ngpus, least_mem, tuple(avail_gpus))
+        # Nebulae's config rank picks this process's GPU (-1: the launcher's, read as
+        # Multiverse reads it)
+        local = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None
+        super().__init__(device, ngpus, least_mem, tuple(avail_gpus), local_rank=local)
         _LATEST[:] = [self]
 
     def coat(self, datum: Any, as_const: bool = True) -> Any:
