@@ -541,42 +541,35 @@ class PytorchModelFactory(ModelFactory):
         self.pinType = check_flag("pinType", pinType)
 
 
-class GPUPytorchModelFactory(ModelFactory):
+class _TensorModelFactory(ModelFactory):
+    """SpeedTorch's torch-tensor model factories: four arguments, no device argument."""
+
+    def __init__(
+        self,
+        model_variable: torch.nn.Module,
+        total_classes: int,
+        embed_dimension: int,
+        datatype: Any = torch.float,
+        *,
+        deviceType: str | None = None,
+    ) -> None:
+        self._build(model_variable, total_classes, embed_dimension, datatype, deviceType)
+
+
+class GPUPytorchModelFactory(_TensorModelFactory):
     """SpeedTorch's CUDA-tensor model factory (``SpeedTorch.GPUTorch``): no device argument.
 
     The rows go to "cuda" when present, else to "cpu"; ``deviceType=`` (keyword-only,
     dualtrain's) chooses.
     """
 
-    def __init__(
-        self,
-        model_variable: torch.nn.Module,
-        total_classes: int,
-        embed_dimension: int,
-        datatype: Any = torch.float,
-        *,
-        deviceType: str | None = None,
-    ) -> None:
-        self._build(model_variable, total_classes, embed_dimension, datatype, deviceType)
 
-
-class CPUPytorchModelFactory(ModelFactory):
+class CPUPytorchModelFactory(_TensorModelFactory):
     """SpeedTorch's pinned-CPU-tensor model factory (``SpeedTorch.CPUTorchPinned``).
 
     The table is in host memory (pinned when CUDA is present); the rows go to "cuda" when
     present, else to "cpu"; ``deviceType=`` (keyword-only, dualtrain's) chooses.
     """
-
-    def __init__(
-        self,
-        model_variable: torch.nn.Module,
-        total_classes: int,
-        embed_dimension: int,
-        datatype: Any = torch.float,
-        *,
-        deviceType: str | None = None,
-    ) -> None:
-        self._build(model_variable, total_classes, embed_dimension, datatype, deviceType)
 
 
 class ModelFactoryMM(ModelFactory):
@@ -657,34 +650,27 @@ class PytorchOptimizerFactory(OptimizerFactory):
         self.pinType = check_flag("pinType", pinType)
 
 
-class GPUPytorchOptimizerFactory(OptimizerFactory):
+class _TensorOptimizerFactory(OptimizerFactory):
+    """SpeedTorch's torch-tensor optimizer factories: six arguments, no device argument."""
+
+    def __init__(
+        self,
+        given_optimizer: torch.optim.Optimizer,
+        total_classes: int,
+        embed_dimension: int,
+        model: torch.nn.Module,
+        variable_name: str,
+        dtype: Any = torch.float,
+    ) -> None:
+        self._build(given_optimizer, total_classes, embed_dimension, model, variable_name, dtype)
+
+
+class GPUPytorchOptimizerFactory(_TensorOptimizerFactory):
     """SpeedTorch's CUDA-tensor optimizer factory (``SpeedTorch.GPUTorch``): no device."""
 
-    def __init__(
-        self,
-        given_optimizer: torch.optim.Optimizer,
-        total_classes: int,
-        embed_dimension: int,
-        model: torch.nn.Module,
-        variable_name: str,
-        dtype: Any = torch.float,
-    ) -> None:
-        self._build(given_optimizer, total_classes, embed_dimension, model, variable_name, dtype)
 
-
-class CPUPytorchOptimizerFactory(OptimizerFactory):
+class CPUPytorchOptimizerFactory(_TensorOptimizerFactory):
     """SpeedTorch's pinned-CPU-tensor optimizer factory (``SpeedTorch.CPUTorchPinned``)."""
-
-    def __init__(
-        self,
-        given_optimizer: torch.optim.Optimizer,
-        total_classes: int,
-        embed_dimension: int,
-        model: torch.nn.Module,
-        variable_name: str,
-        dtype: Any = torch.float,
-    ) -> None:
-        self._build(given_optimizer, total_classes, embed_dimension, model, variable_name, dtype)
 
 
 class OptimizerFactoryMM(OptimizerFactory):
