@@ -60,6 +60,9 @@ class _LayerTable:
 
 
 _CHECKED_KEPT = 4096  # checked call signatures kept per realized Craft
+# Read on every layer call: bound once.
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
 
 
 class _TorchBinding:
@@ -84,17 +87,18 @@ class _TorchBinding:
         # takes, autocast or not), never while torch.compile traces (the set would become
         # one of its guards).
         if (
-            len(inputs) == 1
-            and not kwargs
-            and type(x) is torch.Tensor
+            type(x) is _Tensor
             and weight is not None
-            and x.dtype == weight.dtype
+            and len(inputs) == 1
+            and not kwargs
             and layer.by_signature
-            and not torch.compiler.is_compiling()
+            and not _is_compiling()
         ):
-            key = (id(layer), module.training, x.shape, x.dtype)
-            if key in self.modules.checked:
-                return module(x)
+            dtype = x.dtype
+            if dtype is weight.dtype:
+                key = (id(layer), module.training, x.shape, dtype)
+                if key in self.modules.checked:
+                    return module(x)
         # Under an export's trace sizes are tensors, and this call's inputs were checked
         # when it ran eagerly (the ladder exports a signature it has run).
         if not torch.jit.is_tracing():

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from dualtrain.craft import checks
 from dualtrain.errors import NotRealizedError
 
-__all__ = ["Binding", "NotRealizedError", "active", "current", "run_bound"]
+__all__ = ["Binding", "NotRealizedError", "active", "current", "peek", "run_bound"]
 
 
 class Binding(Protocol):
@@ -32,6 +32,10 @@ class Binding(Protocol):
 _current: contextvars.ContextVar[Binding | None] = contextvars.ContextVar(
     "dualtrain_binding", default=None
 )
+
+# The active binding or None: the context variable's own `get`, a C call (a layer call
+# reads it; `current` adds the error for a call outside a realized module).
+peek = _current.get
 
 
 def current(what: str) -> Binding:

@@ -41,7 +41,8 @@ _by_type: dict[type, dict[str, Callable[..., Any]]] = {}
 def _op(name: str, *arrays: Any) -> Callable[..., Any]:
     kind = type(arrays[0]) if arrays else None  # none: backend_of's error below
     table = _by_type.get(kind) if kind is not None else None
-    if table is not None and all(type(a) is kind for a in arrays[1:]):
+    # One array (most ops) needs no generator: building one costs more than the look-up.
+    if table is not None and (len(arrays) == 1 or all(type(a) is kind for a in arrays[1:])):
         return table[name]
     backend = backends.backend_of(*arrays).name
     table = _tables.get(backend)

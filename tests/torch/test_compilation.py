@@ -785,3 +785,69 @@ def test_the_quick_keys_fast_reads_agree_with_torchs_public_checks(monkeypatch):
     assert plain is not None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model.forward._quick_key((x,), {}) != plain
+
+
+# A call as the lane sees it: (rows, dtype, requires_grad, grad mode, root in training,
+# dropout in training, transposed input, autocast).
+_lane_calls = st.tuples(
+    st.sampled_from([3, 4]),
+    st.sampled_from([torch.float32, torch.float64]),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(calls=st.lists(_lane_calls, min_size=1, max_size=12))
+def test_the_eager_lane_serves_only_the_signature_it_checked(calls):
+    """Once a signature is eager for good, its calls skip the quick key (dynamo's C++
+    tensor check and the modes). Law: whatever sequence of signatures comes, every call
+    computes the plain model's output, and every distinct signature is decided apart,
+    as the full key tells them apart (none is served under another's decision)."""
+    from dualtrain_torch.compilation_keys import modes, signature
+
+    model, reference = models.mlp(0, dropout=0.0), models.mlp(0, dropout=0.0)
+    accelerate(model, ["PYTORCH"], **FORCE)
+    seen = set()
+    for rows, dtype, needs_grad, grad, root, drop, transposed, cast in calls:
+        x = torch.randn(12, rows, dtype=dtype).t() if transposed else torch.randn(rows, 12)
+        x = x.to(dtype).requires_grad_(needs_grad)
+        for m in (model, reference):
+            m.to(dtype).train(root)
+            m[3].train(drop)
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", enabled=cast):
+            reference(x)
+            want = reference(x)  # twice, as the model: BatchNorm's statistics move alike
+            seen.add(("train" if root else "eval", signature((x,), {}) + modes(reference)))
+            got = model(x)
+            got = model(x)  # the second call of a signature is the lane's
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    decided = {(d.mode, d.signature) for d in explain(model).decisions}
+    assert decided == seen
+
+
+def test_the_eager_lane_is_taken_and_left_for_a_new_signature(monkeypatch):
+    from dualtrain_torch import compilation_module as cm
+
+    if cm._tensor_guard is None:
+        pytest.skip("this torch has no C++ tensor check: every call takes the quick key")
+    model = accelerate(models.mlp(0), ["PYTORCH"], **FORCE).eval()
+    x = torch.randn(4, 12)
+    with torch.no_grad():
+        model(x), model(x)
+        keyed = []
+        monkeypatch.setattr(
+            cm.AcceleratedForward,
+            "_quick_key",
+            lambda self, args, kwargs: keyed.append(args) or None,
+        )
+        model(x), model(x.clone())
+        assert keyed == []  # the lane served both: same shape, dtype, strides, modes
+        model(torch.randn(5, 12))
+        assert len(keyed) == 1  # a new shape leaves the lane for the quick key
+    model(x)  # gradients on: another signature
+    assert len(keyed) == 2

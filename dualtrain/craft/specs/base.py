@@ -17,6 +17,8 @@ from dualtrain.craft.params import ParamSpec
 from dualtrain.errors import bad_argument
 from dualtrain.validate import check_finite, check_int
 
+_peek = binding.peek  # read on every layer call: bound once
+
 __all__ = ["Layer"]
 
 
@@ -36,7 +38,10 @@ class Layer:
     by_signature: ClassVar[bool] = True
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
-        return binding.current(type(self).__name__).layer(self, *inputs, **kwargs)
+        bound = _peek()
+        if bound is None:
+            bound = binding.current(type(self).__name__)  # raises, naming the layer
+        return bound.layer(self, *inputs, **kwargs)
 
     def params(self) -> dict[str, ParamSpec]:
         """The layer's parameters and state, by local name (``weight``, ``running_mean``)."""
