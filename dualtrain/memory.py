@@ -19,6 +19,10 @@ __all__ = ["ALIGNMENT", "aligned_copy", "aligned_empty", "is_aligned"]
 
 ALIGNMENT = 64  # bytes: JAX's CPU client requires it for zero-copy imports
 
+# Called for every column of every batch: bound once.
+_empty, _uint8 = np.empty, np.dtype(np.uint8)
+_addressof, _from_buffer = ctypes.addressof, ctypes.c_char.from_buffer
+
 
 def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on a 64-byte boundary.
@@ -30,19 +34,23 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.n
     Returns:
         A writable ndarray of `shape` and `dtype`, address % 64 == 0.
     """
-    shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    # A batch allocates one per column: the common call (a tuple, a NumPy dtype) converts
+    # nothing.
+    shape_t = shape if type(shape) is tuple else (
+        (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    )  # fmt: skip
     if shape_t and min(shape_t) < 0:
         raise bad_argument("shape", shape, "a tuple of non-negative ints")
     dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
-    nbytes = int(math.prod(shape_t)) * dt.itemsize  # np.prod costs 6 µs a call
+    nbytes = math.prod(shape_t) * dt.itemsize  # np.prod costs 6 µs a call
     if dt.hasobject or dt.subdtype is not None:
         # NumPy refuses a view of bytes as references (object fields), and a subarray
         # dtype would change the shape: the byte view's own errors, as before.
         raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
         return raw[:nbytes].view(dt).reshape(shape_t)
-    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-    # The address through ctypes' buffer view: 0.6 µs where `raw.ctypes.data` takes 2.
-    offset = (-ctypes.addressof(ctypes.c_char.from_buffer(raw))) % ALIGNMENT  # type: ignore[arg-type]
+    raw = _empty(nbytes + ALIGNMENT, _uint8)
+    # The address through ctypes' buffer view: 0.4 µs where `raw.ctypes.data` takes 1.2.
+    offset = (-_addressof(_from_buffer(raw))) % ALIGNMENT  # type: ignore[arg-type]
     # The array keeps `raw` alive as its .base.
     return np.ndarray(shape_t, dt, buffer=raw, offset=offset)
 

@@ -70,17 +70,20 @@ class ColumnGather:
         reads the rows before it row by row first, so that the error raised is the one a
         row-by-row read, row after row and column after column, stops at.
         """
-        shapes, dtypes = self.shapes, self.dtypes
+        shapes, dtypes, as_stored = self.shapes, self.dtypes, self.as_stored
+        n = len(rows)
 
         def target(key: str) -> np.ndarray | None:
             if blocks is None:
                 return None
-            return blocks(key, (len(rows), *shapes[key]), dtypes[key])
+            return blocks(key, (n, *shapes[key]), dtypes[key])
 
-        # Columns served as stored go straight into the batch; the others are cast below.
-        read = pack.take(
-            list(self.spec), rows, lambda key: target(key) if self.as_stored[key] else None
-        )
+        def stored_into(key: str) -> np.ndarray | None:  # the others are cast below
+            return target(key) if as_stored[key] else None
+
+        # Columns served as stored go straight into the batch. The rows are the Tank's
+        # order's, in range by construction.
+        read = pack.take(list(self.spec), rows, stored_into, in_range=True)
         lost: Lost | None = None
         for key, served in self.spec.items():
             if self.as_stored[key]:

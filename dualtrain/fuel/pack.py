@@ -159,7 +159,12 @@ class Pack:
             self._files, self._column_cache, self._closed = files, {}, False
 
     def take(
-        self, keys: Sequence[str], rows: Any, outs: Callable[[str], np.ndarray | None] | None = None
+        self,
+        keys: Sequence[str],
+        rows: Any,
+        outs: Callable[[str], np.ndarray | None] | None = None,
+        *,
+        in_range: bool = False,
     ) -> dict[str, np.ndarray]:
         """Rows `rows` of numeric columns of one shape each, as stored (`Column.take`).
 
@@ -168,6 +173,9 @@ class Pack:
             rows: a 1-D array (or sequence) of int row indices, in any order, repeats allowed.
             outs: ``outs(key)`` is the array to fill for `key`, of shape
                 ``(len(rows), *shape)`` and the stored dtype, or None for a fresh one.
+            in_range: the caller vouches that every row of an int64 `rows` lies in
+                ``[0, len(pack))`` (a Tank's own order): the pass over them that checks it
+                is skipped.
 
         Returns:
             key -> ``(len(rows), *shape)`` values; one gather per column per file holding
@@ -190,7 +198,11 @@ class Pack:
             index = index.astype(np.int64)
         n = int(self._starts[-1])
         # One pass: a negative index read as uint64 is above any row count.
-        if index.size and int(index.view(np.uint64).max()) >= n:
+        if (
+            index.size
+            and not (in_range and index is rows)
+            and int(index.view(np.uint64).max()) >= n
+        ):
             bad = int(index[(index < 0) | (index >= n)][0])
             raise IndexError(f"row {bad} is out of range for a pack of {n} rows")
         self._reopen_if_closed()

@@ -166,6 +166,7 @@ class _Stacked:
 
     def blocks(self, first: int, count: int) -> Callable[..., np.ndarray]:
         """``block(key, shape, dtype)``: slots [first, first + count) of key's array."""
+        whole = first == 0 and count == self.size  # one part: the array itself, no view
 
         def block(key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
             arr = self.arrays.get(key)
@@ -175,7 +176,7 @@ class _Stacked:
                     if arr is None:
                         arr = aligned_empty((self.size, *shape[1:]), dtype)
                         self.arrays[key] = arr
-            return arr[first : first + count]
+            return arr if whole else arr[first : first + count]
 
         return block
 

@@ -179,6 +179,10 @@ def test_take_is_the_stack_of_rows(tmp_path_factory, rows, shards, kind):
     np.testing.assert_array_equal(out, want)
     many = pack.take(["id", "x"], rows)
     np.testing.assert_array_equal(many["id"], np.asarray(rows, dtype=np.int64))
+    # The Tank's own rows (int64, in range by construction) skip the range pass: the same.
+    vouched = pack.take(["id", "x"], np.asarray(rows, dtype=np.int64), in_range=True)
+    for key in ("id", "x"):
+        np.testing.assert_array_equal(vouched[key], many[key])
     pack.close()
 
 
@@ -192,6 +196,10 @@ def test_take_refuses_what_it_cannot_gather(tmp_path):
         pack["x"].take(np.zeros((2, 2), np.int64))
     with pytest.raises(ArgumentError, match="rows"):
         pack["x"].take([0.5])
+    # Vouching covers int64 arrays only: rows of another kind are checked whatever it says.
+    for rows in ([0, 5], np.array([-1, 2], np.int32)):
+        with pytest.raises(IndexError, match="out of range"):
+            pack.take(["x"], rows, in_range=True)
     folder = tmp_path / "raw"
     make_folder(str(folder), 4)
     gen = FuelGenerator(file_dir=str(folder), file_list=str(folder / "list.csv"), dtype=DTYPES)

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 import dualtrain
 from dualtrain import backends, convert, count_copies
-from dualtrain.errors import ArgumentError
+from dualtrain.errors import ArgumentError, DtypeError
 from dualtrain.tree import leaves
 from tests.strategies import DTYPES_32, arrays, pytrees, same_bits
 
@@ -122,6 +122,31 @@ def test_a_host_courier_gives_what_convert_gives_and_counts_its_copies(a, b):
         out = Courier()([a])
     assert_same_array(out[0], convert(a, to="jax"))
     assert c.copies == copies_of([a])
+
+
+@given(
+    a=arrays(dtypes=["int64", "uint64"]),
+    small=st.booleans(),
+)
+def test_a_host_courier_narrows_wide_ints_as_convert_does(a, small):
+    """Without x64, a Tank's int64 labels: a small leaf whose values fit 32 bits is narrowed
+    and copied by JAX (two counted copies), equal to convert's; one whose values do not fit
+    is refused with convert's error, naming it."""
+    if small:
+        a %= 1000  # in place: an array still (a 0-d one's `%` is a scalar)
+    try:
+        want = convert({"y": a}, to="jax")["y"]
+    except DtypeError as error:
+        with pytest.raises(DtypeError) as got:
+            Courier()({"y": a})
+        assert str(got.value) == str(error)
+        return
+    with count_copies() as c:
+        out = Courier()({"y": a})["y"]
+    assert_same_array(out, want)
+    assert out.dtype == want.dtype == (np.int32 if a.dtype == np.int64 else np.uint32)
+    fits = a.size and 0 < a.nbytes <= 256 * 1024
+    assert c.copies == (2 if fits else copies_of([a]))
 
 
 @pytest.mark.multidevice
