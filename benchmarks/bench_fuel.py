@@ -6,8 +6,9 @@ decode with Pillow, augment with Comburant(Flip(), Brighten(0.1)) keyed by (seed
 row). Contenders, each built fresh per round (cold start) and run for one epoch:
 
 - plain loop: one thread, np.stack per batch;
-- DataLoader: a Dataset opening the HDF5 file lazily per worker, default_collate,
-  num_workers 0 and 2 (fork, torch's default here);
+- DataLoader: a Dataset opening the HDF5 file lazily per worker and holding its image
+  dataset open (never looked up per row), default_collate, num_workers 0 and 2 (fork,
+  torch's default here);
 - Tank: to="torch", workers 0 and 2 (threads).
 
 Reported: samples/s, time to first batch, peak memory (PSS of the process and its worker
@@ -120,37 +121,41 @@ class Pss:
         self.peak = max(self.peak, self.now())
 
 
-def sample_work(f: h5py.File, offsets: np.ndarray, epoch: int, i: int) -> tuple[np.ndarray, int]:
+def sample_work(
+    images: h5py.Dataset, labels: np.ndarray, offsets: np.ndarray, epoch: int, i: int
+) -> tuple[np.ndarray, int]:
     """Read + decode + augment one row, the way every contender does it."""
-    image = decode(f["image"][offsets[i] : offsets[i + 1]])
-    return AUGMENT(image, key=(SEED, epoch, i)), int(f["label"][i])
+    image = decode(images[offsets[i] : offsets[i + 1]])
+    return AUGMENT(image, key=(SEED, epoch, i)), int(labels[i])
 
 
 class H5Images(torch.utils.data.Dataset):
-    """The DataLoader's dataset: the HDF5 file opened lazily, once per worker."""
+    """The DataLoader's dataset: the HDF5 file opened lazily, once per worker, its image
+    dataset held open (never looked up per row) and its offsets and labels read whole."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.f, self.offsets = path, None, None
+        self.path, self.images, self.labels, self.offsets = path, None, None, None
         self.epoch = 0
 
     def __len__(self) -> int:
         return N
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        if self.f is None:
-            self.f = h5py.File(self.path, "r")
-            self.offsets = self.f["image.offsets"][()]
-        return sample_work(self.f, self.offsets, self.epoch, i)
+        if self.images is None:
+            f = h5py.File(self.path, "r")
+            self.images, self.labels = f["image"], f["label"][()]
+            self.offsets = f["image.offsets"][()]
+        return sample_work(self.images, self.labels, self.offsets, self.epoch, i)
 
 
 def run_plain(path: str) -> tuple[float, int]:
     start = time.perf_counter()
     first = None
     with h5py.File(path, "r") as f:
-        offsets = f["image.offsets"][()]
+        images, labels, offsets = f["image"], f["label"][()], f["image.offsets"][()]
         order = np.random.default_rng(SEED).permutation(N)
         for b in range(0, N, BATCH):
-            rows = [sample_work(f, offsets, 0, int(i)) for i in order[b : b + BATCH]]
+            rows = [sample_work(images, labels, offsets, 0, int(i)) for i in order[b : b + BATCH]]
             np.stack([r[0] for r in rows])
             first = first or time.perf_counter() - start
     return first, N

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "MODES",
     "ImageError",
+    "as_stored",
     "decode",
     "encode",
     "prepare",
@@ -182,6 +183,52 @@ def prepare(
         if img.size != (width, height):
             img = img.resize((width, height), Image.Resampling.BICUBIC)
         return img, bytes(exif)
+
+
+# What a complete file ends with: JPEG's end-of-image marker, PNG's IEND chunk (and CRC).
+_ENDS = {"JPEG": (b"\xff\xd9",), "PNG": (b"IEND\xaeB`\x82",)}
+
+
+def as_stored(
+    raw: bytes,
+    height: int,
+    width: int,
+    channel: int,
+    encode: str,
+    *,
+    keep_exif: bool,
+    depth: str = "uint8",
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> bytes | None:
+    """The EXIF block to store beside `raw` when the file can be packed as it is, else None.
+
+    A file is packed as it is (its bytes, not decoded and re-encoded) when decoding it gives
+    what `prepare` then `encode` would store, short of the re-encoding's loss: it is in the
+    `encode` format (JPEG or PNG), `width` x `height`, in the `channel` mode at `depth`
+    (uint8), upright (no EXIF orientation other than 1), without an EXIF block unless
+    `keep_exif` (re-encoding drops it from the stored file), and complete (it ends with the
+    format's end marker: a truncated file is refused at packing, not at reading). Only the
+    header is read: its pixels are decoded by whoever reads the pack.
+
+    Returns:
+        The file's EXIF block (b"" when it has none), or None: `prepare` it instead.
+    """
+    from PIL import Image
+
+    ends = _ENDS.get(encode)
+    if ends is None or depth != "uint8" or not raw.rstrip(b"\x00").endswith(ends):
+        return None
+    with Image.open(io.BytesIO(raw)) as opened:
+        if opened.format != encode or opened.size != (width, height):
+            return None
+        if max_pixels is not None and width * height > max_pixels:
+            return None  # prepare raises the guard's own error
+        if opened.mode != MODES[channel] or source_depth(opened) != "uint8":
+            return None
+        exif = opened.info.get("exif", b"")
+        if exif and (not keep_exif or opened.getexif().get(_ORIENTATION, 1) != 1):
+            return None  # prepare drops it from the pixels' file, or turns them upright
+        return bytes(exif)
 
 
 def _upright_exif(exif: bytes) -> bytes:

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, example, given, settings, strategies as st
 from PIL import Image
 
 from dualtrain import ArgumentError, PackError
@@ -260,3 +260,85 @@ def test_images_are_stored_reencoded(folder, tmp_path):
     report = generator(folder).generate(str(tmp_path / "p.h5"), 20, 24, workers=0)
     stored = Pack(report.paths)["image"][0].tobytes()
     assert Image.open(io.BytesIO(stored)).format == "JPEG"
+
+
+# One source file: (format, mode, size fits, EXIF: none / upright / rotated, truncated).
+_source_files = st.tuples(
+    st.sampled_from(["JPEG", "PNG"]),
+    st.sampled_from(["RGB", "L", "RGBA", "P"]),
+    st.booleans(),
+    st.sampled_from([None, 1, 6]),
+    st.booleans(),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    files=st.lists(_source_files, min_size=1, max_size=6),
+    encode=st.sampled_from(["JPEG", "PNG"]),
+    keep_exif=st.booleans(),
+)
+# An upright EXIF block not kept: re-encoded (it would stay in the stored file otherwise).
+@example(files=[("JPEG", "RGB", True, 1, False)], encode="JPEG", keep_exif=False)
+@example(files=[("PNG", "RGB", True, 1, False)], encode="PNG", keep_exif=True)
+def test_reencode_false_packs_a_fitting_file_as_it_is_and_the_others_as_before(
+    tmp_path_factory, files, encode, keep_exif
+):
+    """Law: with reencode=False each row is stored either as the source file's own bytes
+    (a file of the pack's format, size and mode, upright, complete, EXIF only when kept),
+    which decode to what Pillow decodes from the file, or exactly as reencode=True stores
+    it; bad files are bad rows either way."""
+    assume(not all(f[4] for f in files))  # a pack of no rows is an error of its own
+    folder = tmp_path_factory.mktemp("src")
+    rows, sources, fitting = [["image", "label"]], [], []
+    for i, (fmt, mode, fits, orientation, truncated) in enumerate(files):
+        if fmt == "JPEG" and mode in ("RGBA", "P"):
+            mode = "RGB"  # JPEG holds neither
+        size = (24, 20) if fits else (20, 20)
+        img = Image.fromarray(picture(i, size[1], size[0])).convert(mode)
+        buf = io.BytesIO()
+        exif = Image.Exif()
+        if orientation is not None:
+            exif[0x0112] = orientation
+        img.save(buf, format=fmt, exif=exif.tobytes() if orientation is not None else b"")
+        data = buf.getvalue()[:-40] if truncated else buf.getvalue()
+        (folder / f"{i}.img").write_bytes(data)
+        rows.append([f"{i}.img", str(i)])
+        sources.append(data)
+        fitting.append(
+            fmt == encode and fits and mode == "RGB" and not truncated
+            and (orientation is None or (keep_exif and orientation == 1))
+        )  # fmt: skip
+    write_csv(str(folder / "list.csv"), rows)
+    gen = FuelGenerator(file_dir=str(folder), file_list=str(folder / "list.csv"),
+                        dtype=["int64"])  # fmt: skip
+    packs = {}
+    for reencode in (True, False):
+        report = gen.generate(
+            str(folder / f"{reencode}.h5"), 20, 24, encode=encode, keep_exif=keep_exif,
+            workers=0, on_error="skip", reencode=reencode,
+        )  # fmt: skip
+        packs[reencode] = Pack(report.paths)
+        assert [s.line for s in report.skipped] == [
+            i + 2 for i, f in enumerate(files) if f[4]
+        ]  # truncated files are bad rows whatever reencode says
+    n = 0
+    for i, source in enumerate(sources):
+        if files[i][4]:
+            continue
+        stored, before = packs[False]["image"][n].tobytes(), packs[True]["image"][n].tobytes()
+        if fitting[i]:
+            assert stored == source
+            want = np.asarray(Image.open(io.BytesIO(source)).convert("RGB"))
+            np.testing.assert_array_equal(decode(stored, 3), want)
+        else:
+            assert stored == before
+        if keep_exif:
+            assert packs[False]["image.exif"][n].tobytes() == packs[True]["image.exif"][n].tobytes()
+        n += 1
+
+
+def test_reencode_takes_a_bool(folder, tmp_path):
+    with pytest.raises(ArgumentError, match="reencode"):
+        generator(folder).generate(str(tmp_path / "p.h5"), 20, 24, reencode="no")
+    assert not os.listdir(tmp_path)
