@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import time
@@ -270,7 +271,7 @@ class FuelGenerator:
             settings = (
                 height, width, channel, encode, quality, keep_exif, depth, limit, bool(reencode)
             )  # fmt: skip
-            bounds = np.linspace(0, len(listing.rows), shards + 1).round().astype(int)
+            bounds = np.linspace(0, len(listing.rows), shards + 1).round().astype(int).tolist()
             for index, (row, result) in enumerate(
                 _encoded(listing.rows, settings, workers, len(listing.rows))
             ):
@@ -281,7 +282,7 @@ class FuelGenerator:
                         ) from result.error
                     listing.skipped.append(SkippedRow(row.line, listing.image_key, result.reason))
                     continue
-                shard = int(np.searchsorted(bounds, index, side="right")) - 1
+                shard = bisect.bisect_right(bounds, index) - 1  # 12 µs a row by NumPy
                 self._append(writers[shard], listing, row, result)
             if not any(w.rows for w in writers):
                 raise _empty(p["file_list"], listing)

@@ -159,7 +159,11 @@ class PackWriter:
         meta["columns"] = self._column_meta()
         arrays = self._empty()
         for name, arr in self._take_pending().items():
-            arrays[name] = np.concatenate([arrays[name], arr])
+            empty = arrays[name]
+            if len(empty) == 0 and empty.dtype == arr.dtype and empty.shape[1:] == arr.shape[1:]:
+                arrays[name] = arr  # no rows before: the pending ones as they are (no copy)
+            else:  # offsets after their leading 0, or a dtype the concatenation gives
+                arrays[name] = np.concatenate([empty, arr])
         # Readers verify each offsets array against its checksum when they first read it:
         # a changed offset would otherwise serve other bytes as the row, silently.
         meta["checksums"] = {
