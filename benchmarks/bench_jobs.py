@@ -22,12 +22,16 @@ job process, 0.1-0.4 s, where torch's and JAX's come compiled).
 
 Every sample runs with the thread pins (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``,
 ``OPENBLAS_NUM_THREADS`` = ``--threads``, ``XLA_FLAGS`` with XLA's intra-op threads, and
-``JAX_PLATFORMS=cpu``), then the job's own ``env``. Each job prints a last JSON line with its
-``"result"``; the ways must agree within the job's tolerance (`jobs.common.relative_difference`
-against the first plain sample), or the row is marked.
+``JAX_PLATFORMS=cpu``, or ``cuda`` under ``--device cuda``), then the job's own ``env``.
+Each job prints a last JSON line with its ``"result"``; the ways must agree within the job's
+tolerance (`jobs.common.relative_difference` against the first plain sample), or the row is
+marked.
 
     .venv/bin/python benchmarks/bench_jobs.py [--quick] [--only SUBSTRING] [--pairs N]
-        [--cache cold|warm|both] [--threads N] [--json PATH] [--list]
+        [--cache cold|warm|both] [--threads N] [--device cpu|cuda] [--json PATH] [--list]
+
+On a lent GPU, ``--quick --device cuda`` runs the 150-step sweeps there: the torch ways
+train on ``cuda`` and the JAX ways run under ``JAX_PLATFORMS=cuda``.
 """
 
 from __future__ import annotations
@@ -93,6 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="default: both (cold under --quick)",
     )
     parser.add_argument("--threads", type=int, default=1, help="threads per job process")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the jobs that can run on a GPU (the sweeps), there",
+    )
     parser.add_argument("--json", type=Path, default=harness.RESULTS / "bench_jobs.json")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per sample")
     parser.add_argument("--list", action="store_true", help="list the selected jobs and exit")
@@ -107,8 +117,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def select(all_jobs: list[Job], args: argparse.Namespace) -> list[Job]:
-    """The jobs asked for: quick ones under ``--quick``, matching any ``--only``."""
-    chosen = [j for j in all_jobs if j.quick or not args.quick]
+    """The jobs asked for: quick ones under ``--quick``, that run on ``--device``, matching
+    any ``--only``."""
+    chosen = [j for j in all_jobs if (j.quick or not args.quick) and args.device in j.devices]
     if args.only:
         chosen = [j for j in chosen if any(s in f"{j.name} {j.framework}" for s in args.only)]
     return chosen
@@ -157,9 +168,9 @@ def _remove(dirs: dict[str, str]) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _env(job: Job, threads: int, dirs: dict[str, str]) -> dict[str, str]:
+def _env(job: Job, threads: int, dirs: dict[str, str], device: str = "cpu") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_VARS}
-    env.update(pinned_env(threads))
+    env.update(pinned_env(threads, device))
     env.update(job.env)
     env.update(dirs)
     return env
@@ -189,20 +200,24 @@ def run_job(job: Job, cache: str, pairs: int, args: argparse.Namespace) -> dict[
     warm = {way: _cache_dirs() for way in job.ways} if cache == "warm" else {}
     failed: set[str] = set()
     samples: list[Sample] = []
+    extra = [] if args.device == "cpu" else ["--device", args.device]
+    ways = {way: [*argv, *extra] for way, argv in job.ways.items()}
     try:
-        for way, argv in job.ways.items() if cache == "warm" else ():
-            prime = run_once(argv, _env(job, args.threads, warm[way]), way, -1, args.timeout)
+        for way, argv in ways.items() if cache == "warm" else ():
+            env = _env(job, args.threads, warm[way], args.device)
+            prime = run_once(argv, env, way, -1, args.timeout)
             _progress(label, "priming", prime)
             samples.append(prime)
             if not prime.ok:
                 failed.add(way)
         for pair in range(pairs):
-            for way, argv in job.ways.items():
+            for way, argv in ways.items():
                 if way in failed:
                     continue
                 dirs = warm[way] if cache == "warm" else _cache_dirs()
                 try:
-                    sample = run_once(argv, _env(job, args.threads, dirs), way, pair, args.timeout)
+                    env = _env(job, args.threads, dirs, args.device)
+                    sample = run_once(argv, env, way, pair, args.timeout)
                 finally:
                     if cache == "cold":
                         _remove(dirs)
@@ -468,8 +483,9 @@ def main(argv: list[str] | None = None) -> None:
             "pairs": args.pairs,
             "cache": args.cache,
             "timeout": args.timeout,
+            "device": args.device,
         },
-        "pins": pinned_env(args.threads),
+        "pins": pinned_env(args.threads, args.device),
         "rows": rows,
     }
     harness._write_atomic(args.json, json.dumps(payload, indent=2, default=str))

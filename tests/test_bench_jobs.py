@@ -163,3 +163,24 @@ def test_selection_and_pairs() -> None:
     assert args.cache == "cold" and bench_jobs.pairs_of(all_jobs[0], args) == bench_jobs.QUICK_PAIRS
     assert bench_jobs.pairs_of(all_jobs[0], bench_jobs.parse_args(["--pairs", "7"])) == 7
     assert bench_jobs.parse_args([]).cache == "both"
+
+
+def test_device_cuda_selects_the_gpu_jobs_and_tells_their_ways() -> None:
+    """``--device cuda``: only jobs that can run on a GPU, each way told ``--device cuda``
+    and JAX's platform set to cuda (what a lent GPU's bench_jobs run relies on)."""
+    all_jobs = jobs.collect(("sweeps", "ladder"))
+    args = bench_jobs.parse_args(["--quick", "--device", "cuda"])
+    chosen = bench_jobs.select(all_jobs, args)
+    assert chosen and all("cuda" in j.devices and j.name.startswith("sweep/") for j in chosen)
+    assert {j.framework for j in chosen} == {"torch", "jax"}
+    assert bench_jobs.pinned_env(1, "cuda")["JAX_PLATFORMS"] == "cuda"
+    assert bench_jobs.pinned_env(1)["JAX_PLATFORMS"] == "cpu"
+    # The fake ways print their arguments: what run_job appended to the job's own.
+    ways = {w: [sys.executable, "-c", _PRINT_ARGV] for w in ("plain", "ours")}
+    row = bench_jobs.run_job(Job("argv", "torch", ways, pairs=1), "cold", 1, args)
+    assert [s["out"]["detail"] for s in row["samples"]] == [["--device", "cuda"]] * 2
+    cpu = bench_jobs.run_job(Job("argv", "torch", ways, pairs=1), "cold", 1, _args())
+    assert [s["out"]["detail"] for s in cpu["samples"]] == [[]] * 2
+
+
+_PRINT_ARGV = "import json, sys; print(json.dumps({'result': 1.0, 'detail': sys.argv[1:]}))"

@@ -32,6 +32,9 @@ class Job:
         pairs: samples of each way (alternating); bench_jobs may lower it under ``--quick``.
         quick: in the ``--quick`` subset.
         env: extra environment variables for every way (thread pins are set by bench_jobs).
+        devices: where the job can run: "cpu", and "cuda" for a job whose script takes
+            ``--device cuda`` (its torch ways on the GPU; its JAX ways under
+            ``JAX_PLATFORMS=cuda``).
         tolerance: relative difference allowed between the ways' results (None: not compared,
             e.g. when the ways draw different data orders).
         note: one line for the table (what the job shows).
@@ -43,6 +46,7 @@ class Job:
     pairs: int = 10
     quick: bool = False
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    devices: tuple[str, ...] = ("cpu",)
     tolerance: float | None = None
     note: str = ""
 
@@ -55,8 +59,11 @@ def script(name: str, *args: str) -> list[str]:
 # ---- helpers for bench_jobs and the job scripts (added with bench_jobs) ---------------------
 
 
-def pinned_env(threads: int) -> dict[str, str]:
-    """The thread pins bench_jobs sets in every sample's environment, for `threads` threads."""
+def pinned_env(threads: int, device: str = "cpu") -> dict[str, str]:
+    """The thread pins bench_jobs sets in every sample's environment, for `threads` threads.
+
+    And JAX's platform: the CPU, or the GPU for ``device="cuda"``.
+    """
     n = str(threads)
     eigen = "true" if threads > 1 else "false"
     return {
@@ -64,7 +71,7 @@ def pinned_env(threads: int) -> dict[str, str]:
         "MKL_NUM_THREADS": n,
         "OPENBLAS_NUM_THREADS": n,
         "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={eigen} intra_op_parallelism_threads={n}",
-        "JAX_PLATFORMS": "cpu",
+        "JAX_PLATFORMS": device,
     }
 
 

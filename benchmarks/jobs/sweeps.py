@@ -57,6 +57,9 @@ WAYS = ("plain", "ours", "hand")
 FRAMEWORKS = ("torch", "jax")
 BETAS, EPS = (0.9, 0.999), 1e-8
 STEPS = (150, 1500)
+# Where the torch ways train (`--device`): "cpu", or "cuda" on a lent GPU. The JAX ways run
+# where JAX_PLATFORMS puts them (bench_jobs sets it with the same option).
+DEVICE = "cpu"
 
 # ---- the jobs ------------------------------------------------------------------------------
 
@@ -82,6 +85,7 @@ def _job(framework: str, model: str, steps: int) -> Job:
         ways={way: _argv(framework, way, model, steps) for way in WAYS},
         pairs=pairs,
         quick=steps == 150,
+        devices=("cpu", "cuda"),
         tolerance=5e-2,  # float32 orders differ between the ways, for `steps` Adam steps
         note=(
             f"16 lrs, Adam, {steps} steps of {batch} x {'x'.join(map(str, shape))}, shared "
@@ -155,16 +159,23 @@ def torch_net(model: str) -> Any:
     )
 
 
+def _torch_data(model: str) -> tuple[list[Any], list[Any], Any, Any]:
+    """`make_data`'s arrays as tensors on `DEVICE` (moved once, before the first step)."""
+    import torch
+
+    xs, ys, xe, ye = make_data(model)
+    on = lambda a: torch.from_numpy(a).to(DEVICE)  # noqa: E731
+    return [on(x) for x in xs], [on(y) for y in ys], on(xe), on(ye)
+
+
 def _torch_plain(model: str, steps: int, members: int) -> tuple[list[float], str]:
     import torch
     from torch.nn.functional import cross_entropy
 
-    xs, ys, xe, ye = make_data(model)
-    xs_t = [torch.from_numpy(x) for x in xs]
-    ys_t = [torch.from_numpy(y) for y in ys]
+    xs_t, ys_t, xe_t, ye_t = _torch_data(model)
     finals = []
     for lr in lrs(members):
-        net = torch_net(model)
+        net = torch_net(model).to(DEVICE)
         opt = torch.optim.Adam(net.parameters(), lr=float(lr), fused=True)
         for s in range(steps):
             loss = cross_entropy(net(xs_t[s % POOL]), ys_t[s % POOL])
@@ -172,7 +183,7 @@ def _torch_plain(model: str, steps: int, members: int) -> tuple[list[float], str
             loss.backward()
             opt.step()
         with torch.no_grad():
-            finals.append(float(cross_entropy(net(torch.from_numpy(xe)), torch.from_numpy(ye))))
+            finals.append(float(cross_entropy(net(xe_t), ye_t)))
     return finals, "Adam(fused=True), one model at a time"
 
 
@@ -181,10 +192,8 @@ def _torch_ours(model: str, steps: int, members: int) -> tuple[list[float], str]
 
     from dualtrain_torch import BatchModule, batch_loss, member_optimizer
 
-    xs, ys, xe, ye = make_data(model)
-    xs_t = [torch.from_numpy(x) for x in xs]
-    ys_t = [torch.from_numpy(y) for y in ys]
-    bm = BatchModule(torch_net(model), members, init="identical", shared_input=True)
+    xs_t, ys_t, xe_t, ye_t = _torch_data(model)
+    bm = BatchModule(torch_net(model).to(DEVICE), members, init="identical", shared_input=True)
     opt = member_optimizer(bm, "adam", members, lr=lrs(members))
     for s in range(steps):
         losses = batch_loss(bm(xs_t[s % POOL]), ys_t[s % POOL], members)
@@ -192,7 +201,7 @@ def _torch_ours(model: str, steps: int, members: int) -> tuple[list[float], str]
         losses.sum().backward()
         opt.step()
     with torch.no_grad():
-        finals = batch_loss(bm(torch.from_numpy(xe)), torch.from_numpy(ye), members)
+        finals = batch_loss(bm(xe_t), ye_t, members)
     return [float(v) for v in finals], _strategy(bm)
 
 
@@ -217,10 +226,9 @@ def _torch_hand(model: str, steps: int, members: int) -> tuple[list[float], str]
     from torch.func import functional_call, vmap
     from torch.nn.functional import cross_entropy
 
-    xs, ys, xe, ye = make_data(model)
-    xs_t = [torch.from_numpy(x) for x in xs]
-    ys_t = [torch.from_numpy(y).repeat(members) for y in ys]
-    net = torch_net(model)
+    xs_t, ys_t, xe_t, ye_t = _torch_data(model)
+    ys_t = [y.repeat(members) for y in ys_t]
+    net = torch_net(model).to(DEVICE)
     m = members
 
     def stacked(t: torch.Tensor) -> torch.Tensor:
@@ -252,7 +260,7 @@ def _torch_hand(model: str, steps: int, members: int) -> tuple[list[float], str]
             h = torch.relu(h + b1.unsqueeze(1))
             return torch.baddbmm(b2.unsqueeze(1), h, w2.transpose(1, 2))  # [m, B, classes]
 
-    rates = torch.tensor(lrs(m), dtype=torch.float32)
+    rates = torch.tensor(lrs(m), dtype=torch.float32, device=DEVICE)
     state = [(torch.zeros_like(p), torch.zeros_like(p)) for p in plist]
     shaped = [_along(rates, p.dim(), axis) for p, axis in zip(plist, member_axis, strict=True)]
     for s in range(steps):
@@ -271,8 +279,8 @@ def _torch_hand(model: str, steps: int, members: int) -> tuple[list[float], str]
                 denom = var.sqrt().div_(math.sqrt(bc2)).add_(EPS).div_(rate / bc1)
                 p.addcdiv_(mom, denom, value=-1.0)
     with torch.no_grad():
-        out = forward(torch.from_numpy(xe))
-        target = torch.from_numpy(ye).expand(m, -1)
+        out = forward(xe_t)
+        target = ye_t.expand(m, -1)
         finals = cross_entropy(out.transpose(1, 2), target, reduction="none").mean(1)
     return [float(v) for v in finals], "Adam as in-place ops on stacked tensors"
 
@@ -455,6 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", choices=tuple(MODELS), required=True)
     parser.add_argument("--steps", type=int, default=150, help="optimizer steps per member")
     parser.add_argument("--members", type=int, default=MEMBERS)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="torch: where the models train (JAX: JAX_PLATFORMS)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.steps < 1 or args.members < 2:
         parser.error(f"--steps must be >= 1 and --members >= 2; got {args.steps}, {args.members}")
@@ -467,6 +477,8 @@ def main(argv: list[str] | None = None) -> None:
         import jax  # noqa: F401
         import optax  # noqa: F401
     loaded = time.perf_counter()
+    global DEVICE
+    DEVICE = args.device
     result, detail = RUNNERS[args.framework, args.way](args.model, args.steps, args.members)
     summary = {
         "result": result,
