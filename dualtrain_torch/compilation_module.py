@@ -232,7 +232,11 @@ class AcceleratedForward:
         if lane is None:
             if len(self._lanes) >= _QUICK_KEPT:
                 self._lanes.clear()
-            lane = self._lanes[quick] = _Lane(args, quick[0], runner)
+            try:
+                lane = _Lane(args, quick[0], runner)
+            except Exception:  # a tensor the C++ check cannot record: the quick key serves
+                return
+            self._lanes[quick] = lane
         self._lane = lane
 
     def _decided(self, quick: Any, args: Any, kwargs: Any) -> Any:
