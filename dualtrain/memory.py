@@ -42,7 +42,8 @@ def aligned_empty(shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.n
     if shape_t and min(shape_t) < 0:
         raise bad_argument("shape", shape, "a tuple of non-negative ints")
     dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
-    nbytes = math.prod(shape_t) * dt.itemsize  # np.prod costs 6 µs a call
+    # Python ints: a product of np.int32 sizes would overflow. np.prod costs 6 µs a call.
+    nbytes = int(math.prod(map(int, shape_t))) * dt.itemsize
     if dt.hasobject or dt.subdtype is not None:
         # NumPy refuses a view of bytes as references (object fields), and a subarray
         # dtype would change the shape: the byte view's own errors, as before.

@@ -206,10 +206,10 @@ class FuelGenerator:
                 process-wide limit ``PIL.Image.MAX_IMAGE_PIXELS`` (89,478,485 unless
                 changed); a value above it must be allowed there first.
             reencode: False packs a file that needs no change as it is, its bytes copied
-                (no loss, and about 20x faster than decoding and re-encoding): a JPEG (for
-                ``encode="JPEG"``) or PNG (``"PNG"``) file of `height` x `width` in the
-                `channel` mode at uint8, upright, complete (it ends with its format's end
-                marker), and without EXIF unless `keep_exif`. Other files are re-encoded.
+                after a check that it decodes (no second JPEG loss, and no encoding): a
+                JPEG (for ``encode="JPEG"``) or PNG (``"PNG"``) file of `height` x `width`
+                in the `channel` mode at uint8, upright, whole, and without EXIF unless
+                `keep_exif`. Other files are re-encoded.
                 True (the default, as Nebulae) re-encodes every file at `quality`.
 
         Returns:

@@ -205,10 +205,11 @@ def as_stored(
     A file is packed as it is (its bytes, not decoded and re-encoded) when decoding it gives
     what `prepare` then `encode` would store, short of the re-encoding's loss: it is in the
     `encode` format (JPEG or PNG), `width` x `height`, in the `channel` mode at `depth`
-    (uint8), upright (no EXIF orientation other than 1), without an EXIF block unless
-    `keep_exif` (re-encoding drops it from the stored file), and complete (it ends with the
-    format's end marker: a truncated file is refused at packing, not at reading). Only the
-    header is read: its pixels are decoded by whoever reads the pack.
+    (uint8), upright (no orientation other than 1, in EXIF, XMP or a PNG text chunk),
+    without an EXIF block unless `keep_exif` (re-encoding drops it from the stored file),
+    and whole: it ends with the format's end marker and decodes, so a truncated or corrupt
+    file is a bad row at packing, as under `prepare`. It is decoded once, to check it, but
+    not re-encoded.
 
     Returns:
         The file's EXIF block (b"" when it has none), or None: `prepare` it instead.
@@ -225,9 +226,16 @@ def as_stored(
             return None  # prepare raises the guard's own error
         if opened.mode != MODES[channel] or source_depth(opened) != "uint8":
             return None
+        # Decoded as prepare decodes it: a file corrupt inside is a bad row here, not an
+        # error when the pack is read; and a PNG's eXIf chunk after its pixels is read.
+        opened.load()
+        # Orientation wherever Pillow finds it (EXIF, XMP, a PNG text chunk), as
+        # prepare's exif_transpose reads it.
+        if opened.getexif().get(_ORIENTATION, 1) != 1:
+            return None  # prepare turns it upright
         exif = opened.info.get("exif", b"")
-        if exif and (not keep_exif or opened.getexif().get(_ORIENTATION, 1) != 1):
-            return None  # prepare drops it from the pixels' file, or turns them upright
+        if exif and not keep_exif:
+            return None  # prepare drops it from the stored file
         return bytes(exif)
 
 

@@ -342,3 +342,67 @@ def test_reencode_takes_a_bool(folder, tmp_path):
     with pytest.raises(ArgumentError, match="reencode"):
         generator(folder).generate(str(tmp_path / "p.h5"), 20, 24, reencode="no")
     assert not os.listdir(tmp_path)
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    import struct
+    import zlib
+
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def test_reencode_false_finds_orientation_and_damage_where_prepare_does(tmp_path):
+    """Orientation outside the EXIF block (XMP in a JPEG, an eXIf chunk after a PNG's
+    pixels) is turned upright, and a file corrupt inside that still ends with its end
+    marker is a bad row at packing, under reencode=False as under True."""
+    from PIL import PngImagePlugin
+
+    img = Image.fromarray(picture(1, 24, 24))  # square: turned or not, it fits the pack
+    xmp = (
+        '<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF '
+        'xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
+        'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF>'
+        "</x:xmpmeta>"
+    )
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    files = {}
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", xmp=xmp.encode())
+    files["xmp.jpg"] = buf.getvalue()
+    info = PngImagePlugin.PngInfo()
+    info.add_itxt("XML:com.adobe.xmp", xmp)
+    buf = io.BytesIO()
+    img.save(buf, "PNG", pnginfo=info)
+    files["xmp.png"] = buf.getvalue()
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    plain = buf.getvalue()
+    end = plain.rfind(b"IEND") - 4
+    files["late.png"] = plain[:end] + _png_chunk(b"eXIf", exif.tobytes()[6:]) + plain[end:]
+    damaged = bytearray(plain)
+    at = plain.find(b"IDAT") + 10
+    damaged[at : at + 8] = b"\xff" * 8
+    files["damaged.png"] = bytes(damaged)
+    rows = [["image", "label"]]
+    for i, (name, data) in enumerate(files.items()):
+        (tmp_path / name).write_bytes(data)
+        rows.append([name, str(i)])
+    write_csv(str(tmp_path / "list.csv"), rows)
+    gen = FuelGenerator(file_dir=str(tmp_path), file_list=str(tmp_path / "list.csv"),
+                        dtype=["int64"])  # fmt: skip
+    for encode, rotated in (("JPEG", ["xmp.jpg"]), ("PNG", ["xmp.png", "late.png"])):
+        packs = {}
+        for reencode in (True, False):
+            report = gen.generate(
+                str(tmp_path / f"{encode}{reencode}.h5"), 24, 24, encode=encode, workers=0,
+                on_error="skip", reencode=reencode,
+            )  # fmt: skip
+            assert [s.line for s in report.skipped] == [5]  # damaged.png, either way
+            packs[reencode] = Pack(report.paths)
+        for n, name in enumerate(files):
+            if name == "damaged.png":
+                break
+            if name in rotated:  # turned upright: stored as re-encoded, not as read
+                got = packs[False]["image"][n].tobytes()
+                assert got == packs[True]["image"][n].tobytes() and got != files[name]
