@@ -8,6 +8,10 @@ import numpy as np
 
 import dualtrain
 
+# Seconds a test waits for a child process it runs: a child that hangs fails its test,
+# naming the command, instead of stalling the suite.
+CHILD_TIMEOUT_S = 600
+
 
 def address(x) -> int:
     """The data address of a NumPy, torch or JAX array."""

@@ -22,6 +22,7 @@ from dualtrain_torch import batching_optim  # noqa: E402
 from dualtrain_torch.batching import BatchModule  # noqa: E402
 from dualtrain_torch.batching_optim import MemberOptimizer, member_optimizer  # noqa: E402
 from tests.batching.member_cases import hyper_cases, member_value  # noqa: E402
+from tests.helpers import CHILD_TIMEOUT_S  # noqa: E402
 
 TORCH = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 TIGHT = {"rtol": 1e-9, "atol": 1e-12}
@@ -763,8 +764,9 @@ def test_a_batched_training_step_never_imports_torch_dynamo(tmp_path):
     )
     env = {**__import__("os").environ, "DUALTRAIN_CACHE_DIR": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True
-    )
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True,
+        timeout=CHILD_TIMEOUT_S,
+    )  # fmt: skip
     assert done.stdout.strip() == "False"
 
 

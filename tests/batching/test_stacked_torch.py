@@ -25,6 +25,7 @@ from dualtrain.errors import ArgumentError  # noqa: E402
 from dualtrain_torch import member_optimizer  # noqa: E402
 from dualtrain_torch.batching import BatchModule, batch_loss  # noqa: E402
 from dualtrain_torch.batching_run import check_stacked, run_members, stacked_plan  # noqa: E402
+from tests.helpers import CHILD_TIMEOUT_S  # noqa: E402
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
 ACTIVATIONS = [nn.ReLU, nn.Tanh, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Identity, nn.LeakyReLU]
@@ -254,8 +255,9 @@ def test_decisions_persist_across_processes_and_clear_removes_them(tmp_path):
 
     def run() -> list[str]:
         done = subprocess.run(
-            [sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True
-        )
+            [sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True,
+            timeout=CHILD_TIMEOUT_S,
+        )  # fmt: skip
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     first = run()

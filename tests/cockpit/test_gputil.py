@@ -16,6 +16,7 @@ from dualtrain.cockpit import GPUtil, Stat
 from dualtrain.cockpit.nvml import GPUInfo, cuda_ordinals
 from dualtrain.errors import ArgumentError
 from tests.cockpit.fake_nvml import Card, FakeNVML, NVMLError
+from tests.helpers import CHILD_TIMEOUT_S
 
 
 def cards(*free: float, name: str = "NVIDIA A100-SXM4-40GB") -> list[Card]:
@@ -45,7 +46,10 @@ def test_without_nvidia_ml_py_the_reason_says_so():
         "from dualtrain.cockpit import GPUtil\n"
         "u = GPUtil(); assert u.available() == [] and u.status() == {}; print(u.reason)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        timeout=CHILD_TIMEOUT_S,
+    )  # fmt: skip
     assert out.stdout.strip() == "no GPU monitoring: nvidia-ml-py is not installed"
 
 

@@ -13,6 +13,7 @@ from hypothesis import given, strategies as st
 import dualtrain
 from dualtrain.embeddings import BLOCK, lookup
 from dualtrain.errors import ArgumentError, DtypeError
+from tests.helpers import CHILD_TIMEOUT_S
 
 
 @given(st.integers(1, 3 * BLOCK), st.integers(1, 3 * BLOCK), st.integers(0, 2**32))
@@ -99,5 +100,8 @@ def test_store_imports_no_framework():
         "import dualtrain, sys; dualtrain.EmbeddingStore(10, 4); "
         "print('torch' in sys.modules, 'jax' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        timeout=CHILD_TIMEOUT_S,
+    )  # fmt: skip
     assert out.stdout.split() == ["False", "False"]

@@ -32,6 +32,7 @@ from tests.fuel.raw import (
     stored_meta,
     write_csv,
 )
+from tests.helpers import CHILD_TIMEOUT_S
 
 
 def _one_column(folder, names, **kw) -> FuelGenerator:
@@ -425,7 +426,8 @@ def test_the_next_generate_removes_temporary_files_of_dead_writers(tmp_path):
     out.mkdir()
     code = "import sys; from dualtrain.atomic import temp_path; print(temp_path(sys.argv[1]))"
     dead = subprocess.run([sys.executable, "-c", code, str(out / "p.h5")], check=True,
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+                          capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S).stdout.strip()  # fmt: skip
     assert os.path.exists(dead) and is_temp(dead)
     live = temp_path(out / "other.h5")  # this process's own: still being written
     gen.generate(str(out / "p.h5"), 8, 8, workers=0)

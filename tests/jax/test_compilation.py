@@ -32,6 +32,7 @@ from dualtrain_jax.compilation import (  # noqa: E402
     accelerate,
     accelerate_model,
 )
+from tests.helpers import CHILD_TIMEOUT_S  # noqa: E402
 
 # no compile budget: a verdict must not turn on how busy the machine is
 # budget=inf: the whole ladder at the first call (payback: tests/core/test_accelerate_payback.py)
@@ -467,6 +468,7 @@ def test_code_digest_is_the_same_in_every_process():
             capture_output=True,
             text=True,
             check=True,
+            timeout=CHILD_TIMEOUT_S,
         ).stdout
         for seed in range(1, 6)
     }

@@ -25,6 +25,7 @@ from dualtrain_torch import accelerate, accelerate_model
 from dualtrain_torch.compilation import AcceleratedForward, explain
 from dualtrain_torch.compilation_rungs import onnx_available
 from tests.core.test_accelerate_ladder import Ticks
+from tests.helpers import CHILD_TIMEOUT_S
 from tests.torch import compilation_models as models
 from tests.torch.compilation_models import FORCE
 
@@ -577,6 +578,7 @@ def test_a_second_process_reads_the_decision_from_the_cache(tmp_path):
             check=True,
             env={**__import__("os").environ, "PYTHONHASHSEED": seed},
             cwd=__import__("pathlib").Path(__file__).parents[2],
+            timeout=CHILD_TIMEOUT_S,
         )
         seen.append(done.stdout.split()[-1])
     assert seen == ["False", "True"]
