@@ -2,18 +2,24 @@
 
 `positional_deprecated`: arguments that became keyword-only still work positionally.
 `moved`: a name (or module) that left its old path warns where it is reached that way.
+`moved_modules`: modules that moved inside a package still import by their old dotted names.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import inspect
+import sys
+import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["SEED_SPELLINGS", "moved", "moved_attribute", "positional_deprecated"]
+__all__ = ["SEED_SPELLINGS", "moved", "moved_attribute", "moved_modules", "positional_deprecated"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,6 +82,48 @@ def moved(old: str, new: str, *, stacklevel: int = 3) -> None:
     )
 
 
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds each old module name of `moves` and serves the module now at its new name.
+
+    ``import old`` and ``from old import x`` give the very module object of the new path (its
+    private names, and what a test patches on it, included), after a DeprecationWarning.
+    """
+
+    def __init__(self, moves: Mapping[str, str]) -> None:
+        self.moves = dict(moves)
+        self._specs: dict[str, Any] = {}  # old name -> the new module's own spec
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.moves:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        new = self.moves[spec.name]
+        # point the warning at the import statement, past the import system's own frames
+        frame, level = sys._getframe(1), 2
+        while frame.f_back is not None and frame.f_code.co_filename.startswith("<frozen"):
+            frame, level = frame.f_back, level + 1
+        moved(spec.name, new, stacklevel=level)
+        module = importlib.import_module(new)
+        self._specs[spec.name] = module.__spec__  # the import system sets the old one on it
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if module.__spec__ is not None:  # the old spec, set by the import system
+            module.__spec__ = self._specs.pop(module.__spec__.name)  # put its own back
+
+
+def moved_modules(moves: Mapping[str, str]) -> None:
+    """Lets each old dotted module name of `moves` (old -> new) import the module at its new one.
+
+    Called by a package's ``__init__`` for the modules that moved inside it (#32), so the
+    old name is found whenever the package is imported; each first import warns.
+    """
+    if not any(isinstance(f, _MovedModules) and f.moves == dict(moves) for f in sys.meta_path):
+        sys.meta_path.append(_MovedModules(moves))
+
+
 # The seed tools' spellings that left the main packages (#31): name -> (the module that still
 # defines it, its name there, what to use now). Each old home's __getattr__ serves its own.
 SEED_SPELLINGS: dict[str, tuple[str, str, str]] = {
@@ -104,7 +152,7 @@ SEED_SPELLINGS: dict[str, tuple[str, str, str]] = {
         "dualtrain_torch.compat.nebulgym.annotations.torch_annotations.patch_dataset (nebulgym's)",
     ),
     "patch_torch_module": (
-        "dualtrain_torch.compilation",
+        "dualtrain_torch.compilation.accelerated",
         "patch_torch_module",
         "dualtrain_torch.accelerate_model, or dualtrain_torch.compat.nebulgym.annotations."
         "torch_annotations.patch_torch_module (nebulgym's)",

@@ -10,24 +10,48 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from dualtrain.deprecation import moved_modules
+
 if TYPE_CHECKING:
     from dualtrain_jax.backend import JaxBackend
     from dualtrain_jax.batching import BatchModule, batch_loss, batch_topk
-    from dualtrain_jax.batching_optim import member_optimizer
+    from dualtrain_jax.batching.optim import member_optimizer
     from dualtrain_jax.compilation import accelerate, accelerate_model
-    from dualtrain_jax.compilation_learner import TrainingLearner
+    from dualtrain_jax.compilation.learner import TrainingLearner
     from dualtrain_jax.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_jax.embeddings import JaxRows, attach
     from dualtrain_jax.transfer import Transfer
+
+# Modules that moved into the capability subpackages (#32): their old names still import,
+# with a DeprecationWarning.
+moved_modules(
+    {
+        "dualtrain_jax.batching_loss": "dualtrain_jax.batching.loss",
+        "dualtrain_jax.batching_members": "dualtrain_jax.batching.members",
+        "dualtrain_jax.batching_optim": "dualtrain_jax.batching.optim",
+        "dualtrain_jax.batching_probe": "dualtrain_jax.batching.probe",
+        "dualtrain_jax.batching_run": "dualtrain_jax.batching.run",
+        "dualtrain_jax.compilation_keys": "dualtrain_jax.compilation.keys",
+        "dualtrain_jax.compilation_learner": "dualtrain_jax.compilation.learner",
+        "dualtrain_jax.compilation_module": "dualtrain_jax.compilation.module",
+        "dualtrain_jax.compilation_probe": "dualtrain_jax.compilation.probe",
+        "dualtrain_jax.compilation_rungs": "dualtrain_jax.compilation.rungs",
+        "dualtrain_jax.distributed_learner": "dualtrain_jax.distributed.learner",
+        "dualtrain_jax.distributed_reduce": "dualtrain_jax.distributed.reduce",
+        "dualtrain_jax.distributed_rows": "dualtrain_jax.distributed.rows",
+        "dualtrain_jax.compile_cache": "dualtrain_jax.compilation.cache",
+    }
+)
+
 
 # public name -> the submodule that defines it
 _HOMES = {
     "BatchModule": "dualtrain_jax.batching",
     "batch_loss": "dualtrain_jax.batching",
     "batch_topk": "dualtrain_jax.batching",
-    "member_optimizer": "dualtrain_jax.batching_optim",
+    "member_optimizer": "dualtrain_jax.batching.optim",
     "JaxBackend": "dualtrain_jax.backend",
-    "TrainingLearner": "dualtrain_jax.compilation_learner",
+    "TrainingLearner": "dualtrain_jax.compilation.learner",
     "accelerate": "dualtrain_jax.compilation",
     "accelerate_model": "dualtrain_jax.compilation",
     "Nozzle": "dualtrain_jax.craft",

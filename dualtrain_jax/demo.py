@@ -10,7 +10,7 @@ import optax
 
 from dualtrain import Craft, EmbeddingStore, convert
 from dualtrain_jax.batching import BatchModule, batch_loss
-from dualtrain_jax.batching_optim import member_optimizer
+from dualtrain_jax.batching.optim import member_optimizer
 from dualtrain_jax.compilation import accelerate_model
 from dualtrain_jax.craft import realize
 from dualtrain_jax.embeddings import attach

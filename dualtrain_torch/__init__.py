@@ -10,24 +10,49 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from dualtrain.deprecation import moved_modules
+
 if TYPE_CHECKING:
     from dualtrain_torch.backend import TorchBackend
     from dualtrain_torch.batching import BatchModule, batch_loss, batch_topk
-    from dualtrain_torch.batching_optim import member_optimizer
+    from dualtrain_torch.batching.optim import member_optimizer
     from dualtrain_torch.compilation import accelerate, accelerate_model
-    from dualtrain_torch.compilation_learner import TrainingLearner
+    from dualtrain_torch.compilation.learner import TrainingLearner
     from dualtrain_torch.craft import Nozzle, Prober, Rudder, coat, realize, shell
     from dualtrain_torch.embeddings import TorchRows, attach
     from dualtrain_torch.transfer import Transfer
+
+# Modules that moved into the capability subpackages (#32): their old names still import,
+# with a DeprecationWarning.
+moved_modules(
+    {
+        "dualtrain_torch.batching_loss": "dualtrain_torch.batching.loss",
+        "dualtrain_torch.batching_members": "dualtrain_torch.batching.members",
+        "dualtrain_torch.batching_optim": "dualtrain_torch.batching.optim",
+        "dualtrain_torch.batching_probe": "dualtrain_torch.batching.probe",
+        "dualtrain_torch.batching_run": "dualtrain_torch.batching.run",
+        "dualtrain_torch.batching_stacked": "dualtrain_torch.batching.stacked",
+        "dualtrain_torch.compilation_keys": "dualtrain_torch.compilation.keys",
+        "dualtrain_torch.compilation_learner": "dualtrain_torch.compilation.learner",
+        "dualtrain_torch.compilation_module": "dualtrain_torch.compilation.module",
+        "dualtrain_torch.compilation_probe": "dualtrain_torch.compilation.probe",
+        "dualtrain_torch.compilation_rungs": "dualtrain_torch.compilation.rungs",
+        "dualtrain_torch.distributed_learner": "dualtrain_torch.distributed.learner",
+        "dualtrain_torch.distributed_reduce": "dualtrain_torch.distributed.reduce",
+        "dualtrain_torch.distributed_rows": "dualtrain_torch.distributed.rows",
+        "dualtrain_torch.distributed_exit": "dualtrain_torch.distributed.exit",
+    }
+)
+
 
 # public name -> the submodule that defines it
 _HOMES = {
     "BatchModule": "dualtrain_torch.batching",
     "batch_loss": "dualtrain_torch.batching",
     "batch_topk": "dualtrain_torch.batching",
-    "member_optimizer": "dualtrain_torch.batching_optim",
+    "member_optimizer": "dualtrain_torch.batching.optim",
     "TorchBackend": "dualtrain_torch.backend",
-    "TrainingLearner": "dualtrain_torch.compilation_learner",
+    "TrainingLearner": "dualtrain_torch.compilation.learner",
     "accelerate": "dualtrain_torch.compilation",
     "accelerate_model": "dualtrain_torch.compilation",
     "Nozzle": "dualtrain_torch.craft",

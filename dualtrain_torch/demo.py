@@ -9,7 +9,7 @@ import torch
 
 from dualtrain import Craft, EmbeddingStore, convert
 from dualtrain_torch.batching import BatchModule, batch_loss
-from dualtrain_torch.batching_optim import member_optimizer
+from dualtrain_torch.batching.optim import member_optimizer
 from dualtrain_torch.compilation import accelerate, explain
 from dualtrain_torch.craft import Nozzle, Rudder, realize
 from dualtrain_torch.embeddings import attach

@@ -13,31 +13,37 @@ ROOT = Path(__file__).resolve().parents[1]
 # file -> why only torch has it
 TORCH_ONLY = {
     "compat": "migration shims for torch-only tools (SpeedTorch, torchmb): their APIs are torch's",
-    "batching_stacked.py": (
+    "batching/stacked.py": (
         "model batching's layer-by-layer strategy: torch.func.vmap costs Python per layer and "
         "call, jax.vmap under jit does not (docs/batching.md, 'Why \"stacked\"')"
     ),
-    "distributed_exit.py": (
+    "distributed/exit.py": (
         "gloo's worker threads take the GIL to drop a collective's tensors, and abort the "
         "process if it is finalizing; JAX's collectives run inside compiled programs"
     ),
 }
 JAX_ONLY = {
-    "compile_cache.py": (
+    "compilation/cache.py": (
         "XLA keeps compiled programs on disk only in a folder a process names; torch's "
         "compiler (TorchInductor) keeps its own cache on disk by default"
     ),
 }
 
 
-def _entries(package: str) -> set[str]:
-    folder = ROOT / package
-    return {
-        p.name
-        for p in folder.iterdir()
-        if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()))
-        and p.name != "__pycache__"
-    }
+def _entries(package: str, below: str = "") -> set[str]:
+    """The modules and subpackages of `package`, as paths relative to it; a subpackage's own
+    entries are listed too, except under ``compat`` (a namespace of its own, TORCH_ONLY)."""
+    folder = ROOT / package / below
+    found = set()
+    for p in folder.iterdir():
+        name = f"{below}/{p.name}" if below else p.name
+        if p.suffix == ".py":
+            found.add(name)
+        elif p.is_dir() and (p / "__init__.py").exists():
+            found.add(name)
+            if name != "compat":
+                found |= _entries(package, name)
+    return found
 
 
 def test_the_adapters_mirror_file_for_file():

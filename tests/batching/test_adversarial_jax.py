@@ -21,7 +21,7 @@ import dualtrain_jax  # noqa: E402
 from dualtrain.checkpoint import TimeMachine  # noqa: E402
 from dualtrain.errors import ArgumentError, CheckpointError, ShapeError  # noqa: E402
 from dualtrain_jax.batching import BatchModule, batch_loss, batch_topk  # noqa: E402
-from dualtrain_jax.batching_optim import member_optimizer, set_active, set_hyper  # noqa: E402
+from dualtrain_jax.batching.optim import member_optimizer, set_active, set_hyper  # noqa: E402
 from tests.checkpoint.crafts import Net  # noqa: E402
 
 

@@ -18,9 +18,15 @@ import jax.numpy as jnp  # noqa: E402
 import dualtrain_jax  # noqa: E402
 from dualtrain.batching import CACHE, member_seeds  # noqa: E402
 from dualtrain.errors import ArgumentError, IsolationError, ShapeError  # noqa: E402
-from dualtrain_jax import Rudder, batching_probe, batching_run  # noqa: E402
-from dualtrain_jax.batching import BatchModule, batch_loss, batch_topk  # noqa: E402
-from dualtrain_jax.batching_loss import cross_entropy  # noqa: E402
+from dualtrain_jax import Rudder  # noqa: E402
+from dualtrain_jax.batching import (  # noqa: E402  # noqa: E402
+    BatchModule,
+    batch_loss,
+    batch_topk,
+    probe as batching_probe,
+    run as batching_run,
+)
+from dualtrain_jax.batching.loss import cross_entropy  # noqa: E402
 from tests.batching.builders import Recipe, RecipeNet, recipes  # noqa: E402
 
 STRATEGIES = ("vmap", "map", "loop")
@@ -580,7 +586,7 @@ def test_bad_input_is_refused_with_the_argument_the_value_and_what_was_expected(
 def test_a_call_outside_a_trace_runs_one_compiled_program():
     """Outside jit, apply runs the members as one jitted program (each eager op would
     compile on its own), equal to the traced call; the program is compiled once."""
-    from dualtrain_jax import batching as jax_batching
+    from dualtrain_jax.batching import module as jax_batching
 
     def init(key):
         return {"w": jax.random.normal(key, (3, 2)), "b": jnp.zeros(2)}

@@ -14,7 +14,7 @@ optax = pytest.importorskip("optax")
 import jax.numpy as jnp  # noqa: E402
 
 from dualtrain.errors import ArgumentError, ShapeError  # noqa: E402
-from dualtrain_jax.batching_optim import (  # noqa: E402
+from dualtrain_jax.batching.optim import (  # noqa: E402
     MemberState,
     hyper_of,
     member_optimizer,
@@ -201,7 +201,7 @@ def test_a_jitted_step_compiles_once_across_steps_and_set_active():
     # The state sits where the params are committed, so its placement never changes the
     # step's compilation key (an uncommitted state compiled the step twice, then again
     # after set_active).
-    from dualtrain_jax.batching_optim import set_active
+    from dualtrain_jax.batching.optim import set_active
 
     params = jax.device_put({"w": jnp.ones((3, 2))}, jax.devices()[0])
     tx = member_optimizer("adam", 3, lr=[0.1, 0.2, 0.3])

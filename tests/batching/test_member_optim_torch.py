@@ -18,9 +18,8 @@ torch = pytest.importorskip("torch")
 from torch import Tensor, nn  # noqa: E402
 
 from dualtrain.errors import ArgumentError, ShapeError  # noqa: E402
-from dualtrain_torch import batching_optim  # noqa: E402
-from dualtrain_torch.batching import BatchModule  # noqa: E402
-from dualtrain_torch.batching_optim import MemberOptimizer, member_optimizer  # noqa: E402
+from dualtrain_torch.batching import BatchModule, optim as batching_optim  # noqa: E402
+from dualtrain_torch.batching.optim import MemberOptimizer, member_optimizer  # noqa: E402
 from tests.batching.member_cases import hyper_cases, member_value  # noqa: E402
 from tests.helpers import CHILD_TIMEOUT_S  # noqa: E402
 

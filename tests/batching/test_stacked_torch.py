@@ -24,7 +24,7 @@ from dualtrain.batching import CACHE, dispatch  # noqa: E402
 from dualtrain.errors import ArgumentError  # noqa: E402
 from dualtrain_torch import member_optimizer  # noqa: E402
 from dualtrain_torch.batching import BatchModule, batch_loss  # noqa: E402
-from dualtrain_torch.batching_run import check_stacked, run_members, stacked_plan  # noqa: E402
+from dualtrain_torch.batching.run import check_stacked, run_members, stacked_plan  # noqa: E402
 from tests.helpers import CHILD_TIMEOUT_S  # noqa: E402
 
 TIGHT = {"rtol": 1e-10, "atol": 1e-12}
@@ -203,7 +203,7 @@ def test_the_check_against_vmap_catches_a_wrong_answer(monkeypatch):
     net = nn.Sequential(nn.Linear(3, 2))
     bm = BatchModule(net, 3, check_isolation=False)
     x = torch.randn(3, 4, 3)
-    from dualtrain_torch import batching_stacked
+    from dualtrain_torch.batching import stacked as batching_stacked
 
     real = batching_stacked.run
     monkeypatch.setattr(batching_stacked, "run", lambda *a: real(*a).flip(0))
@@ -342,7 +342,7 @@ def test_a_layer_repeated_in_a_sequential_runs_each_time_and_tied_weights_are_re
 def test_a_non_finite_value_never_counts_as_agreement():
     """NaN where the other side has a number (or NaN compared as a norm) is a difference;
     NaN at the same places on both sides is agreement."""
-    from dualtrain_torch.batching_stacked import _relative_gap, verify
+    from dualtrain_torch.batching.stacked import _relative_gap, verify
 
     a = torch.tensor([[1.0, float("nan")], [2.0, 3.0]])
     assert _relative_gap(a, a.clone()) == 0.0

@@ -23,14 +23,12 @@ from tests.core.test_accelerate_ladder import Ticks
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
-from dualtrain_jax import (  # noqa: E402
-    compilation_keys as keys,
-    compilation_rungs as rungs,
-)
 from dualtrain_jax.compilation import (  # noqa: E402
     AcceleratedFunction,
     accelerate,
     accelerate_model,
+    keys,
+    rungs,
 )
 from tests.helpers import CHILD_TIMEOUT_S  # noqa: E402
 
@@ -581,7 +579,7 @@ def settled(fast, *args, calls=40):
 @pytest.fixture
 def signatures_built(monkeypatch):
     """Counts the calls whose signature the ladder builds in Python (`call_key`)."""
-    import dualtrain_jax.compilation as compilation
+    import dualtrain_jax.compilation.accelerated as compilation
 
     built = [0]
     real = compilation.call_key

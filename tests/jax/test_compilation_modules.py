@@ -23,7 +23,7 @@ jax = pytest.importorskip("jax")
 optax = pytest.importorskip("optax")
 jnp = jax.numpy
 from dualtrain_jax.compilation import AcceleratedModule, accelerate  # noqa: E402
-from dualtrain_jax.compilation_learner import TrainingLearner  # noqa: E402
+from dualtrain_jax.compilation.learner import TrainingLearner  # noqa: E402
 from dualtrain_jax.craft import JaxModule, Nozzle, Rudder, realize  # noqa: E402
 
 # no compile budget: a verdict must not turn on how busy the machine is
@@ -65,7 +65,7 @@ def batch(craft, seed):
 
 
 def reference_step(module, tx):
-    """The plain train step, written out independently of dualtrain_jax.compilation_learner."""
+    """The plain train step, written out independently of dualtrain_jax.compilation.learner."""
 
     def step(params, state, opt_state, x, y, rng):
         def loss(p):

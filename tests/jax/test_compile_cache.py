@@ -1,4 +1,4 @@
-"""XLA's compiled programs kept under dualtrain's cache folder (dualtrain_jax.compile_cache).
+"""XLA's compiled programs kept under dualtrain's cache folder (dualtrain_jax.compilation.cache).
 
 Each run is a fresh process (JAX reads its cache settings once per process): the first
 accelerated call compiles and writes an entry, a second process reads it back instead of
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dualtrain_jax.compile_cache import drop_torn_entries
+from dualtrain_jax.compilation.cache import drop_torn_entries
 
 RUN = """
 import json, sys
@@ -83,7 +83,7 @@ from jax._src import config, monitoring
 events = []
 monitoring.register_event_listener(lambda name, **kw: events.append(name))
 import dualtrain_jax
-from dualtrain_jax.compile_cache import every_program_kept
+from dualtrain_jax.compilation.cache import every_program_kept
 threshold = config.persistent_cache_min_compile_time_secs
 def step(x):
     return (jnp.sin(x) * 2.0 + jnp.cos(x)).sum()

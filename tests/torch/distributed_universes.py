@@ -18,7 +18,7 @@ from torch.nn import functional as F  # noqa: N812 - torch's own spelling
 from dualtrain import Craft, dock
 from dualtrain.errors import ArgumentError
 from dualtrain_torch import realize
-from dualtrain_torch.distributed_exit import in_flight, release
+from dualtrain_torch.distributed.exit import in_flight, release
 
 ROWS, FEATURES, CLASSES, STEPS = 4, 5, 3, 3  # rows per rank and step
 KINDS = ("craft", "module")
@@ -291,7 +291,7 @@ def laws(mv: Any) -> list[dict[str, Any]] | None:
         losses = [float(learner.step(*batch(rank, k))) for k in range(STEPS)]
         out[name] = (losses, params(net))
     # What leaving waits for: gloo's threads have dropped every tensor the adapter handed
-    # them (an abort at exit, now and then, otherwise: dualtrain_torch.distributed_exit).
+    # them (an abort at exit, now and then, otherwise: dualtrain_torch.distributed.exit).
     mv.reduce(float(rank))
     mv.runtime.gather_object(rank)
     out["released"] = (release(limit_s=60.0), in_flight())

@@ -23,7 +23,7 @@ import dualtrain_torch
 from dualtrain.errors import ArgumentError
 from dualtrain_torch import accelerate, accelerate_model
 from dualtrain_torch.compilation import AcceleratedForward, explain
-from dualtrain_torch.compilation_rungs import onnx_available
+from dualtrain_torch.compilation.rungs import onnx_available
 from tests.core.test_accelerate_ladder import Ticks
 from tests.helpers import CHILD_TIMEOUT_S
 from tests.torch import compilation_models as models
@@ -729,7 +729,7 @@ def test_a_run_time_fallback_leaves_no_trace_of_the_failed_rung():
 
 
 def test_fresh_inputs_copy_each_tensor_once_and_cut_the_graph():
-    from dualtrain_torch.compilation_probe import fresh_inputs
+    from dualtrain_torch.compilation.probe import fresh_inputs
 
     leaf = torch.randn(3, requires_grad=True)
     computed = leaf * 2
@@ -761,7 +761,7 @@ def test_parameters_unfrozen_after_the_choice_get_their_gradients():
 def test_the_quick_keys_fast_reads_agree_with_torchs_public_checks(monkeypatch):
     """The quick key reads ONNX's export flags and autocast's any-device flag directly (a
     tenth of the public calls' cost): each reading must say what the public call says."""
-    from dualtrain_torch import compilation_module as cm
+    from dualtrain_torch.compilation import module as cm
 
     assert cm._onnx_exporting() is torch.onnx.is_in_onnx_export() is False
     try:
@@ -810,7 +810,7 @@ def test_the_eager_lane_serves_only_the_signature_it_checked(calls):
     tensor check and the modes). Law: whatever sequence of signatures comes, every call
     computes the plain model's output, and every distinct signature is decided apart,
     as the full key tells them apart (none is served under another's decision)."""
-    from dualtrain_torch.compilation_keys import modes, signature
+    from dualtrain_torch.compilation.keys import modes, signature
 
     model, reference = models.mlp(0, dropout=0.0), models.mlp(0, dropout=0.0)
     accelerate(model, ["PYTORCH"], **FORCE)
@@ -833,7 +833,7 @@ def test_the_eager_lane_serves_only_the_signature_it_checked(calls):
 
 
 def test_the_eager_lane_is_taken_and_left_for_a_new_signature(monkeypatch):
-    from dualtrain_torch import compilation_module as cm
+    from dualtrain_torch.compilation import module as cm
 
     if cm._tensor_guard is None:
         pytest.skip("this torch has no C++ tensor check: every call takes the quick key")

@@ -193,7 +193,7 @@ def test_a_ddp_of_one_rank_steps_on_that_ranks_rows_alone(ranks, name):
 
 def test_the_rows_ride_exactly_whatever_the_losss_dtype():
     """257 rows are 256 in bfloat16: the row count rides in float64 until the bucket."""
-    from dualtrain_torch.distributed_learner import _Riders
+    from dualtrain_torch.distributed.learner import _Riders
 
     riders = _Riders(None)
     riders.carry(torch.tensor(257), torch.tensor(3.25, dtype=torch.bfloat16))

@@ -12,7 +12,7 @@ import gc
 import torch
 from hypothesis import given, settings, strategies as st
 
-from dualtrain_torch.distributed_exit import WINDOW_S, handed, in_flight, release
+from dualtrain_torch.distributed.exit import WINDOW_S, handed, in_flight, release
 
 
 class FakeTime:

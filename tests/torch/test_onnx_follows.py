@@ -23,7 +23,7 @@ from dualtrain import Craft, dock
 from dualtrain.craft.padding import autopad
 from dualtrain_torch import accelerate, realize
 from dualtrain_torch.compilation import explain
-from dualtrain_torch.compilation_rungs import onnx_available
+from dualtrain_torch.compilation.rungs import onnx_available
 from dualtrain_torch.layers import same_pads
 from tests.torch import compilation_models as models
 from tests.torch.compilation_models import FORCE

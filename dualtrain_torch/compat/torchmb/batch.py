@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 from dualtrain.batching import members
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.batching import BatchModule as NativeBatchModule
-from dualtrain_torch.batching_members import Stack, copy_module
+from dualtrain_torch.batching.members import Stack, copy_module
 from dualtrain_torch.compat.torchmb import fast
 from dualtrain_torch.compat.torchmb.base import AbstractBatchModule
 from dualtrain_torch.compat.torchmb.functional import (

@@ -16,7 +16,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from dualtrain.batching import members
 from dualtrain.errors import ShapeError, bad_argument
-from dualtrain_torch.batching_loss import batch_loss as _batch_loss, batch_topk as _batch_topk
+from dualtrain_torch.batching.loss import batch_loss as _batch_loss, batch_topk as _batch_topk
 
 __all__ = [
     "DATA_ORDERS",

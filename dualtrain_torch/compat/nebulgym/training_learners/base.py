@@ -22,8 +22,8 @@ from torch import nn
 
 from dualtrain.accelerate.dispatch import Decider
 from dualtrain.errors import bad_argument
-from dualtrain_torch.compilation_learner import TrainingLearner as _Learner
-from dualtrain_torch.compilation_module import AcceleratedForward
+from dualtrain_torch.compilation.learner import TrainingLearner as _Learner
+from dualtrain_torch.compilation.module import AcceleratedForward
 
 __all__ = ["TrainingLearner", "check_logger", "log_decisions"]
 

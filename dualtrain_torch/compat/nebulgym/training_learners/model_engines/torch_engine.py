@@ -1,7 +1,7 @@
 """nebulgym's ``TorchEngine`` and ``TorchScriptEngine``, as rungs of dualtrain's ladder.
 
 Each engine runs the model through dualtrain's ladder restricted to its backend's rung and
-eager PyTorch (`dualtrain_torch.compilation_module.AcceleratedForward`), without changing
+eager PyTorch (`dualtrain_torch.compilation.module.AcceleratedForward`), without changing
 the model: the rung serves only once verified against eager on the real batch, and
 ``engine.explain()`` says what ran. TorchEngine is eager torch (``model.forward``, as
 nebulgym's). TorchScriptEngine's rung is never tried (a trace froze train/eval mode and
@@ -18,7 +18,7 @@ from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
 from dualtrain.errors import bad_argument
 from dualtrain_torch.compat.nebulgym.training_learners.model_engines.base import BaseEngine
-from dualtrain_torch.compilation_module import AcceleratedForward
+from dualtrain_torch.compilation.module import AcceleratedForward
 
 __all__ = ["RungEngine", "TorchEngine", "TorchScriptEngine"]
 

@@ -6,7 +6,7 @@ measurement (docs/batching.md). It is a pytree whose leaves are the stacked para
 state, so ``jit``, ``grad`` and optax apply to it as they do to a `JaxModule`. It holds the
 neutral skeleton (settings, member checks, decisions, explain) as a `MemberBatch` in its
 static aux data and supplies its JAX hooks (`_Members`); the strategies and the probe are
-in `batching_run`.
+in `batching.run`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from dualtrain.batching import dispatch, isolation, members
 from dualtrain.batching.skeleton import ANY, BatchSettings, Framework, MemberBatch
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
-from dualtrain_jax import batching_probe, batching_run
-from dualtrain_jax.batching_loss import batch_loss, batch_topk
-from dualtrain_jax.batching_members import (
+from dualtrain_jax.batching import probe as batching_probe, run as batching_run
+from dualtrain_jax.batching.loss import batch_loss, batch_topk
+from dualtrain_jax.batching.members import (
     Spec,
     craft_member,
     craft_values,
@@ -39,7 +39,7 @@ from dualtrain_jax.batching_members import (
     row,
     row_shapes,
 )
-from dualtrain_jax.compile_cache import use_disk_cache
+from dualtrain_jax.compilation.cache import use_disk_cache
 from dualtrain_jax.craft import JaxModule
 
 __all__ = ["BatchModule", "batch_loss", "batch_topk"]

@@ -1,7 +1,7 @@
 """The JAX rungs as ladder trials: EAGER (op-by-op), JIT and JIT_DONATE.
 
 How calls are told apart and what a trial hands the ladder:
-`dualtrain_jax.compilation_probe`. The trials follow the core's
+`dualtrain_jax.compilation.probe`. The trials follow the core's
 `dualtrain.accelerate.ladder.Trial` protocol and leave no trace: JAX arrays are immutable,
 and the only thing a trial could destroy, a donated buffer, is always a copy during trials.
 
@@ -34,9 +34,9 @@ except ImportError:  # pragma: no cover - a JAX without it: tracer arguments sti
 
 from dualtrain.accelerate.dispatch import Decider
 from dualtrain.accelerate.ladder import UnavailableError
-from dualtrain_jax.compilation_keys import Layout
-from dualtrain_jax.compilation_probe import copy_tree, elements, host, projection, shapes
-from dualtrain_jax.compile_cache import every_program_kept
+from dualtrain_jax.compilation.cache import every_program_kept
+from dualtrain_jax.compilation.keys import Layout
+from dualtrain_jax.compilation.probe import copy_tree, elements, host, projection, shapes
 from dualtrain_jax.craft import JaxModule
 
 __all__ = [

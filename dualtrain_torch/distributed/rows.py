@@ -1,6 +1,6 @@
 """The rows of a torch batch in a data-parallel step: which count, and the loss they carry.
 
-The JAX adapter's ``distributed_rows`` has the same role for its learner.
+The JAX adapter's ``distributed.rows`` has the same role for its learner.
 """
 
 from __future__ import annotations

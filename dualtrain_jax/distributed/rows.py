@@ -1,6 +1,6 @@
 """The rows of a JAX batch in a data-parallel step: placed over the mesh, or split for pmap.
 
-The torch adapter's ``distributed_rows`` has the same role for its learner.
+The torch adapter's ``distributed.rows`` has the same role for its learner.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ PYTORCH is the module's own forward; TORCH_COMPILE and CUDA_GRAPHS compile it wi
 ONNXRUNTIME exports the eval-mode forward to an ONNX Runtime session (ORTModule in training,
 when onnxruntime-training is installed); RAMMER, TORCHSCRIPT and COMPILED_STEP (a step, not
 a forward: `TrainingLearner`) are reported unavailable. What a trial returns and how it
-stays free of side effects: `dualtrain_torch.compilation_probe`.
+stays free of side effects: `dualtrain_torch.compilation.probe`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from dualtrain.accelerate.ladder import UnavailableError
-from dualtrain_torch.compilation_keys import mixed_modes, trains
-from dualtrain_torch.compilation_probe import (
+from dualtrain_torch.compilation.keys import mixed_modes, trains
+from dualtrain_torch.compilation.probe import (
     Frozen,
     Snapshot,
     fresh_inputs,

@@ -33,9 +33,10 @@ from dualtrain.accelerate.report import CHOSEN, Explanation
 from dualtrain.accelerate.rungs import DEFAULTS, parse_backends
 from dualtrain.craft import Craft
 from dualtrain.errors import bad_argument
-from dualtrain_jax.compilation_keys import Layout, call_key, platform_parts
-from dualtrain_jax.compilation_module import AcceleratedModule, _ModuleAccelerator
-from dualtrain_jax.compilation_rungs import (
+from dualtrain_jax.compilation.cache import use_disk_cache
+from dualtrain_jax.compilation.keys import Layout, call_key, platform_parts
+from dualtrain_jax.compilation.module import AcceleratedModule, _ModuleAccelerator
+from dualtrain_jax.compilation.rungs import (
     JIT_DONATE,
     LAYOUTS_KEPT,
     FunctionTrial,
@@ -48,7 +49,6 @@ from dualtrain_jax.compilation_rungs import (
     lane_ready,
     recover,
 )
-from dualtrain_jax.compile_cache import use_disk_cache
 from dualtrain_jax.craft import JaxModule
 from dualtrain_jax.sparse_backprop import approximations, patch_dense
 

@@ -3,7 +3,7 @@
 `BatchModule` stacks the members' parameters into ``[batch, ...]`` leaf parameters and runs
 one template module over them with ``torch.func`` (docs/batching.md). It holds the neutral
 skeleton (settings, member checks, decisions, explain) as a `MemberBatch` and supplies its
-torch hooks (`_Members`); the execution strategies and the probe are in `batching_run`.
+torch hooks (`_Members`); the execution strategies and the probe are in `batching.run`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
 from dualtrain.batching.skeleton import BatchSettings, Framework, MemberBatch
 from dualtrain.errors import ArgumentError, bad_argument
-from dualtrain_torch import batching_probe, batching_run
-from dualtrain_torch.batching_loss import batch_loss, batch_topk
-from dualtrain_torch.batching_members import (
+from dualtrain_torch.batching import probe as batching_probe, run as batching_run
+from dualtrain_torch.batching.loss import batch_loss, batch_topk
+from dualtrain_torch.batching.members import (
     Stack,
     copy_module,
     draw_members,

@@ -4,7 +4,7 @@
 (``jax.distributed.initialize``; on the CPU its collectives are gloo's) and builds a one-axis
 mesh ``("data",)`` over the devices every process drives. The `JaxRuntime` it returns
 replicates models over the mesh (``NamedSharding(mesh, P())``), shards batches over its
-axis (``P("data")``) and makes data-parallel learners (`dualtrain_jax.distributed_learner`):
+axis (``P("data")``) and makes data-parallel learners (`dualtrain_jax.distributed.learner`):
 XLA inserts the gradient all-reduce into a sharded ``jit`` step, or ``jax.pmap`` runs the same
 step with ``lax.psum``. The torch adapter's ``distributed`` module has the same names.
 """
@@ -26,9 +26,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import World
-from dualtrain_jax.distributed_learner import DataParallelLearner
-from dualtrain_jax.distributed_reduce import local_value, reduce_value
-from dualtrain_jax.distributed_rows import AXIS
+from dualtrain_jax.distributed.learner import DataParallelLearner
+from dualtrain_jax.distributed.reduce import local_value, reduce_value
+from dualtrain_jax.distributed.rows import AXIS
 
 __all__ = ["JaxRuntime", "join"]
 

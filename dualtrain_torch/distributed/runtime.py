@@ -28,9 +28,9 @@ from torch.nn.parallel import DistributedDataParallel
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import World
 from dualtrain.validate import check_seed
-from dualtrain_torch.distributed_exit import handed, release
-from dualtrain_torch.distributed_learner import DistributedLearner, carries_rows
-from dualtrain_torch.distributed_reduce import reduce_value
+from dualtrain_torch.distributed.exit import handed, release
+from dualtrain_torch.distributed.learner import DistributedLearner, carries_rows
+from dualtrain_torch.distributed.reduce import reduce_value
 
 __all__ = ["SoloModule", "SyncedModule", "TorchRuntime", "join"]
 

@@ -27,8 +27,8 @@ from dualtrain_jax.compilation import (
     AcceleratedModule,
     accelerate,
 )
-from dualtrain_jax.compilation_keys import module_parts
-from dualtrain_jax.compilation_probe import copy_tree
+from dualtrain_jax.compilation.keys import module_parts
+from dualtrain_jax.compilation.probe import copy_tree
 from dualtrain_jax.craft import JaxModule
 
 __all__ = ["TrainingLearner", "cross_entropy"]

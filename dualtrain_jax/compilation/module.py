@@ -18,15 +18,15 @@ from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
 from dualtrain.accelerate.rungs import DEFAULTS
 from dualtrain.craft import Craft
-from dualtrain_jax.compilation_keys import Layout, call_key, module_parts
-from dualtrain_jax.compilation_rungs import (
+from dualtrain_jax.compilation.cache import use_disk_cache
+from dualtrain_jax.compilation.keys import Layout, call_key, module_parts
+from dualtrain_jax.compilation.rungs import (
     LAYOUTS_KEPT,
     ModuleTrial,
     eager_apply,
     jit_disabled,
     recover,
 )
-from dualtrain_jax.compile_cache import use_disk_cache
 from dualtrain_jax.craft import JaxModule
 
 __all__ = ["AcceleratedModule"]

@@ -22,7 +22,7 @@ import optax
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_jax.craft import JaxModule
-from dualtrain_jax.distributed_rows import (
+from dualtrain_jax.distributed.rows import (
     AXIS,
     PmapLayout,
     batch_rows,

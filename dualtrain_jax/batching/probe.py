@@ -3,7 +3,7 @@
 `inspect` traces (never compiles) one member's forward and backward, and the vmapped
 members': which primitives run (only JAX's own cannot mix members), and which convs vmap
 turns into grouped convs (slow on XLA:CPU). `probe` runs the members when a primitive
-could mix them. Split from `batching_run` (the strategies); the neutral verdict is in
+could mix them. Split from `batching.run` (the strategies); the neutral verdict is in
 `dualtrain.batching.isolation`.
 """
 
@@ -21,7 +21,7 @@ import numpy as np
 from jax.extend import core as jax_core
 
 from dualtrain.batching import isolation
-from dualtrain_jax.batching_run import (
+from dualtrain_jax.batching.run import (
     Member,
     _is_array,
     _row,

@@ -1,6 +1,6 @@
 """JAX's `reduce`: each process's leaves gathered exactly (as bytes) and combined on the host.
 
-The torch adapter's ``distributed_reduce`` has the same role. The layout travels with the
+The torch adapter's ``distributed.reduce`` has the same role. The layout travels with the
 values, so processes holding different structures fail together instead of hanging.
 """
 

@@ -19,7 +19,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.utils import _pytree as pytree
 
-from dualtrain_torch import batching_optim, batching_stacked
+from dualtrain_torch.batching import optim as batching_optim, stacked as batching_stacked
 
 __all__ = [
     "match_gradient_layout",

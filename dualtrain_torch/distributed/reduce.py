@@ -1,6 +1,6 @@
 """torch's `reduce`: a structure's leaves onto the wire, one all-reduce a dtype, and back.
 
-The JAX adapter's ``distributed_reduce`` has the same role. Every leaf is copied (the caller's
+The JAX adapter's ``distributed.reduce`` has the same role. Every leaf is copied (the caller's
 value is never changed); layouts are compared across processes before any value moves.
 """
 
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from dualtrain.errors import ArgumentError, bad_argument
-from dualtrain_torch.distributed_exit import handed
+from dualtrain_torch.distributed.exit import handed
 
 if TYPE_CHECKING:
     from dualtrain_torch.distributed import TorchRuntime

@@ -22,9 +22,9 @@ from torch import nn
 from dualtrain.accelerate.dispatch import Decider, Probation
 from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
-from dualtrain_torch.compilation_keys import autocast, foreign, modes, signature, structure, trains
-from dualtrain_torch.compilation_probe import Snapshot
-from dualtrain_torch.compilation_rungs import rung_trials
+from dualtrain_torch.compilation.keys import autocast, foreign, modes, signature, structure, trains
+from dualtrain_torch.compilation.probe import Snapshot
+from dualtrain_torch.compilation.rungs import rung_trials
 
 __all__ = ["AcceleratedForward"]
 

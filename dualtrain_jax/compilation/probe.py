@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dualtrain_jax.compilation_keys import NUMBERS, eps
+from dualtrain_jax.compilation.keys import NUMBERS, eps
 
 __all__ = ["copy_tree", "elements", "host", "projection", "shapes"]
 

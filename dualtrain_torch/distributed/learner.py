@@ -23,8 +23,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel
 
 from dualtrain.errors import bad_argument
-from dualtrain_torch.distributed_exit import handed
-from dualtrain_torch.distributed_rows import count_rows, local_loss, to_device
+from dualtrain_torch.distributed.exit import handed
+from dualtrain_torch.distributed.rows import count_rows, local_loss, to_device
 
 if TYPE_CHECKING:
     from dualtrain_torch.distributed import TorchRuntime

@@ -24,10 +24,10 @@ from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
 from dualtrain.errors import bad_argument
 from dualtrain_torch.compilation import accelerate
-from dualtrain_torch.compilation_keys import code, modes, signature, structure
-from dualtrain_torch.compilation_module import AcceleratedForward
-from dualtrain_torch.compilation_probe import Snapshot, host
-from dualtrain_torch.compilation_rungs import compile_apart
+from dualtrain_torch.compilation.keys import code, modes, signature, structure
+from dualtrain_torch.compilation.module import AcceleratedForward
+from dualtrain_torch.compilation.probe import Snapshot, host
+from dualtrain_torch.compilation.rungs import compile_apart
 
 __all__ = ["TrainingLearner"]
 

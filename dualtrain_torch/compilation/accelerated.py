@@ -22,7 +22,7 @@ from dualtrain.accelerate.options import LadderOptions
 from dualtrain.accelerate.report import Explanation
 from dualtrain.accelerate.topk import resolve_k
 from dualtrain.errors import ArgumentError, bad_argument
-from dualtrain_torch.compilation_module import AcceleratedForward
+from dualtrain_torch.compilation.module import AcceleratedForward
 
 __all__ = ["AcceleratedForward", "accelerate", "accelerate_model", "explain", "patch_torch_module"]
 

@@ -1,6 +1,6 @@
 """The isolation probe under torch: does perturbing one member move another?
 
-Split from `batching_run` (the strategies); the neutral verdict is in
+Split from `batching.run` (the strategies); the neutral verdict is in
 `dualtrain.batching.isolation`.
 """
 
@@ -15,7 +15,7 @@ from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from dualtrain.batching import isolation
-from dualtrain_torch.batching_run import (
+from dualtrain_torch.batching.run import (
     Tensors,
     _fixed_rng,
     _float_leaves,
