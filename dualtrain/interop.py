@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +34,18 @@ from typing import Any
 import numpy as np
 
 from dualtrain import backends
-from dualtrain.dlpack_inputs import _NOT_FOREIGN, _foreign_kind, _ForeignInputs, _refusal
+from dualtrain.dlpack_inputs import (
+    CAPSULE,
+    CARRIES,
+    HOST_DEVICES,
+    NOT_FOREIGN,
+    Capsule,
+    Producer,
+    foreign_kind,
+    numpy_import,
+    refusal,
+    writable,
+)
 from dualtrain.errors import ArgumentError, DtypeError, PrecisionWarning, bad_argument
 from dualtrain.layout import (
     CARRIED,
@@ -151,7 +163,7 @@ def convert(
     return map_with_path(plan.leaf, tree)
 
 
-class _Plan(_ForeignInputs):
+class _Plan:
     """How one `convert` call treats each leaf; its `leaf` method is the hot path."""
 
     __slots__ = ("copy", "device", "dst", "fast", "narrow", "special")
@@ -174,8 +186,8 @@ class _Plan(_ForeignInputs):
     def leaf(self, path: Path, x: Any) -> Any:
         src = backends.of_type(type(x))
         if src is None:
-            kind = _foreign_kind(type(x))
-            if kind == _NOT_FOREIGN:
+            kind = foreign_kind(type(x))
+            if kind == NOT_FOREIGN:
                 return x
             return self.leaf(path, self._import_foreign(path, x, kind))
         dst = self.dst
@@ -205,7 +217,7 @@ class _Plan(_ForeignInputs):
             what = src.unsupported(x)
             if what is None:
                 raise
-            raise _refusal(path, what, self.dst.name) from err
+            raise refusal(path, what, self.dst.name) from err
         dst = self.dst
         flags, dtype = a.flags, a.dtype
         readonly = src.immutable or not flags.writeable
@@ -268,7 +280,7 @@ class _Plan(_ForeignInputs):
         """A byte-swapped array in native byte order (one counted copy); other dtypes refused."""
         native = a.dtype.newbyteorder("=")
         if native not in CARRIED or native == a.dtype:
-            raise _refusal(path, src.unsupported(x) or describe_dtype(a.dtype), self.dst.name)
+            raise refusal(path, src.unsupported(x) or describe_dtype(a.dtype), self.dst.name)
         # No framework but NumPy holds a foreign byte order; the values survive a swap.
         self._allow_copy(path, f"its byte order is not native ({a.dtype.str!r})")
         fresh = aligned_empty(a.shape, native)
@@ -296,7 +308,7 @@ class _Plan(_ForeignInputs):
         dst, where = self.dst, src.device_of(x)
         what = src.unsupported(x)
         if what is not None:
-            raise _refusal(path, what, dst.name)
+            raise refusal(path, what, dst.name)
         view = src.lazy_view(x)
         if view is not None:  # resolving it writes new memory
             self._allow_copy(path, view)
@@ -395,6 +407,66 @@ class _Plan(_ForeignInputs):
                 f"would not export it ({err})"
             ) from err
         record_copy(_nbytes(y))
+        return y
+
+    # foreign producers and raw DLPack capsules (`dualtrain.dlpack_inputs`)
+    def _import_foreign(self, path: Path, x: Any, kind: int) -> Any:
+        """`x` imported without a copy into NumPy (host) or `to` (device), to go on from there.
+
+        Copies happen only where the producer refuses to share (counted, refused under
+        ``copy=False``); a device array bound for NumPy is imported by a framework in use and
+        gathered from there, like that framework's own arrays.
+        """
+        x = Capsule(path, x) if kind == CAPSULE else Producer(x)
+        try:
+            device = tuple(x.__dlpack_device__())
+        except Exception as err:  # a producer's own failure, whatever its type
+            raise ArgumentError(
+                f"{format_path(path)} has __dlpack__ but its __dlpack_device__() failed: {err!r}"
+            ) from err
+        if device[0] in HOST_DEVICES:
+            try:
+                a = self._take(path, x, numpy_import)
+            except (RuntimeError, ValueError) as err:  # a dtype NumPy cannot import (bfloat16)
+                return self._via_framework(path, x, f"NumPy cannot import it ({err})")
+            # An unversioned capsule has no read-only flag, so NumPy marks its array read-only.
+            # The DLPack spec forbids exporting read-only memory that way: it is writable,
+            # as torch.from_dlpack takes it.
+            return writable(a) if x.legacy and not a.flags.writeable else a
+        if self.dst.name == "numpy":  # through a framework, whose gather to host is counted
+            where = f"it lives on DLPack device {device}"
+            return self._via_framework(path, x, where, BufferError)
+        return self._checked(path, self.dst, self._take(path, x, self.dst.from_dlpack))
+
+    def _via_framework(
+        self, path: Path, x: Any, why: str, error: type[Exception] = DtypeError
+    ) -> Any:
+        """A producer NumPy cannot take (bfloat16, float8, device memory), via a framework in use.
+
+        JAX goes first where it is loaded: torch.from_dlpack aborts the process on negative
+        strides, while JAX refuses them with an error.
+        """
+        names = ["jax", "torch"] if self.dst.name == "numpy" else [self.dst.name, "jax", "torch"]
+        for name in dict.fromkeys(names):
+            if name != self.dst.name and sys.modules.get(name) is None:
+                continue
+            backend = backends.load(name)
+            try:
+                y = self._take(path, x, backend.from_dlpack)
+            except BufferError:
+                raise
+            except Exception:  # each framework refuses in its own way; the next may take it
+                continue
+            return self._checked(path, backend, y)
+        raise error(
+            f"{format_path(path)} is a DLPack export that no framework in use could import "
+            f"({why}); {CARRIES}"
+        )
+
+    def _checked(self, path: Path, backend: Any, y: Any) -> Any:
+        what = backend.unsupported(y)
+        if what is not None:
+            raise refusal(path, f"a DLPack export that arrives as {what}", self.dst.name)
         return y
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from dualtrain.errors import PackError, bad_argument
 from dualtrain.fuel.columns import ColumnType
-from dualtrain.fuel.packcheck import _check_set, _layout
+from dualtrain.fuel.packcheck import check_set, layout
 from dualtrain.fuel.packfile import PackFile
 
 __all__ = ["Column", "Pack"]
@@ -53,7 +53,7 @@ class Pack:
         if not paths:
             raise bad_argument("data_path", data_path, "a pack file or a non-empty list")
         self._files = [PackFile(os.fspath(p)) for p in paths]
-        _check_set(self._files)
+        check_set(self._files)
         first = self._files[0].meta
         # JSON sorts the column dict; "keys" keeps the CSV order.
         self.columns: dict[str, dict[str, Any]] = {k: first["columns"][k] for k in first["keys"]}
@@ -145,9 +145,9 @@ class Pack:
             if not self._closed:
                 return
             files = [PackFile(f.path) for f in self._files]
-            _check_set(files)
+            check_set(files)
             for old, new in zip(self._files, files, strict=True):
-                was, now = _layout(old.meta), _layout(new.meta)
+                was, now = layout(old.meta), layout(new.meta)
                 if was != now:
                     diffs = ", ".join(
                         f"{k} {was[k]!r} -> {now[k]!r}" for k in was if was[k] != now[k]

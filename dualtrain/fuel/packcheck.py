@@ -21,13 +21,13 @@ _Datasets = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
 class _Shard(Protocol):
-    """A pack file as `_check_set` sees it: its path and metadata."""
+    """A pack file as `check_set` sees it: its path and metadata."""
 
     path: str
     meta: dict[str, Any]
 
 
-def _check_datasets(path: str, meta: dict[str, Any], datasets: _Datasets) -> None:
+def check_datasets(path: str, meta: dict[str, Any], datasets: _Datasets) -> None:
     """Every dataset the metadata names exists with the shape and dtype it implies."""
     count = meta["count"]
     for key, entry in meta["columns"].items():
@@ -67,7 +67,7 @@ def _expect(
         )
 
 
-def _check_offsets(
+def check_offsets(
     path: str, datasets: _Datasets, name: str, offsets: np.ndarray,
     checksums: Mapping[str, int] | None = None,
 ) -> None:  # fmt: skip
@@ -98,13 +98,13 @@ def _check_offsets(
         )
 
 
-def _layout(meta: dict[str, Any]) -> dict[str, Any]:
+def layout(meta: dict[str, Any]) -> dict[str, Any]:
     """What a reader relies on: a file replaced by one with the same layout reads on."""
     keys = ("count", "keys", "columns", "image", "exif", "shard", "shards")
     return {k: meta.get(k) for k in keys}
 
 
-def _check_set(files: Sequence[_Shard]) -> None:
+def check_set(files: Sequence[_Shard]) -> None:
     """Raises PackError unless the files are one pack.
 
     One pack: the same columns and, when the files carry a run id, every shard of one

@@ -20,7 +20,7 @@ import numpy as np
 
 from dualtrain.errors import PackError, bad_argument
 from dualtrain.fuel.layout import META_KEY, format_of, meta_from_json
-from dualtrain.fuel.packcheck import _check_datasets, _check_offsets
+from dualtrain.fuel.packcheck import check_datasets, check_offsets
 
 __all__ = ["PackFile"]
 
@@ -50,7 +50,7 @@ class PackFile:
         self.identity = _identity(os.stat(self.path))
         self.meta, self.datasets = self._read_meta()
         self.check()  # the file did not change while its metadata was read
-        _check_datasets(self.path, self.meta, self.datasets)
+        check_datasets(self.path, self.meta, self.datasets)
 
     def _read_meta(self) -> tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], np.dtype]]]:
         """The metadata and each dataset's (shape, dtype), without reading any data."""
@@ -118,7 +118,7 @@ class PackFile:
                 if arr is None:
                     arr = np.asarray(self._open()[name][()])
                     if name.endswith((".offsets", ".frames")):
-                        _check_offsets(
+                        check_offsets(
                             self.path, self.datasets, name, arr, self.meta.get("checksums")
                         )
                     self._cache[name] = arr
