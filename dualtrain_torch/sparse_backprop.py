@@ -41,7 +41,7 @@ def keep_topk(grad: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(grad).scatter_(-1, index, grad.gather(-1, index))
 
 
-class _TopKLinearFunction(torch.autograd.Function):
+class TopKLinearFunction(torch.autograd.Function):
     """``F.linear`` forward; backward through the top-k of the output gradient."""
 
     @staticmethod
@@ -86,7 +86,7 @@ def topk_linear(
     k = resolve_k(weight.shape[0], k=k)
     if k >= weight.shape[0]:
         return F.linear(x, weight, bias)
-    out: torch.Tensor = _TopKLinearFunction.apply(x, weight, bias, k)
+    out: torch.Tensor = TopKLinearFunction.apply(x, weight, bias, k)
     return out
 
 
@@ -105,7 +105,7 @@ class TopKLinear(nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.topk_k >= self.out_features:
             return F.linear(input, self.weight, self.bias)
-        out: torch.Tensor = _TopKLinearFunction.apply(input, self.weight, self.bias, self.topk_k)
+        out: torch.Tensor = TopKLinearFunction.apply(input, self.weight, self.bias, self.topk_k)
         return out
 
     def extra_repr(self) -> str:

@@ -19,7 +19,7 @@ from dualtrain.accelerate.topk import DEFAULT_RATIO, resolve_k
 from dualtrain.errors import bad_argument
 from dualtrain_torch.sparse_backprop import (
     TopKLinear,
-    _TopKLinearFunction,
+    TopKLinearFunction,
     patch_linears,
     topk_linear,
 )
@@ -44,7 +44,7 @@ def me_prop_linear(
     return topk_linear(input, weight, bias, k)
 
 
-class MePropLinearFunction(_TopKLinearFunction):
+class MePropLinearFunction(TopKLinearFunction):
     """nebulgym's autograd function: ``MePropLinearFunction.apply(input, weight, bias, k)``."""
 
     @classmethod
