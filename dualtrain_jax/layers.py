@@ -9,7 +9,6 @@ contractions take as they are (``(out, in)`` Dense weights, ``OIHW`` kernels, ``
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from jax import lax
 
 from dualtrain.craft import dock
 from dualtrain.craft.padding import resolve_padding
+from dualtrain.craft.reference import ARRAY_METHOD_LAYERS
 
 __all__ = ["LAYERS", "OPS"]
 
@@ -164,13 +164,8 @@ _TABLE: dict[type, Callable[..., Any]] = {
     dock.ConvTranspose: _conv_transpose,
     dock.MaxPool: _max_pool,
     dock.AvgPool: _avg_pool,
-    dock.GlobalAvgPool: lambda spec, p, x: x.mean(axis=tuple(range(2, x.ndim))),
-    dock.GlobalMaxPool: lambda spec, p, x: x.max(axis=tuple(range(2, x.ndim))),
+    **ARRAY_METHOD_LAYERS,
     dock.Reshape: _reshape,
-    # the size spelled out: reshape(..., -1) cannot infer it when another axis is empty
-    dock.Flatten: lambda spec, p, x: x.reshape(
-        *x.shape[: spec.start], math.prod(x.shape[spec.start :])
-    ),
     dock.BatchNorm: _batch_norm,
     dock.LayerNorm: _layer_norm,
     dock.Dropout: _dropout,

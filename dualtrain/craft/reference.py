@@ -207,19 +207,25 @@ def _reshape(layer: dock.Reshape, p: Any, x: np.ndarray, shape: Any = None) -> n
     return x.reshape(shape if shape is not None else layer.shape)
 
 
+# Layers written with array methods only (mean, max, reshape): any array library's arrays run
+# them as they are, so the JAX adapter's table takes these entries too.
+ARRAY_METHOD_LAYERS: dict[type, Any] = {
+    dock.GlobalAvgPool: lambda layer, p, x: x.mean(axis=tuple(range(2, x.ndim))),
+    dock.GlobalMaxPool: lambda layer, p, x: x.max(axis=tuple(range(2, x.ndim))),
+    # the size spelled out: reshape(..., -1) cannot infer it when another axis is empty
+    dock.Flatten: lambda layer, p, x: x.reshape(
+        *x.shape[: layer.start], math.prod(x.shape[layer.start :])
+    ),
+}
+
 LAYERS: dict[type, Any] = {
     dock.Dense: _dense,
     dock.Conv: _conv,
     dock.ConvTranspose: _conv_transpose,
     dock.MaxPool: _max_pool,
     dock.AvgPool: _avg_pool,
-    dock.GlobalAvgPool: lambda layer, p, x: x.mean(axis=tuple(range(2, x.ndim))),
-    dock.GlobalMaxPool: lambda layer, p, x: x.max(axis=tuple(range(2, x.ndim))),
+    **ARRAY_METHOD_LAYERS,
     dock.Reshape: _reshape,
-    # the size spelled out: reshape(..., -1) cannot infer it when another axis is empty
-    dock.Flatten: lambda layer, p, x: x.reshape(
-        *x.shape[: layer.start], math.prod(x.shape[layer.start :])
-    ),
     dock.BatchNorm: _batch_norm,
     dock.LayerNorm: _layer_norm,
     dock.Dropout: _dropout,
