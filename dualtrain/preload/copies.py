@@ -17,7 +17,7 @@ from dualtrain.preload.kinds import (
     rebuild as _rebuild,
     safe_deepcopy as _deepcopy,
 )
-from dualtrain.preload.sizes import _copy_tensor
+from dualtrain.preload.sizes import copy_tensor
 
 __all__ = ["fresh", "map_leaves"]
 
@@ -49,7 +49,7 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
             for index, x in np.ndenumerate(obj):
                 out[index] = _fresh(x, memo)
     elif _is_tensor(obj):
-        out = _copy_tensor(obj)
+        out = copy_tensor(obj)
     elif _is_jax(obj):
         # Immutable, but `jax.jit(..., donate_argnums=...)` deletes a donated buffer: the
         # cache must keep its own. `copy()` is a new buffer of the same sharding.

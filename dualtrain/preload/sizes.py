@@ -51,7 +51,7 @@ from dualtrain.preload.kinds import (
     safe_deepcopy as _deepcopy,
 )
 
-__all__ = ["checked_size", "nbytes", "own"]
+__all__ = ["checked_size", "copy_tensor", "nbytes", "own"]
 
 # Pillow stores 1 byte per pixel for these modes, 2 for the 16-bit ones, 4 for the rest
 # (RGB included: Pillow pads it to 4 bytes a pixel).
@@ -105,7 +105,7 @@ def _own(obj: Any, memo: dict[int, Any]) -> Any:
             # capsule, a mapped file): it keeps alive more than its nbytes say.
             used = obj.nelement() * obj.element_size()
             if not storage.resizable() or used < _VIEW_SHARE * storage.nbytes():
-                out = _copy_tensor(obj)
+                out = copy_tensor(obj)
     elif _is_image(obj):
         obj.load()
     elif isinstance(obj, (list, tuple, dict, set, frozenset)):
@@ -128,7 +128,7 @@ def _pins(a: np.ndarray | np.void) -> bool:
     return a.nbytes < _VIEW_SHARE * root.nbytes
 
 
-def _copy_tensor(t: Any) -> Any:
+def copy_tensor(t: Any) -> Any:
     """A compact copy of tensor `t` of its own type, in memory of its own, gradients kept."""
     if not _is_plain(t, "torch", "Tensor"):
         # A subclass torch's ops do not keep (Parameter): its own deepcopy keeps the type.
