@@ -22,7 +22,7 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.errors import bad_argument
 from dualtrain.preload.cache import PreloadCache
-from dualtrain.preload.samplers import PlannedSampler, _Order
+from dualtrain.preload.samplers import EpochOrder, PlannedSampler
 from dualtrain.validate import check_seed
 
 __all__ = ["NebulDataset", "PlannedSampler", "Preloader", "index_key", "pinning"]
@@ -319,7 +319,7 @@ class Preloader:
         if sampler is not None and shuffle:
             raise bad_argument("shuffle", shuffle, "False when a sampler is given")
         if sampler is None:
-            sampler = _Order(len(self), bool(shuffle), check_seed("seed", seed))
+            sampler = EpochOrder(len(self), bool(shuffle), check_seed("seed", seed))
         elif not isinstance(sampler, Iterable):
             raise bad_argument("sampler", sampler, "an iterable of indices (a sampler)")
         return PlannedSampler(self, sampler)
