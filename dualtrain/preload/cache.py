@@ -47,7 +47,7 @@ from dualtrain.preload import forks, shared
 from dualtrain.preload.budget import LocalLedger, check_budget
 from dualtrain.preload.copies import fresh
 from dualtrain.preload.loader import Loader
-from dualtrain.preload.window import Entry, Window
+from dualtrain.preload.window import Window
 
 __all__ = ["PreloadCache", "check_count"]
 
@@ -437,7 +437,7 @@ class PreloadCache:
         self._store.record(self._counts)
         return item
 
-    # -- counters, and what the tests look into (each part's own) ------------------------
+    # -- counters -------------------------------------------------------------------------
 
     @property
     def _counts(self) -> collections.Counter[str]:
@@ -445,22 +445,9 @@ class PreloadCache:
         parts = (self._served, self.window.counts, self.loader.counts)
         return collections.Counter({k: sum(p[k] for p in parts) for k in COUNTS})
 
-    @property
-    def _items(self) -> dict[Hashable, Entry]:
-        return self.window.items
-
-    @property
-    def _ledger(self) -> LocalLedger | shared.SharedStore:
-        return self.window.ledger
-
-    @property
-    def _loading(self) -> dict[Hashable, Future[tuple[Any, bool]]]:
-        return self.loader.loading
-
-    @property
-    def _waiting(self) -> collections.Counter[Hashable]:
-        return self.loader.waiting
-
-    @property
-    def _reserved(self) -> int:
-        return self.loader.reserved
+    # What the tests look into, each owned by a part.
+    _items = property(lambda self: self.window.items)
+    _ledger = property(lambda self: self.window.ledger)
+    _loading = property(lambda self: self.loader.loading)
+    _waiting = property(lambda self: self.loader.waiting)
+    _reserved = property(lambda self: self.loader.reserved)

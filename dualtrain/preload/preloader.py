@@ -29,6 +29,8 @@ __all__ = ["NebulDataset", "PlannedSampler", "Preloader", "index_key", "pinning"
 
 # The key of an index the cache cannot hold (a slice, a list): served by the source directly.
 _UNCACHED = object()
+# The Preloader's own attributes, never looked up on the source (unset while unpickling).
+_OWN = ("source", "_source", "cache", "_settings", "_plan", "_replan")
 
 
 def index_key(index: Any, length: int) -> Any:
@@ -338,14 +340,7 @@ class Preloader:
 
     def __getattr__(self, name: str) -> Any:
         # The source's own methods and attributes stay reachable (nebulgym lost them).
-        if name.startswith("__") or name in (
-            "source",
-            "_source",
-            "cache",
-            "_settings",
-            "_plan",
-            "_replan",
-        ):
+        if name.startswith("__") or name in _OWN:
             raise AttributeError(name)
         return getattr(self._source, name)
 
