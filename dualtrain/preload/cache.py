@@ -239,7 +239,7 @@ class PreloadCache:
                     continue
                 if self._store is not None and self._store.has(key):
                     continue
-                mine[key] = self.loader.claim(key)
+                mine[key] = self.loader.join(key)[0]  # a new load: none is under way
             pool = self.loader.executor()
         for key, started in mine.items():
             try:

@@ -51,15 +51,15 @@ class Loader:
     ) -> None:
         self.load, self.threads, self.sizeof, self.pin = load, threads, sizeof, pin
         self.cond, self.window, self.store = cond, window, store
-        self.pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self.loading: dict[Hashable, Future[tuple[Any, bool]]] = {}
         self.waiting: collections.Counter[Hashable] = collections.Counter()  # on a key's load
         self.reserved = 0  # bytes set aside for items being loaded ahead
-        self.dropped: set[Hashable] = set()  # loaded ahead without room: not again till asked
-        self.scan = 0  # plan position before which every key was seen to by `pump`
-        self.paused = 0  # forks under way: no source call starts while one is
-        self.active: collections.Counter[int] = collections.Counter()  # threads in `load`
-        self.workers_checked, self.workers_seen = 0.0, False
+        self._dropped: set[Hashable] = set()  # loaded ahead without room: not again till asked
+        self._scan = 0  # plan position before which every key was seen to by `pump`
+        self._paused = 0  # forks under way: no source call starts while one is
+        self._active: collections.Counter[int] = collections.Counter()  # threads in `load`
+        self._workers_checked, self._workers_seen = 0.0, False
         self.counts: collections.Counter[str] = collections.Counter()  # loads, dropped
 
     # -- forks ------------------------------------------------------------------------------
@@ -67,14 +67,14 @@ class Loader:
     def pause(self) -> None:
         """Before a fork: no source call starts, and those running end (or time runs out)."""
         with self.cond:
-            self.paused += 1
+            self._paused += 1
             self.cond.wait_for(
-                lambda: not (self.active.keys() - forks.forking), timeout=forks.FORK_WAIT
+                lambda: not (self._active.keys() - forks.forking), timeout=forks.FORK_WAIT
             )  # fmt: skip
 
     def resume(self) -> None:
         with self.cond:
-            self.paused = max(0, self.paused - 1)
+            self._paused = max(0, self._paused - 1)
             self.cond.notify_all()
 
     # -- the source ------------------------------------------------------------------------
@@ -85,8 +85,8 @@ class Loader:
         with self.cond:
             self.counts["loads"] += 1
             # A thread that is itself forking never waits here (its own fork paused us).
-            self.cond.wait_for(lambda: not self.paused or me in forks.forking)
-            self.active[me] += 1
+            self.cond.wait_for(lambda: not self._paused or me in forks.forking)
+            self._active[me] += 1
         try:
             item = self.load(key)
         except Exception as e:
@@ -94,9 +94,9 @@ class Loader:
             raise
         finally:
             with self.cond:
-                self.active[me] -= 1
-                if not self.active[me]:
-                    del self.active[me]
+                self._active[me] -= 1
+                if not self._active[me]:
+                    del self._active[me]
                 self.cond.notify_all()
         item = own(item)
         return item if self.pin is None else self.pin(item)
@@ -108,19 +108,17 @@ class Loader:
 
     # -- the loads under way ---------------------------------------------------------------
 
-    def claim(self, key: Hashable) -> Future[tuple[Any, bool]]:
-        """(lock held) A new load of `key`, whose maker loads it; others asking wait for it."""
-        future: Future[tuple[Any, bool]] = Future()
-        self.loading[key] = future
-        return future
-
     def join(self, key: Hashable) -> tuple[Future[tuple[Any, bool]], bool]:
-        """(lock held) The load of `key` under way, waited for; else a new one (True) to make."""
+        """(lock held) The load of `key` under way, waited for; else a new one (True) to make.
+
+        The caller that makes a load sets its result; others asking meanwhile wait for it.
+        """
         future = self.loading.get(key)
-        if future is None:
-            return self.claim(key), True
-        self.waiting[key] += 1
-        return future, False
+        if future is not None:
+            self.waiting[key] += 1
+            return future, False
+        future = self.loading[key] = Future()
+        return future, True
 
     def finish(self, key: Hashable) -> int:
         """(lock held) The load of `key` is over; returns how many callers waited for it."""
@@ -135,11 +133,11 @@ class Loader:
 
     def asked(self, key: Hashable) -> None:
         """(lock held) The consumer asked for `key`: loaded ahead again if it was dropped."""
-        self.dropped.discard(key)
+        self._dropped.discard(key)
 
     def rewind(self) -> None:
         """(lock held) The next `pump` walks the window from its start."""
-        self.scan = min(self.scan, self.window.at)
+        self._scan = min(self._scan, self.window.at)
 
     def share(self, store: SharedStore) -> None:
         """(lock held) Loads ahead into the shared folder `store` from now."""
@@ -150,13 +148,13 @@ class Loader:
 
     def executor(self) -> ThreadPoolExecutor:
         """(lock held) The loader threads, started on first use."""
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="dualtrain-preload")
-        return self.pool
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="dualtrain-preload")
+        return self._pool
 
     def stop(self) -> ThreadPoolExecutor | None:
         """(lock held) The loader threads, to shut down; a later load starts new ones."""
-        pool, self.pool = self.pool, None
+        pool, self._pool = self._pool, None
         return pool
 
     def pump(self) -> None:
@@ -169,11 +167,11 @@ class Loader:
         if not self.threads or not window.plan or self._workers_use_the_folder():
             return
         end = window.end()
-        position = max(self.scan, window.at)
+        position = max(self._scan, window.at)
         room: int | None = None
         while position < end:
             key = window.key_at(position)
-            if key in window.items or key in self.loading or key in self.dropped:
+            if key in window.items or key in self.loading or key in self._dropped:
                 position += 1
                 continue
             if self.store is not None and self.store.has(key):
@@ -188,7 +186,7 @@ class Loader:
             room -= window.estimate
             self._start(key, window.estimate)
             position += 1
-        self.scan = position
+        self._scan = position
 
     def _workers_use_the_folder(self) -> bool:
         """(lock held) Whether worker processes use the shared folder (checked every 0.1 s).
@@ -200,9 +198,9 @@ class Loader:
         if self.store is None:
             return False
         now = time.monotonic()
-        if now - self.workers_checked > 0.1:
-            self.workers_checked, self.workers_seen = now, self.store.workers()
-        return self.workers_seen
+        if now - self._workers_checked > 0.1:
+            self._workers_checked, self._workers_seen = now, self.store.workers()
+        return self._workers_seen
 
     def _start(self, key: Hashable, estimate: int) -> None:
         """(lock held) Loads `key` in a thread and admits it as an item ahead."""
@@ -230,7 +228,7 @@ class Loader:
                 self.reserved -= estimate
                 # Not loaded ahead again (it would fail on every step) until the consumer's
                 # own `get` of it tries again and receives the error.
-                self.dropped.add(key)
+                self._dropped.add(key)
             raise
         stored = self.store.write(key, item) if self.store is not None else None
         with self.cond:
@@ -244,6 +242,6 @@ class Loader:
                 if not kept:
                     self.counts["dropped"] += 1
             if not kept:
-                self.dropped.add(key)
+                self._dropped.add(key)
             self.pump()
         return item, kept

@@ -44,11 +44,11 @@ class Window:
         self.shared = isinstance(ledger, SharedStore)  # items are held in the shared folder
         self.plan: list[Hashable] = []
         self.at = 0  # the plan position of the next key asked for
-        self.cyclic = False
+        self._cyclic = False
         self.items: dict[Hashable, Entry] = {}
-        self.kept: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
-        self.ahead: set[Hashable] = set()
-        self.kept_bytes = self.ahead_bytes = 0
+        self._kept: collections.OrderedDict[Hashable, None] = collections.OrderedDict()
+        self._ahead: set[Hashable] = set()
+        self._kept_bytes = self._ahead_bytes = 0
         self._sizes: collections.deque[int] = collections.deque(maxlen=16)  # recent items
         self.peak = 0
         self.counts: collections.Counter[str] = collections.Counter()  # refused and evicted
@@ -56,14 +56,14 @@ class Window:
     def expect(self, plan: list[Hashable], cyclic: bool) -> None:
         """A new plan, from its start; items loaded ahead that it does not want become evictable."""
         self.plan, self.at = plan, 0
-        self.cyclic = bool(cyclic) and bool(plan)
+        self._cyclic = bool(cyclic) and bool(plan)
         self._demote_outside(set(self.keys()))
 
     def serve(self, key: Hashable, entry: Entry) -> None:
         """The entry was served: it is kept now, the most recently used."""
         if entry.ahead:
             self._demote(key, entry)
-        self.kept.move_to_end(key)
+        self._kept.move_to_end(key)
 
     def _demote(self, key: Hashable, entry: Entry) -> None:
         """An item loaded ahead becomes a kept one (evictable outside the window).
@@ -73,15 +73,15 @@ class Window:
         `serve` then moves it to the other end.
         """
         entry.ahead = False
-        self.ahead.discard(key)
-        self.ahead_bytes -= entry.size
-        self.kept[key] = None
-        self.kept.move_to_end(key, last=False)
-        self.kept_bytes += entry.size
+        self._ahead.discard(key)
+        self._ahead_bytes -= entry.size
+        self._kept[key] = None
+        self._kept.move_to_end(key, last=False)
+        self._kept_bytes += entry.size
 
     def _demote_outside(self, window: set[Hashable]) -> None:
         """Items loaded ahead that no plan wants now become evictable."""
-        for key in [k for k in self.ahead if k not in window]:
+        for key in [k for k in self._ahead if k not in window]:
             self._demote(key, self.items[key])
 
     def key_at(self, position: int) -> Hashable:
@@ -90,7 +90,7 @@ class Window:
     def end(self) -> int:
         """The plan position just past the window."""
         n = len(self.plan)
-        if self.cyclic:
+        if self._cyclic:
             return self.at + min(self.preloaded_data, n)
         return min(self.at + self.preloaded_data, n)
 
@@ -104,7 +104,7 @@ class Window:
         n = len(self.plan)
         for offset in range(min(self.preloaded_data + 1, n)):
             position = self.at + offset
-            if not self.cyclic and position >= n:
+            if not self._cyclic and position >= n:
                 return
             if self.key_at(position) == key:
                 passed = [self.key_at(p) for p in range(self.at, position)]
@@ -148,11 +148,11 @@ class Window:
             return False
         self.items[key] = Entry(item, size, ahead)
         if ahead:
-            self.ahead.add(key)
-            self.ahead_bytes += size
+            self._ahead.add(key)
+            self._ahead_bytes += size
         else:
-            self.kept[key] = None
-            self.kept_bytes += size
+            self._kept[key] = None
+            self._kept_bytes += size
         self.peak = max(self.peak, self.ledger.used)
         return True
 
@@ -167,7 +167,7 @@ class Window:
             return
         window = set(self.keys())
         chosen, freed = [], 0
-        for key in reversed(self.kept):
+        for key in reversed(self._kept):
             if key in window:
                 continue
             chosen.append(key)
@@ -178,8 +178,8 @@ class Window:
             return
         for key in chosen:
             entry = self.items.pop(key)
-            del self.kept[key]
-            self.kept_bytes -= entry.size
+            del self._kept[key]
+            self._kept_bytes -= entry.size
             self.ledger.sub(entry.size)
             self.counts["evictions"] += 1
 
@@ -194,7 +194,7 @@ class Window:
         free = self.ledger.free() - reserved
         if self.shared:
             return free
-        evicting = min(free + self.kept_bytes, self.ledger.limit // 2 - self.ahead_bytes)
+        evicting = min(free + self._kept_bytes, self.ledger.limit // 2 - self._ahead_bytes)
         return max(free, evicting - reserved)
 
     def clear(self) -> None:
@@ -215,6 +215,6 @@ class Window:
 
     def _empty(self) -> None:
         self.items.clear()
-        self.kept.clear()
-        self.ahead.clear()
-        self.kept_bytes = self.ahead_bytes = 0
+        self._kept.clear()
+        self._ahead.clear()
+        self._kept_bytes = self._ahead_bytes = 0
