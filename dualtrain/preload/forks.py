@@ -26,13 +26,10 @@ __all__ = ["FORK_WAIT", "LIVE", "Forked", "forking"]
 
 
 class Forked(Protocol):
-    """What a fork asks of a live cache (`PreloadCache`)."""
+    """A live cache (`PreloadCache`), paused and shared before a fork, resumed after it."""
 
-    def before_fork(self) -> None:
-        """Pauses its source calls and shares its items, where this process owns them."""
-
-    def after_fork(self) -> None:
-        """In the parent: resumes its source calls."""
+    def before_fork(self) -> None: ...
+    def after_fork(self) -> None: ...
 
 
 # Every live cache, so a fork shares them first (the child then finds their folder).

@@ -16,10 +16,9 @@ __all__ = ["EpochOrder", "Planned", "PlannedSampler"]
 
 
 class Planned(Protocol):
-    """What a `PlannedSampler` tells each epoch's order to (a `Preloader`)."""
+    """What a `PlannedSampler` tells each epoch's order to: `Preloader.expect`."""
 
-    def expect(self, indices: Iterable[Any]) -> None:
-        """Says the next items asked for are `indices`, in this order."""
+    def expect(self, indices: Iterable[Any]) -> None: ...
 
 
 class EpochOrder:
