@@ -20,9 +20,11 @@ In a worker process (forked, or unpickled from a cache that was shared) the cach
 shared folder (`dualtrain.preload.shared`) against the same budget and loads nothing ahead:
 the DataLoader's or Tank's workers are the parallelism there.
 
-The class is assembled from its parts: `dualtrain.preload.state` (what it holds, the source
-calls), `.plan` (the window, admission and the loader threads), `.sharing` (the shared
-folder) and `.forks` (sharing and pausing around a fork); this module is the consumer's side.
+The cache holds its parts, each owning its state: the plan's `Window` (the held items, their
+admission and eviction, `dualtrain.preload.window`), the `Loader` (the source's calls and the
+loader threads, `dualtrain.preload.loader`) and, once shared, its folder (`SharedStore`);
+`dualtrain.preload.forks` pauses and shares it around a fork. This module is the consumer's
+side, and the processes'.
 """
 
 from __future__ import annotations
@@ -33,23 +35,40 @@ import functools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import CancelledError, Future
 from typing import Any
+
+import numpy as np
 
 from dualtrain.errors import bad_argument
 from dualtrain.preload import forks, shared
 from dualtrain.preload.budget import LocalLedger, check_budget
 from dualtrain.preload.copies import fresh
-from dualtrain.preload.plan import PlanWalk
-from dualtrain.preload.sharing import SharedFolder
-from dualtrain.preload.sizes import nbytes
-from dualtrain.preload.state import Loader, check_count
+from dualtrain.preload.loader import Loader
+from dualtrain.preload.window import Window
 
-__all__ = ["PreloadCache"]
+__all__ = ["PreloadCache", "check_count"]
+
+# The counters `stats` reports: the consumer's (hits, waits, misses, and items the shared
+# folder did not keep), the window's (refused and evicted) and the loader's (loads).
+COUNTS = (
+    "hits", "prefetch_waits", "misses", "loads", "evictions", "dropped", "not_kept",
+    "data_wait_ns",
+)  # fmt: skip
 
 
-class PreloadCache(PlanWalk, SharedFolder):
+def check_count(name: str, value: object, low: int) -> int:
+    """`value` as an int >= `low` (NumPy ints taken, bools refused), else ArgumentError."""
+    if isinstance(value, np.integer):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise bad_argument(name, value, f"an int >= {low}")
+    return value
+
+
+class PreloadCache:
     """Items of ``load(key)`` held within `max_memory_size` bytes and loaded ahead.
 
     Args:
@@ -69,7 +88,7 @@ class PreloadCache(PlanWalk, SharedFolder):
 
     def __init__(
         self,
-        load: Loader,
+        load: Callable[[Any], Any],
         *,
         max_memory_size: int | None = None,
         preloaded_data: int = 20,
@@ -93,43 +112,32 @@ class PreloadCache(PlanWalk, SharedFolder):
             raise bad_argument("sizeof", sizeof, "a callable sizeof(obj) -> int | None, or None")
         self._load, self.copy, self._sizeof, self._pin = load, copy, sizeof, pin
         self._shareable = bool(shareable)
-        self._store, self._finalizer = None, None
+        self._store: shared.SharedStore | None = None  # the shared folder, once there is one
+        self._finalizer: weakref.finalize[Any, Any] | None = None  # removes it
         self._start_runtime(worker_of=shared_path)
 
     # -- process bookkeeping ---------------------------------------------------------------
 
     def _start_runtime(self, worker_of: str | None) -> None:
-        # What each attribute holds: `CacheState`'s annotations.
+        """This process's parts (one per process): a worker's of the folder `worker_of`."""
         self._pid = os.getpid()
-        self._owner = worker_of is None
-        self._cond = threading.Condition()
-        self._items = {}
-        self._kept = collections.OrderedDict()
-        self._ahead, self._dropped = set(), set()
-        self._kept_bytes = 0
-        self._loading = {}
-        self._waiting = collections.Counter()
-        self._plan = []
-        self._at, self._cyclic = 0, False
-        self._pool = None
-        self._reserved = 0
-        self._sizes = collections.deque(maxlen=16)
-        self._ahead_bytes = 0
-        self._scan = 0
-        self._paused = 0
-        self._workers_checked, self._workers_seen = 0.0, False
-        self._active = collections.Counter()
-        self._counts = collections.Counter()
-        self._peak = 0
+        self._owner = worker_of is None  # this process owns the items (not a worker's copy)
+        self._cond = threading.Condition()  # the one lock of the cache and its parts
+        self._served: collections.Counter[str] = collections.Counter()  # the consumer's counts
         if worker_of is not None and not os.path.isdir(worker_of):
             worker_of = None  # its owner is gone (a cache pickled in an earlier run): own one
             self._owner, self._store = True, None
+        ledger: LocalLedger | shared.SharedStore
         if worker_of is not None:
-            self._store = shared.SharedStore(worker_of, self.max_memory_size)
-            self._ledger = self._store
+            self._store = ledger = shared.SharedStore(worker_of, self.max_memory_size)
         else:
-            self._ledger = LocalLedger(self.max_memory_size)
+            ledger = LocalLedger(self.max_memory_size)
             forks.LIVE.add(self)
+        self.window = Window(self.preloaded_data, ledger)
+        self.loader = Loader(
+            self._load, threads=self.threads, sizeof=self._sizeof, pin=self._pin,
+            cond=self._cond, window=self.window, store=self._store,
+        )  # fmt: skip
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:  # a forked child: the parent's threads and locks are gone
@@ -162,6 +170,19 @@ class PreloadCache(PlanWalk, SharedFolder):
 
         return PreloadCache(**{**self._settings(), "load": copy.deepcopy(self._load, memo)})
 
+    # -- forks (`dualtrain.preload.forks`) ------------------------------------------------
+
+    def before_fork(self) -> None:
+        """Before this process forks: source calls paused, and owned items shared."""
+        if self._owner and self._shareable and self._pid == os.getpid():
+            self.loader.pause()
+            self.share()
+
+    def after_fork(self) -> None:
+        """In the parent, after a fork: source calls go on."""
+        if self._pid == os.getpid():
+            self.loader.resume()
+
     # -- the consumer's side ---------------------------------------------------------------
 
     def get(self, key: Hashable) -> Any:
@@ -170,25 +191,20 @@ class PreloadCache(PlanWalk, SharedFolder):
         if not self._owner:
             return self._get_shared(key)
         start = time.perf_counter()
-        mine: Future[tuple[Any, bool]] | None = None
         with self._cond:
-            self._advance(key)
-            self._dropped.discard(key)
-            entry = self._items.get(key)
+            self.window.advance(key)
+            self.loader.asked(key)
+            entry = self.window.items.get(key)
             if entry is not None:
-                self._serve(key, entry)
-                self._counts["hits"] += 1
-                self._pump()
+                self.window.serve(key, entry)
+                self._served["hits"] += 1
+                self.loader.pump()
                 item = entry.item
                 return fresh(item) if self.copy else item
-            future = self._loading.get(key)
-            if future is None:  # load it here; others asking meanwhile wait for this load
-                future = mine = Future()
-                self._loading[key] = mine
-            else:
-                self._waiting[key] += 1
-        if mine is not None:
-            item, kept, found = self._load_now(key, mine)
+            # Loaded here if no load is under way; others asking meanwhile wait for this one.
+            future, mine = self.loader.join(key)
+        if mine:
+            item, kept, found = self._load_now(key, future)
         else:
             try:
                 item, kept = self._wait(key, future)
@@ -196,14 +212,14 @@ class PreloadCache(PlanWalk, SharedFolder):
                 return self.get(key)
             found = False
         with self._cond:
-            what = "hits" if found else "misses" if mine is not None else "prefetch_waits"
-            self._counts[what] += 1
+            what = "hits" if found else "misses" if mine else "prefetch_waits"
+            self._served[what] += 1
             if not found:
-                self._counts["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
+                self._served["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
         if found:  # read from the shared folder: a new object already
             return item
         # An item another caller also received, or one the cache holds, is copied.
-        shared_item = (kept and self._store is None) or mine is None
+        shared_item = (kept and self._store is None) or not mine
         return fresh(item) if self.copy and shared_item else item
 
     def get_many(self, keys: Iterable[Hashable]) -> list[Any]:
@@ -219,12 +235,12 @@ class PreloadCache(PlanWalk, SharedFolder):
         mine: dict[Hashable, Future[tuple[Any, bool]]] = {}
         with self._cond:
             for key in dict.fromkeys(keys):
-                if key in self._items or key in self._loading:
+                if key in self.window.items or key in self.loader.loading:
                     continue
                 if self._store is not None and self._store.has(key):
                     continue
-                mine[key] = self._loading[key] = Future()
-            pool = self._executor()
+                mine[key] = self.loader.join(key)[0]  # a new load: none is under way
+            pool = self.loader.executor()
         for key, started in mine.items():
             try:
                 task = pool.submit(self._load_into, key, started)
@@ -239,7 +255,7 @@ class PreloadCache(PlanWalk, SharedFolder):
             own_load = mine.pop(key, None)
             if own_load is None and key in done and not done[key][1]:
                 with self._cond:  # asked again in this batch, and not kept: not loaded twice
-                    self._counts["hits"] += 1
+                    self._served["hits"] += 1
                 out.append(fresh(done[key][0]) if self.copy else done[key][0])
                 continue
             if own_load is None:  # held, loaded by another, or asked twice in this batch
@@ -252,9 +268,9 @@ class PreloadCache(PlanWalk, SharedFolder):
                 out.append(self.get(key))
                 continue
             with self._cond:
-                self._advance(key)
-                self._counts["prefetch_waits"] += 1  # loaded by the threads, in parallel
-                self._counts["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
+                self.window.advance(key)
+                self._served["prefetch_waits"] += 1  # loaded by the threads, in parallel
+                self._served["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
             held = kept and self._store is None
             done[key] = (item, kept)
             out.append(fresh(item) if self.copy and (held or repeats[key] > 1) else item)
@@ -265,9 +281,7 @@ class PreloadCache(PlanWalk, SharedFolder):
         if task is not None and not task.cancelled():
             return
         with self._cond:
-            if self._loading.get(key) is future:
-                del self._loading[key]
-                self._waiting.pop(key, None)
+            self.loader.forget(key, future)
         future.cancel()
 
     def _load_into(self, key: Hashable, future: Future[tuple[Any, bool]]) -> None:
@@ -288,10 +302,9 @@ class PreloadCache(PlanWalk, SharedFolder):
         with self._cond:
             # Keys dropped for want of room stay skipped until served (a Tank re-plans every
             # batch: clearing them here would load them again at every batch).
-            self._plan, self._at, self._scan = plan, 0, 0
-            self._cyclic = bool(cyclic) and bool(plan)
-            self._demote_outside(set(self._window()))
-            self._pump()
+            self.window.expect(plan, cyclic)
+            self.loader.rewind()
+            self.loader.pump()
 
     def stats(self) -> dict[str, Any]:
         """Counters and bytes.
@@ -307,19 +320,19 @@ class PreloadCache(PlanWalk, SharedFolder):
         """
         self._check_process()
         with self._cond:
-            counts = collections.Counter(self._counts)
-            local = sum(e.size for e in self._items.values())
-            items = len(self._items)
+            counts = self._counts
+            local = sum(e.size for e in self.window.items.values())
+            items = len(self.window.items)
         if self._owner and self._store is not None:
             counts.update(self._store.counters())
         gets = counts["hits"] + counts["prefetch_waits"] + counts["misses"]
-        resident = self._ledger.used
+        resident = self.window.ledger.used
         return {
             "hits": counts["hits"], "prefetch_waits": counts["prefetch_waits"],
             "misses": counts["misses"], "loads": counts["loads"],
             "evictions": counts["evictions"], "dropped": counts["dropped"],
             "not_kept": counts["not_kept"], "items": items, "local_bytes": local,
-            "resident_bytes": resident, "peak_resident_bytes": max(self._peak, resident),
+            "resident_bytes": resident, "peak_resident_bytes": max(self.window.peak, resident),
             "max_memory_size": self.max_memory_size,
             "data_wait_s": counts["data_wait_ns"] / 1e9,
             "hit_rate": counts["hits"] / gets if gets else 0.0,
@@ -329,22 +342,17 @@ class PreloadCache(PlanWalk, SharedFolder):
         """Drops every held item, in this process and in the shared folder (every process)."""
         self._check_process()
         with self._cond:
-            for entry in self._items.values():
-                self._ledger.sub(entry.size)
-            self._items.clear()
-            self._kept.clear()
-            self._ahead.clear()
-            self._kept_bytes = self._ahead_bytes = 0
-            self._scan = self._at
+            self.window.clear()
+            self.loader.rewind()
         if self._store is not None:
             self._store.clear()
 
     def close(self) -> None:
         """Stops the loader threads (held items stay; a later `get` starts them again)."""
         with self._cond:
-            pool, self._pool = self._pool, None
-            self._plan, self._at, self._scan = [], 0, 0
-            self._demote_outside(set())
+            pool = self.loader.stop()
+            self.window.expect([], cyclic=False)
+            self.loader.rewind()
         if pool is not None and os.getpid() == self._pid:
             pool.shutdown(wait=True, cancel_futures=True)
 
@@ -353,11 +361,11 @@ class PreloadCache(PlanWalk, SharedFolder):
     def _wait(self, key: Hashable, future: Future[tuple[Any, bool]]) -> tuple[Any, bool]:
         item, kept = future.result()
         with self._cond:
-            entry = self._items.get(key)
+            entry = self.window.items.get(key)
             if entry is not None:
-                self._serve(key, entry)
+                self.window.serve(key, entry)
                 item, kept = entry.item, True
-            self._pump()
+            self.loader.pump()
         return item, kept
 
     def _load_now(self, key: Hashable, future: Future[tuple[Any, bool]]) -> tuple[Any, bool, bool]:
@@ -366,13 +374,11 @@ class PreloadCache(PlanWalk, SharedFolder):
             found, item = self._store.read(key) if self._store is not None else (False, None)
             size = 0
             if not found:
-                item = self._call_load(key)
                 # Counted with the load: a bad sizeof reaches the caller and every waiter.
-                size = nbytes(item, self._sizeof)
+                item, size = self.loader.sized(key)
         except BaseException as e:
             with self._cond:
-                self._loading.pop(key, None)
-                self._waiting.pop(key, None)
+                self.loader.finish(key)
             future.set_exception(e)
             raise
         if found:
@@ -380,13 +386,12 @@ class PreloadCache(PlanWalk, SharedFolder):
         elif self._store is not None:
             kept = self._store.write(key, item)
             if not kept:
-                self._counts["not_kept"] += 1
+                self._served["not_kept"] += 1
         with self._cond:
-            self._loading.pop(key, None)
-            waiting = self._waiting.pop(key, 0)
+            waiting = self.loader.finish(key)
             if self._store is None:
-                kept = self._admit(key, item, size, ahead=False)
-            self._pump()
+                kept = self.window.admit(key, item, size, ahead=False)
+            self.loader.pump()
         # The item comes back to this caller uncopied, who may change it as soon as `get`
         # returns: those waiting for it copy a copy made now.
         given = (
@@ -394,3 +399,55 @@ class PreloadCache(PlanWalk, SharedFolder):
         )
         future.set_result((given, kept))
         return item, kept, found
+
+    # -- sharing with worker processes -----------------------------------------------------
+
+    def share(self) -> str | None:
+        """Makes (once) the shared folder worker processes use; returns its path.
+
+        Held items move into the folder (as the workers' are), so every process sees one
+        copy of each within the one budget; from then on this process keeps its items there
+        too, and loads ahead into it. None where the cache is not shareable.
+        """
+        if not self._shareable:
+            return None
+        if self._store is None:
+            with self._cond:
+                if self._store is None:
+                    store = shared.SharedStore.create(self.max_memory_size, 0)
+                    self.window.share(store)  # what does not fit is dropped
+                    self.loader.share(store)
+                    self._store = store
+                    self._finalizer = weakref.finalize(self, store.remove)
+        return self._store.path
+
+    def _get_shared(self, key: Hashable) -> Any:
+        """A worker process's `get`: through the shared folder, loading what is not there."""
+        assert self._store is not None
+        start = time.perf_counter()
+        found, item = self._store.read(key)
+        if found:
+            self._served["hits"] += 1
+        else:
+            item = self.loader.call(key)
+            if not self._store.write(key, item):
+                self._served["not_kept"] += 1
+            self._served["misses"] += 1
+            self._served["data_wait_ns"] += int((time.perf_counter() - start) * 1e9)
+        self._store.record(self._counts)
+        return item
+
+    # -- counters -------------------------------------------------------------------------
+
+    @property
+    def _counts(self) -> collections.Counter[str]:
+        """This process's counters: the consumer's, its window's and its loader's."""
+        parts = (self._served, self.window.counts, self.loader.counts)
+        return collections.Counter({k: sum(p[k] for p in parts) for k in COUNTS})
+
+    # What the tests look into, each owned by a part.
+    _items = property(lambda self: self.window.items)
+    _ledger = property(lambda self: self.window.ledger)
+    _loading = property(lambda self: self.loader.loading)
+    _waiting = property(lambda self: self.loader.waiting)
+    _reserved = property(lambda self: self.loader.reserved)

@@ -8,16 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain.preload.kinds import (
-    IMMUTABLE as _IMMUTABLE,
-    is_image as _is_image,
-    is_jax as _is_jax,
-    is_plain as _is_plain,
-    is_tensor as _is_tensor,
-    rebuild as _rebuild,
-    safe_deepcopy as _deepcopy,
-)
-from dualtrain.preload.sizes import _copy_tensor
+from dualtrain.preload import kinds
+from dualtrain.preload.sizes import copy_tensor
 
 __all__ = ["fresh", "map_leaves"]
 
@@ -29,15 +21,15 @@ def fresh(item: Any) -> Any:
     (subclasses such as ``Parameter`` too), JAX arrays (a jitted step may donate, that is
     delete, the one it is given) and Pillow images (``PngImageFile`` too) are copied;
     lists, tuples (namedtuples too), dicts (subclasses too) and sets are rebuilt around
-    fresh elements; str, bytes and numbers come back as they are. Other objects are
-    ``copy.deepcopy``-ed; one that refuses (raises) comes back as it is, the same object on
-    every hit.
+    fresh elements; str, bytes, numbers and other immutables come back as they are. Other
+    objects are ``copy.deepcopy``-ed; one that refuses (raises) comes back as it is, the same
+    object on every hit (changing it in place changes the cache).
     """
     return _fresh(item, {})
 
 
 def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
-    if isinstance(obj, _IMMUTABLE) and not isinstance(obj, np.void):
+    if isinstance(obj, kinds.IMMUTABLE) and not isinstance(obj, np.void):
         return obj
     key = id(obj)
     if key in memo:
@@ -48,17 +40,18 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
             memo[key] = out
             for index, x in np.ndenumerate(obj):
                 out[index] = _fresh(x, memo)
-    elif _is_tensor(obj):
-        out = _copy_tensor(obj)
-    elif _is_jax(obj):
+    elif kinds.is_tensor(obj):
+        out = copy_tensor(obj)
+    elif kinds.is_jax(obj):
         # Immutable, but `jax.jit(..., donate_argnums=...)` deletes a donated buffer: the
         # cache must keep its own. `copy()` is a new buffer of the same sharding.
         out = obj.copy()
     elif isinstance(obj, np.void):  # a record views its array: changing it changes the cache
         out = obj.copy()
-    elif _is_image(obj):
+    elif kinds.is_image(obj):
         # `Image.copy` makes a plain Image (a PngImageFile would lose its type and `format`).
-        out = None if _is_plain(obj, "PIL.Image", "Image") else _deepcopy(obj, memo, None)
+        plain = kinds.is_plain(obj, "PIL.Image", "Image")
+        out = None if plain else kinds.safe_deepcopy(obj, memo, None)
         if type(out) is not type(obj):
             out = obj.copy()
     elif isinstance(obj, bytearray):
@@ -74,9 +67,9 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
             for k, v in obj.items():
                 out[k] = _fresh(v, memo)
     elif isinstance(obj, (tuple, set, frozenset)):
-        out = _rebuild(obj, lambda x: _fresh(x, memo), only_if_changed=False)
+        out = kinds.rebuild(obj, lambda x: _fresh(x, memo), only_if_changed=False)
     else:
-        out = _deepcopy(obj, memo, obj)
+        out = kinds.safe_deepcopy(obj, memo, obj)
     memo[key] = out
     return out
 
@@ -96,7 +89,7 @@ def map_leaves(item: Any, fn: Callable[[Any], Any]) -> Any:
             return memo[key]
         if isinstance(obj, (list, tuple, dict, set, frozenset)):
             memo[key] = obj  # until it is done: a cycle back to it stops here
-            out = _rebuild(obj, each, only_if_changed=True)
+            out = kinds.rebuild(obj, each, only_if_changed=True)
         else:
             out = fn(obj)
         memo[key] = out

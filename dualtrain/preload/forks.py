@@ -20,15 +20,20 @@ import logging  # noqa: F401
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from dualtrain.preload.cache import PreloadCache
+__all__ = ["FORK_WAIT", "LIVE", "Forked", "forking"]
 
-__all__ = ["FORK_WAIT", "LIVE", "forking"]
+
+class Forked(Protocol):
+    """A live cache (`PreloadCache`), paused and shared before a fork, resumed after it."""
+
+    def before_fork(self) -> None: ...
+    def after_fork(self) -> None: ...
+
 
 # Every live cache, so a fork shares them first (the child then finds their folder).
-LIVE: weakref.WeakSet[PreloadCache] = weakref.WeakSet()
+LIVE: weakref.WeakSet[Forked] = weakref.WeakSet()
 # How long a fork waits for loads in flight (a source's lock held at the fork would stay
 # held in the child for good): seconds.
 FORK_WAIT = 10.0
@@ -42,16 +47,13 @@ forking: set[int] = set()
 def _before_fork() -> None:
     forking.add(threading.get_ident())
     for cache in list(LIVE):
-        if cache._owner and cache._shareable and cache._pid == os.getpid():
-            cache._pause()
-            cache.share()
+        cache.before_fork()
 
 
 def _after_fork_in_parent() -> None:
     forking.discard(threading.get_ident())
     for cache in list(LIVE):
-        if cache._pid == os.getpid():
-            cache._resume()
+        cache.after_fork()
 
 
 def _after_fork_in_child() -> None:

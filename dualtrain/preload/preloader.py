@@ -22,13 +22,15 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.errors import bad_argument
 from dualtrain.preload.cache import PreloadCache
-from dualtrain.preload.samplers import PlannedSampler, _Order
+from dualtrain.preload.samplers import EpochOrder, PlannedSampler
 from dualtrain.validate import check_seed
 
 __all__ = ["NebulDataset", "PlannedSampler", "Preloader", "index_key", "pinning"]
 
 # The key of an index the cache cannot hold (a slice, a list): served by the source directly.
 _UNCACHED = object()
+# The Preloader's own attributes, never looked up on the source (unset while unpickling).
+_OWN = ("source", "_source", "cache", "_settings", "_plan", "_replan")
 
 
 def index_key(index: Any, length: int) -> Any:
@@ -319,7 +321,7 @@ class Preloader:
         if sampler is not None and shuffle:
             raise bad_argument("shuffle", shuffle, "False when a sampler is given")
         if sampler is None:
-            sampler = _Order(len(self), bool(shuffle), check_seed("seed", seed))
+            sampler = EpochOrder(len(self), bool(shuffle), check_seed("seed", seed))
         elif not isinstance(sampler, Iterable):
             raise bad_argument("sampler", sampler, "an iterable of indices (a sampler)")
         return PlannedSampler(self, sampler)
@@ -338,14 +340,7 @@ class Preloader:
 
     def __getattr__(self, name: str) -> Any:
         # The source's own methods and attributes stay reachable (nebulgym lost them).
-        if name.startswith("__") or name in (
-            "source",
-            "_source",
-            "cache",
-            "_settings",
-            "_plan",
-            "_replan",
-        ):
+        if name.startswith("__") or name in _OWN:
             raise AttributeError(name)
         return getattr(self._source, name)
 

@@ -1,24 +1,27 @@
 """The samplers a Preloader makes: its own epoch order, and one that plans each epoch ahead.
 
 `Preloader.sampler()` returns a `PlannedSampler`: it draws an epoch of the inner sampler
-(the user's, or `_Order`, the Preloader's own), tells the Preloader that order through
+(the user's, or `EpochOrder`, the Preloader's own), tells the Preloader that order through
 `expect`, then yields it unchanged, so the cache loads ahead exactly what comes next.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dualtrain.random import ORDER, stream
 
-if TYPE_CHECKING:
-    from dualtrain.preload.preloader import Preloader
-
-__all__ = ["PlannedSampler"]
+__all__ = ["EpochOrder", "Planned", "PlannedSampler"]
 
 
-class _Order:
+class Planned(Protocol):
+    """What a `PlannedSampler` tells each epoch's order to: `Preloader.expect`."""
+
+    def expect(self, indices: Iterable[Any]) -> None: ...
+
+
+class EpochOrder:
     """Indices 0..n-1 each epoch, shuffled per (seed, epoch) when asked."""
 
     def __init__(self, n: int, shuffle: bool, seed: int) -> None:
@@ -47,7 +50,7 @@ class PlannedSampler:
     whether the inner sampler has one, as trainers that call it check.
     """
 
-    def __init__(self, preloader: Preloader, sampler: Iterable[Any]) -> None:
+    def __init__(self, preloader: Planned, sampler: Iterable[Any]) -> None:
         self.preloader, self.sampler = preloader, sampler
 
     def __iter__(self) -> Iterator[Any]:

@@ -13,21 +13,8 @@ and numbers count ``sys.getsizeof``; lists, tuples, sets and dicts count themsel
 their elements. Other objects count ``sys.getsizeof`` plus their ``__dict__`` and
 ``__slots__``; one with an integer ``nbytes`` attribute (CuPy) counts that too.
 
-`own(item)` is the item as a cache holds it: every array or record that views less than
-half of a larger NumPy buffer, or memory NumPy does not own (bytes, mmap, a torch tensor),
-and every tensor whose storage is borrowed (from NumPy, DLPack, a file mapping:
-``untyped_storage().resizable()`` is False) or is less than half used, is replaced by a
-compact copy; Pillow images are decoded (``load()``). Containers are rebuilt only where
-an element changed.
-
-`fresh(item)` is what a hit returns, sharing no mutable memory with the cached item:
-NumPy arrays (and the objects of an object array), records (``np.void``), torch tensors,
-JAX arrays (a buffer donated to a jitted step is deleted: the cache keeps its own) and
-Pillow images are copied, keeping their types (``torch.nn.Parameter``, ``PngImageFile``);
-lists, tuples (namedtuples), dicts (subclasses) and sets are rebuilt around fresh
-elements; str, bytes, numbers and other immutables come back as they are. Other objects
-are ``copy.deepcopy``-ed; one that cannot be deep-copied comes back as it is (the same
-object on every hit: changing it in place changes the cache).
+`own(item)` is the item as a cache holds it: views of larger buffers and borrowed storages
+replaced by compact copies (`own` says which). What a hit returns is `copies.fresh`.
 """
 
 from __future__ import annotations
@@ -41,17 +28,9 @@ from typing import Any
 import numpy as np
 
 from dualtrain.errors import ArgumentError
-from dualtrain.preload.kinds import (
-    IMMUTABLE as _IMMUTABLE,
-    is_image as _is_image,
-    is_jax as _is_jax,
-    is_plain as _is_plain,
-    is_tensor as _is_tensor,
-    rebuild as _rebuild,
-    safe_deepcopy as _deepcopy,
-)
+from dualtrain.preload import kinds
 
-__all__ = ["checked_size", "nbytes", "own"]
+__all__ = ["checked_size", "copy_tensor", "nbytes", "own"]
 
 # Pillow stores 1 byte per pixel for these modes, 2 for the 16-bit ones, 4 for the rest
 # (RGB included: Pillow pads it to 4 bytes a pixel).
@@ -98,18 +77,18 @@ def _own(obj: Any, memo: dict[int, Any]) -> Any:
     elif isinstance(obj, np.void):
         if _record_base(obj) is not None and _pins(obj):
             out = obj.copy()
-    elif _is_tensor(obj):
+    elif kinds.is_tensor(obj):
         if _strided(obj):
             storage = obj.untyped_storage()
             # A storage that is not resizable borrows its memory (a NumPy array, a DLPack
             # capsule, a mapped file): it keeps alive more than its nbytes say.
             used = obj.nelement() * obj.element_size()
             if not storage.resizable() or used < _VIEW_SHARE * storage.nbytes():
-                out = _copy_tensor(obj)
-    elif _is_image(obj):
+                out = copy_tensor(obj)
+    elif kinds.is_image(obj):
         obj.load()
     elif isinstance(obj, (list, tuple, dict, set, frozenset)):
-        out = _rebuild(obj, lambda x: _own(x, memo), only_if_changed=True)
+        out = kinds.rebuild(obj, lambda x: _own(x, memo), only_if_changed=True)
     memo[key] = out
     return out
 
@@ -128,11 +107,12 @@ def _pins(a: np.ndarray | np.void) -> bool:
     return a.nbytes < _VIEW_SHARE * root.nbytes
 
 
-def _copy_tensor(t: Any) -> Any:
+def copy_tensor(t: Any) -> Any:
     """A compact copy of tensor `t` of its own type, in memory of its own, gradients kept."""
-    if not _is_plain(t, "torch", "Tensor"):
+    if not kinds.is_plain(t, "torch", "Tensor"):
         # A subclass torch's ops do not keep (Parameter): its own deepcopy keeps the type.
-        out = _deepcopy(t, {}, None)  # not `own`'s memo: it maps a tensor being owned to itself
+        # Not `own`'s memo: it maps a tensor being owned to itself.
+        out = kinds.safe_deepcopy(t, {}, None)
         if type(out) is type(t):
             return out
     out = t.detach().clone()
@@ -189,17 +169,17 @@ def _nbytes(
             buffers.add(id(root))
             return sys.getsizeof(obj) + root.nbytes
         return sys.getsizeof(obj) + _foreign_bytes(obj, root, buffers)
-    if _is_tensor(obj):
+    if kinds.is_tensor(obj):
         head = sys.getsizeof(obj)
         if not _strided(obj):  # sparse and other layouts: their parts' bytes
             return head + _nbytes(_tensor_parts(obj), sizeof, seen, buffers)
         return head + _storage_bytes(obj, buffers)
-    if _is_jax(obj):
+    if kinds.is_jax(obj):
         return sys.getsizeof(obj) + _jax_bytes(obj)
-    if _is_image(obj):
+    if kinds.is_image(obj):
         return sys.getsizeof(obj) + _image_bytes(obj)
     size = _getsizeof(obj)
-    if isinstance(obj, (_IMMUTABLE, bytearray, type)):
+    if isinstance(obj, (kinds.IMMUTABLE, bytearray, type)):
         return size
     if isinstance(obj, memoryview):
         return size + _nbytes(obj.obj, sizeof, seen, buffers)
@@ -278,7 +258,7 @@ def _elements(
 
 def _foreign_bytes(view: Any, root: Any, buffers: set[Any]) -> int:
     """Bytes of `root`, memory NumPy does not own that `view` pins, once per root."""
-    if _is_tensor(root):  # `tensor.numpy()`: the array pins the tensor's storage
+    if kinds.is_tensor(root):  # `tensor.numpy()`: the array pins the tensor's storage
         return _storage_bytes(root, buffers)
     if id(root) in buffers:
         return 0
