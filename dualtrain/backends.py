@@ -72,7 +72,7 @@ _ADAPTERS = {
 # The parts of an adapter the core uses (``dualtrain_<name>.<part>``) and, per adapter, the
 # Protocol its module meets, as "module:Protocol" (names, not imports: the seams' modules
 # import this one). `load_part` refuses a part not listed, so none is reached untyped, and
-# tests/core/test_seams.py checks each adapter's module against its Protocol.
+# tests/test_seams.py checks each adapter's module against its Protocol.
 _CHECKPOINT = "dualtrain.checkpoint.seams:"
 _EMBEDDINGS = "dualtrain.embeddings.seams:"
 PARTS: dict[str, dict[str, str]] = {

@@ -15,7 +15,7 @@ purpose      words                                 drawn by
 ===========  ===================================  ======================================
 
 The keys are part of what users reproduce (the same seed gives the same model, order and
-rows in every release): tests/core/test_random.py pins draws of each purpose.
+rows in every release): tests/test_random.py pins draws of each purpose.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def device_name(device: Any) -> str:
 
 
 def _refused(device: Any) -> ArgumentError:
-    # Worded as dualtrain_torch.transfer words it (tests/cross/test_transfer_laws.py).
+    # Worded as dualtrain_torch.transfer words it (tests/exchange/cross/test_transfer_laws.py).
     groups = [jax.devices()]
     if groups[0][0].platform != "cpu":
         with contextlib.suppress(RuntimeError):  # JAX_PLATFORMS may leave the CPU out

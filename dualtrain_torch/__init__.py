@@ -109,7 +109,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    # mypy's half of the seams' check (tests/core/test_seams.py is the runtime half): each
+    # mypy's half of the seams' check (tests/test_seams.py is the runtime half): each
     # part of this adapter must be assignable to its Protocol (dualtrain.backends.PARTS).
     from dualtrain.checkpoint.seams import TorchCheckpointPart
     from dualtrain.craft.seams import CraftPart, LayersPart

@@ -67,7 +67,7 @@ def parse_device(device: Any) -> torch.device:
 
 
 def _refused(device: Any, gpus: int) -> ArgumentError:
-    # Worded as dualtrain_jax.transfer words it (tests/cross/test_transfer_laws.py).
+    # Worded as dualtrain_jax.transfer words it (tests/exchange/cross/test_transfer_laws.py).
     known = ", ".join(["'cpu'", *(f"'cuda:{i}'" for i in range(gpus))])
     text = device if isinstance(device, str) else str(getattr(device, "type", ""))
     if text.partition(":")[0] in _GPU_NAMES and gpus == 0:

@@ -148,7 +148,7 @@ def test_import_dualtrain_loads_each_part_on_first_use():
 def test_the_preloaders_fork_hook_runs_before_the_lock_taking_ones():
     """Python runs fork hooks newest first. logging's and the thread pools' take a lock;
     registered after forks.py's (once `import dualtrain` stopped loading them up front),
-    two loader threads forking at once deadlocked (tests/preload/test_cache_processes).
+    two loader threads forking at once deadlocked (tests/preload/torch/test_cache_processes).
     Here the lock-taking hooks must be registered before forks.py's, whatever loads first."""
     out = run(
         """

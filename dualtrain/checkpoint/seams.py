@@ -2,7 +2,7 @@
 
 A module's members play the Protocol's methods. `dualtrain.backends.load_part` returns the
 adapter's module typed as `CheckpointPart` (`TorchCheckpointPart` for torch, which also
-stores LR schedulers), and ``tests/core/test_seams.py`` checks both adapters against these
+stores LR schedulers), and ``tests/test_seams.py`` checks both adapters against these
 signatures. Parameters before a ``/`` are passed by position and named as each framework
 likes (``optimizer`` for torch, ``opt_state`` for optax).
 """

@@ -1,7 +1,7 @@
 """What the cockpit asks of an adapter's ``cockpit`` module: its devices for CUDA numbers.
 
 `dualtrain.backends.load_part` returns the adapter's module typed as `CockpitPart`, and
-``tests/core/test_seams.py`` checks both adapters against these signatures.
+``tests/test_seams.py`` checks both adapters against these signatures.
 """
 
 from __future__ import annotations

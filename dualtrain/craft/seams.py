@@ -2,7 +2,7 @@
 
 Each Protocol here is one seam between the core and ``dualtrain_torch`` / ``dualtrain_jax``:
 `dualtrain.backends.load_part` returns the adapter's module typed as one of them, and
-``tests/core/test_seams.py`` checks both adapters' modules against them, name for name and
+``tests/test_seams.py`` checks both adapters' modules against them, name for name and
 signature for signature. Module-level names of the adapter play the members.
 """
 

@@ -1,7 +1,7 @@
 """What the demo asks of an adapter's ``demo`` module: its training loops, the same maths.
 
 `dualtrain.backends.load_part` returns the adapter's module typed as `DemoPart`, and
-``tests/core/test_seams.py`` checks both adapters against these signatures.
+``tests/test_seams.py`` checks both adapters against these signatures.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the embeddings core asks of an adapter's ``embeddings`` module: ``attach``, pinned memory.
 
 `dualtrain.backends.load_part` returns the adapter's module typed as `EmbeddingsPart`
-(`TorchEmbeddingsPart` for torch), and ``tests/core/test_seams.py`` checks both adapters
+(`TorchEmbeddingsPart` for torch), and ``tests/test_seams.py`` checks both adapters
 against these signatures. Parameters before a ``/`` are passed by position and named as each
 framework likes (a ``torch.optim`` class, an optax ``transformation``).
 """

@@ -1,7 +1,7 @@
 """What Tank asks of an adapter's ``data`` module: a `Courier` that hands batches over.
 
 `dualtrain.backends.load_part` returns the adapter's module typed as `DataPart`, and
-``tests/core/test_seams.py`` checks both adapters against these signatures.
+``tests/test_seams.py`` checks both adapters against these signatures.
 """
 
 from __future__ import annotations

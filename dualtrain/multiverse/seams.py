@@ -1,7 +1,7 @@
 """What Multiverse asks of an adapter's ``distributed`` module: join a run, then a Runtime.
 
 `dualtrain.backends.load_part(name, "distributed")` returns the adapter's module typed as
-`DistributedPart`; ``tests/core/test_seams.py`` checks both adapters against it.
+`DistributedPart`; ``tests/test_seams.py`` checks both adapters against it.
 """
 
 from __future__ import annotations

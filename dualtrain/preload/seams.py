@@ -1,7 +1,7 @@
 """What the preloader asks of an adapter's ``preload`` module: pinned staging, fast pickles.
 
 `dualtrain.backends.load_part` returns the adapter's module typed as `PreloadPart`, and
-``tests/core/test_seams.py`` checks both adapters against these signatures.
+``tests/test_seams.py`` checks both adapters against these signatures.
 """
 
 from __future__ import annotations

@@ -271,8 +271,8 @@ def test_time_spent_deciding_is_shown_apart_from_step_time():
     show what they cost, the deciding its own seconds, per read and in the epoch's line."""
     from dualtrain.accelerate import LadderOptions
     from dualtrain.accelerate.dispatch import Decider
-    from tests.core.test_accelerate_dispatch import BACKENDS, PARTS, World
-    from tests.core.test_accelerate_ladder import CLOCK
+    from tests.accelerate.test_accelerate_dispatch import BACKENDS, PARTS, World
+    from tests.accelerate.test_accelerate_ladder import CLOCK
 
     console, out = plain_console()
     dash = DashBoard(console=console, clock=CLOCK)

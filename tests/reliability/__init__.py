@@ -1,1 +1,0 @@
-"""Reliability tests: processes killed mid-write, files changed under readers."""
