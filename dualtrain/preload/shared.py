@@ -287,9 +287,13 @@ class SharedStore:
                 os.pwrite(fd, _RECORD.pack(*total), 0)
 
     def counters(self) -> dict[str, int]:
-        """The workers' counters, summed."""
+        """The workers' counters, summed.
+
+        Read under the ledger's lock, so a process's counters folded into ``stats-0`` by
+        `_retire_dead` are counted once, never twice or not at all.
+        """
         total = dict.fromkeys(COUNTERS, 0)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), self._locked():
             for name in os.listdir(self.path):
                 if (
                     not name.startswith(_STATS)
@@ -297,11 +301,8 @@ class SharedStore:
                     or ".tmp" in name
                 ):
                     continue
-                with contextlib.suppress(OSError), open(os.path.join(self.path, name), "rb") as f:
-                    raw = f.read(_RECORD.size)
-                if len(raw) == _RECORD.size:
-                    for k, v in zip(COUNTERS, _RECORD.unpack(raw), strict=True):
-                        total[k] += v
+                for k, v in zip(COUNTERS, _read_record(os.path.join(self.path, name)), strict=True):
+                    total[k] += v
         return total
 
     def _stats_pids(self) -> list[int]:
@@ -317,20 +318,13 @@ class SharedStore:
         """Folds the counters of processes that are gone into one file (``stats-0``)."""
         with self._locked():
             retired = os.path.join(self.path, f"{_STATS}0")
-            total = [0] * len(COUNTERS)
-            with contextlib.suppress(OSError), open(retired, "rb") as f:
-                raw = f.read(_RECORD.size)
-                if len(raw) == _RECORD.size:
-                    total = list(_RECORD.unpack(raw))
+            total = list(_read_record(retired))
             dead = [p for p in self._stats_pids() if p not in (0, os.getpid()) and not _alive(p)]
             if not dead:
                 return
             for pid in dead:
-                name = os.path.join(self.path, f"{_STATS}{pid}")
-                with contextlib.suppress(OSError), open(name, "rb") as f:
-                    raw = f.read(_RECORD.size)
-                    if len(raw) == _RECORD.size:
-                        total = [a + b for a, b in zip(total, _RECORD.unpack(raw), strict=True)]
+                record = _read_record(os.path.join(self.path, f"{_STATS}{pid}"))
+                total = [a + b for a, b in zip(total, record, strict=True)]
             with open(retired + ".tmp", "wb") as f:
                 f.write(_RECORD.pack(*total))
             os.replace(retired + ".tmp", retired)
@@ -378,3 +372,13 @@ class SharedStore:
         """Removes the folder, in the process that made it only (elsewhere nothing happens)."""
         if self._owner_pid == os.getpid():
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _read_record(path: str) -> tuple[int, ...]:
+    """The counters in the file at `path`; zeros when it is gone or not yet whole."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_RECORD.size)
+    except OSError:  # gone: retired by another process, or its folder removed
+        raw = b""
+    return _RECORD.unpack(raw) if len(raw) == _RECORD.size else (0,) * len(COUNTERS)

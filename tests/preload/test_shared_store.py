@@ -311,3 +311,26 @@ def test_writes_are_admitted_exactly_when_new_and_within_the_budget(limit, write
             assert found and np.array_equal(item, np.arange(len(item), dtype=np.float64))
     finally:
         store.remove()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    records=st.lists(st.tuples(*[st.integers(0, 2**40)] * 5), max_size=4), holes=st.integers(0, 3)
+)
+def test_counters_sum_each_readable_file_once_and_skip_the_unreadable(records, holes):
+    """A counters file that cannot be read (gone, or not a file) counts zero; every other
+    file counts exactly once (a failed read once reused the previous file's bytes)."""
+    from dualtrain.preload import shared
+
+    store = SharedStore.create(1 << 20, 0)
+    try:
+        for i, record in enumerate(records):  # pids no process has: never this one's
+            path = os.path.join(store.path, f"{shared._STATS}{10**9 + i}")
+            with open(path, "wb") as f:
+                f.write(shared._RECORD.pack(*record))
+        for i in range(holes):  # opening a directory fails with an OSError
+            os.mkdir(os.path.join(store.path, f"{shared._STATS}{2 * 10**9 + i}"))
+        want = [sum(column) for column in zip(*records, strict=True)] if records else [0] * 5
+        assert list(store.counters().values()) == want
+    finally:
+        store.remove()
