@@ -16,12 +16,18 @@ from typing import Any
 from dualtrain.errors import CheckpointError, bad_argument
 
 __all__ = [
+    "absent",
     "anchor_stem",
+    "check_unnumbered",
+    "inside",
+    "keep_newest",
     "member_file",
     "member_stem",
     "newest_set",
+    "next_numbered",
     "next_set_number",
     "source_path",
+    "with_suffix",
 ]
 
 _SUFFIX = ".safetensors"
@@ -100,7 +106,7 @@ def newest_set(folder: Path, scope: str, batch: int) -> list[Path]:
     return [s[n] for s in series]
 
 
-def _check_unnumbered(path: Path, file: str | os.PathLike) -> None:
+def check_unnumbered(path: Path, file: str | os.PathLike) -> None:
     """Refuses a name the user gives in a form only `drop` writes: numbered or a member's.
 
     `drop_members` replaces a named set's files, deleting a smaller set's leftovers, so a
@@ -124,7 +130,7 @@ def _check_unnumbered(path: Path, file: str | os.PathLike) -> None:
         )
 
 
-def _next_numbered(folder: Path, stem: str) -> Path:
+def next_numbered(folder: Path, stem: str) -> Path:
     """The next numbered anchor of `stem` in `folder`: one past the highest on disk."""
     numbers = [n for n, _ in _anchors(folder, stem)]
     return folder / f"{stem}-{max(numbers, default=0) + 1}{_SUFFIX}"
@@ -146,14 +152,14 @@ def _newest(folder: Path, scope: str, member: int | None = None) -> Path:
     return found[-1][1]
 
 
-def _keep_newest(folder: Path, stem: str, keep: int) -> None:
+def keep_newest(folder: Path, stem: str, keep: int) -> None:
     """Deletes all but the newest `keep` numbered anchors of `stem` in `folder`."""
     anchors = _anchors(folder, stem)
     for _, path in anchors[: max(0, len(anchors) - keep)]:
         path.unlink(missing_ok=True)
 
 
-def _inside(base: Path | None, file: str | os.PathLike) -> Path:
+def inside(base: Path | None, file: str | os.PathLike) -> Path:
     """`file` under `base`, refused if, relative, it leads out of `base` (``..``)."""
     try:
         text = os.fspath(file)
@@ -175,12 +181,13 @@ def _inside(base: Path | None, file: str | os.PathLike) -> Path:
     return base / rel if base is not None else Path(rel)
 
 
-def _absent(file: Any) -> bool:
+def absent(file: Any) -> bool:
     """`file` left out: "" or None (a `Path("")` names the current folder and is refused)."""
     return file is None or (isinstance(file, str) and file == "")
 
 
-def _with_suffix(path: Path) -> Path:
+def with_suffix(path: Path) -> Path:
+    """`path` with ``.safetensors`` appended, unless its name ends with it."""
     return path if path.name.endswith(_SUFFIX) else path.with_name(path.name + _SUFFIX)
 
 
@@ -222,12 +229,12 @@ def source_path(
     out, `ckpt_path` when it is a file, else the newest numbered anchor of `scope` there
     (`scope` None: an embedding anchor, which must be named), or of its member `member`.
     """
-    if not _absent(file):
+    if not absent(file):
         base = ckpt_path if ckpt_path is not None else save_path
         if base is not None and base.is_file():
             base = base.parent
-        named = _inside(base, file)
-        path = _with_suffix(named)
+        named = inside(base, file)
+        path = with_suffix(named)
         if not path.is_file() and named.is_file():  # a file named without the suffix
             path = named
     elif ckpt_path is not None and ckpt_path.is_file():

@@ -179,17 +179,10 @@ def record_optimizer(
 def record_scheduler(
     part: Any, craft: Any, scheduler: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The tensors and manifest entry of a learning-rate scheduler (torch only)."""
-    if craft.dualtrain_backend != "torch":
-        from dualtrain.errors import bad_argument
-
-        raise bad_argument(
-            "scheduler",
-            type(scheduler).__name__,
-            "None under JAX (optax keeps schedules inside the optimizer state)",
-        )
+    """The tensors and manifest entry of a learning-rate scheduler (where the part has one)."""
+    part.check_scheduler_support(scheduler, loading=False)
     entry, tensors = part.export_scheduler(scheduler)
-    return tensors, {"framework": "torch", **entry}
+    return tensors, {"framework": craft.dualtrain_backend, **entry}
 
 
 # ---- reading ----------------------------------------------------------------------------
@@ -288,7 +281,6 @@ def _listed(names: list[str], manifest: dict[str, Any], path: Any, what: str) ->
 
 def check_scheduler(
     part: Any,
-    craft: Any,
     scheduler: Any,
     manifest: dict[str, Any],
     tensors: dict[str, Any],
@@ -296,11 +288,8 @@ def check_scheduler(
 ) -> Callable[[], Any]:
     """Validates the anchor's scheduler state against `scheduler`; returns its loader."""
     entry = manifest["scheduler"]
-    if craft.dualtrain_backend != "torch":
-        raise CheckpointError(
-            f"{path}: scheduler is torch's; under JAX the schedule is in the optax state"
-        )
     try:
+        part.check_scheduler_support(scheduler, loading=True)
         tensors = _validated(entry.get("tensors", {}), tensors)
         return part.check_scheduler(scheduler, entry, tensors)
     except CheckpointError as err:
