@@ -16,7 +16,7 @@ from dualtrain import dtypes
 from dualtrain.checkpoint.anchor_file import Anchor
 from dualtrain.errors import CheckpointError
 
-__all__ = ["BOOKKEEPING", "Restored", "Spec", "check_rng", "compare", "few", "select"]
+__all__ = ["BOOKKEEPING", "Restored", "Spec", "check_rng", "compare", "few", "in_scope", "select"]
 
 # Framework bookkeeping that one realization keeps and the other has no place for: torch's
 # BatchNorm counts its training batches in ``num_batches_tracked``; JAX's keeps no count (with
@@ -84,13 +84,14 @@ def few(names: Any, n: int = 5) -> str:
     return f"it holds {shown}" + (f", ... ({len(listed)} in all)" if len(listed) > n else "")
 
 
-def _in_scope(name: str, scope: str | None) -> bool:
+def in_scope(name: str, scope: str | None) -> bool:
+    """Whether `name` is `scope` or under it (every name is, for None)."""
     return scope is None or name == scope or name.startswith(scope + ".")
 
 
 def select(tensors: dict[str, Any], scope: str | None) -> dict[str, Any]:
     """The entries of `tensors` named `scope` or under it (all of them for None)."""
-    return {k: v for k, v in tensors.items() if _in_scope(k, scope)}
+    return {k: v for k, v in tensors.items() if in_scope(k, scope)}
 
 
 class Restored(list):

@@ -29,9 +29,11 @@ Slot names are torch's state keys. Anchors written before the native form (a man
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
+from dualtrain.checkpoint.fit import in_scope
 from dualtrain.checkpoint.vocabulary import slot_name
 from dualtrain.errors import ArgumentError, CheckpointError, DualtrainError
 
@@ -161,10 +163,7 @@ def record_optimizer(
     `part` is the adapter's checkpoint module; only parameters in `scope` keep their state.
     Raises before anything is written: the caller writes the file afterwards.
     """
-
-    def keep(name: str) -> bool:
-        return scope is None or name == scope or name.startswith(scope + ".")
-
+    keep = functools.partial(in_scope, scope=scope)
     entry, tensors = part.export_native(craft, optimizer, keep)
     entry = {"form": "native", "framework": craft.dualtrain_backend, **entry}
     try:
@@ -299,7 +298,6 @@ def check_scheduler(
 
 
 def _entry(manifest: dict[str, Any], path: Any) -> dict[str, Any]:
-
     entry = manifest.get("optimizer")
     if entry is None:
         raise CheckpointError(f"{path} holds no optimizer state; it was dropped without one")
@@ -309,7 +307,6 @@ def _entry(manifest: dict[str, Any], path: Any) -> dict[str, Any]:
 
 
 def _legacy(entry: dict[str, Any], tensors: dict[str, Any], path: Any) -> OptimizerState:
-
     try:
         return OptimizerState.from_tensors(
             entry["family"], int(entry["step"]), dict(entry.get("hyper", {})), tensors
