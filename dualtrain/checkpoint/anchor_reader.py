@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dualtrain.checkpoint.anchor_file import Anchor
-from dualtrain.checkpoint.anchor_names import source_path
+from dualtrain.checkpoint.anchor_names import SUFFIX, absent, inside, newest, with_suffix
 from dualtrain.checkpoint.fit import Restored, check_rng, compare, few, select
 from dualtrain.checkpoint.manifest import checked_manifest, is_plain, plain_manifest
 from dualtrain.checkpoint.member_anchors import craft_scope
@@ -42,8 +42,40 @@ class AnchorReader:
         self.save_path = save_path
 
     def source(self, scope: str | None, file: str | os.PathLike, member: int | None = None) -> Path:
-        """The anchor `to` reads: `file`, `ckpt_path` itself, or the scope's newest."""
-        return source_path(self.ckpt_path, self.save_path, scope, file, member)
+        """The anchor `TimeMachine.to` reads: `file`, `ckpt_path` itself, or the scope's newest.
+
+        `file` is relative to `ckpt_path` (its folder when it is a file), else `save_path`; left
+        out, `ckpt_path` when it is a file, else the newest numbered anchor of `scope` there
+        (`scope` None: an embedding anchor, which must be named), or of its member `member`.
+        """
+        ckpt_path, save_path = self.ckpt_path, self.save_path
+        if not absent(file):
+            base = ckpt_path if ckpt_path is not None else save_path
+            if base is not None and base.is_file():
+                base = base.parent
+            named = inside(base, file)
+            path = with_suffix(named)
+            if not path.is_file() and named.is_file():  # a file named without the suffix
+                path = named
+        elif ckpt_path is not None and ckpt_path.is_file():
+            path = ckpt_path
+        elif ckpt_path is not None and ckpt_path.name.endswith(SUFFIX) and not ckpt_path.exists():
+            raise CheckpointError(f"ckpt_path {ckpt_path} does not exist (no such file)")
+        else:
+            folder = ckpt_path if ckpt_path is not None else save_path
+            if folder is None:
+                raise bad_argument(
+                    "ckpt_path", None, "an anchor file or a folder of them (or a save_path)"
+                )
+            if scope is None:
+                raise bad_argument(
+                    "file", file, f"an embedding anchor's name (in {folder}), or a ckpt_path file"
+                )
+            path = newest(folder, scope, member)
+        if not path.is_file():
+            what = "is a folder, not an anchor file" if path.is_dir() else "does not exist"
+            raise CheckpointError(f"no checkpoint at {path}: it {what}")
+        return path
 
     def load(
         self,
