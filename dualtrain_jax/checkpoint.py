@@ -1,4 +1,8 @@
-"""TimeMachine's JAX half: a JaxModule's arrays and optax state, in neutral form."""
+"""TimeMachine's JAX half: a JaxModule's arrays and optax state, in neutral form.
+
+optax keeps a schedule inside the optimizer state, so there is no LR scheduler to store:
+`check_scheduler_support` refuses one.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from dualtrain.errors import ArgumentError, CheckpointError
+from dualtrain.errors import ArgumentError, CheckpointError, bad_argument
 from dualtrain_jax.craft import JaxModule
 from dualtrain_jax.optimizer_state import (  # optimizer state: TimeMachine reaches it here
     check_native,
@@ -22,6 +26,7 @@ __all__ = [
     "check_native",
     "check_optimizer_argument",
     "check_neutral",
+    "check_scheduler_support",
     "export_native",
     "export_optimizer",
     "export_rng",
@@ -113,3 +118,14 @@ def export_rng() -> None:
 
 def import_rng(state: np.ndarray) -> None:
     """Nothing to restore: JAX keys are explicit."""
+
+
+def check_scheduler_support(scheduler: Any, loading: bool) -> None:
+    """Refuses an LR scheduler: optax keeps schedules inside the optimizer state."""
+    if loading:
+        raise CheckpointError("scheduler is torch's; under JAX the schedule is in the optax state")
+    raise bad_argument(
+        "scheduler",
+        type(scheduler).__name__,
+        "None under JAX (optax keeps schedules inside the optimizer state)",
+    )

@@ -22,7 +22,7 @@ from dualtrain.checkpoint.optim_state import FAMILIES, NotPortableError, Optimiz
 from dualtrain.errors import CheckpointError
 from dualtrain_jax.craft import JaxModule
 
-__all__ = ["check_neutral", "neutral_view"]
+__all__ = ["check_neutral", "is_namedtuple", "neutral_view", "type_name"]
 
 # optax states with a torch.optim counterpart, and the slots their fields fill.
 _SLOTS: dict[type, dict[str, str]] = {
@@ -34,11 +34,13 @@ _SLOTS: dict[type, dict[str, str]] = {
 }
 
 
-def _type_name(x: Any) -> str:
+def type_name(x: Any) -> str:
+    """How messages and manifests name the type of an optax state node."""
     return type(x).__qualname__
 
 
-def _is_namedtuple(x: Any) -> bool:
+def is_namedtuple(x: Any) -> bool:
+    """Whether `x` is a NamedTuple (optax's states are), not a plain tuple."""
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
@@ -52,13 +54,13 @@ def _classify(opt_state: Any) -> tuple[str, dict[str, bool], list[tuple[str, Any
         if type(x) in _SLOTS:
             found.append((path, x))
             return
-        if isinstance(x, (tuple, list)) and not _is_namedtuple(x):
+        if isinstance(x, (tuple, list)) and not is_namedtuple(x):
             for i, v in enumerate(x):
                 walk(v, f"{path}[{i}]")
             return
         where = f" at {path}" if path else ""
         raise NotPortableError(
-            f"the optax state {_type_name(x)}{where} has no torch.optim counterpart; "
+            f"the optax state {type_name(x)}{where} has no torch.optim counterpart; "
             "optax sgd, adam, adamw, rmsprop and adagrad states (with stateless transforms "
             "such as clipping) cross frameworks, the others resume under JAX only"
         )
@@ -95,7 +97,7 @@ def neutral_view(module: JaxModule, opt_state: Any) -> OptimizerState:
             values = getattr(state, field)
             if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
                 raise NotPortableError(
-                    f"the optax {_type_name(state)}.{field} at {path} is not a dict by "
+                    f"the optax {type_name(state)}.{field} at {path} is not a dict by "
                     "parameter name (a state over module.params)"
                 )
             slots[slot] = {k: f"optimizer{path}.{field}[{k!r}]" for k in values}

@@ -23,7 +23,7 @@ from dualtrain import dtypes
 from dualtrain.checkpoint.optim_state import OptimizerState
 from dualtrain.errors import ArgumentError, CheckpointError
 from dualtrain_jax.craft import JaxModule
-from dualtrain_jax.optimizer_neutral import _is_namedtuple, _type_name, check_neutral, neutral_view
+from dualtrain_jax.optimizer_neutral import check_neutral, is_namedtuple, neutral_view, type_name
 
 __all__ = [
     "check_native",
@@ -50,7 +50,7 @@ def _children(x: Any) -> tuple[str, list[tuple[str, Any]]] | None:
         return "none", []
     if isinstance(x, dict):
         return "dict", [(f"[{k!r}]", v) for k, v in x.items()]
-    if _is_namedtuple(x):
+    if is_namedtuple(x):
         return "namedtuple", [(f".{f}", getattr(x, f)) for f in x._fields]
     if isinstance(x, (tuple, list)):
         return type(x).__name__, [(f"[{i}]", v) for i, v in enumerate(x)]
@@ -143,7 +143,7 @@ def export_native(
             ]
             return desc
         if kind in ("namedtuple", "node"):
-            desc["type"], desc["module"] = _type_name(x), type(x).__module__
+            desc["type"], desc["module"] = type_name(x), type(x).__module__
         if kind == "namedtuple":
             desc["fields"] = list(x._fields)
         if kind == "node":
@@ -222,9 +222,9 @@ def check_native(
             return leaf(x, desc, path, param)
         kind, items = kids
         if kind != desc.get("kind") or (
-            kind in ("namedtuple", "node") and desc.get("type") != _type_name(x)
+            kind in ("namedtuple", "node") and desc.get("type") != type_name(x)
         ):
-            given = _type_name(x) if kind in ("namedtuple", "node") else f"a {kind}"
+            given = type_name(x) if kind in ("namedtuple", "node") else f"a {kind}"
             raise differ(path, f"{_what(desc)} on disk, {given} in the state given")
         stored = desc.get("children", [])
         if kind == "dict":

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from dualtrain import convert
-from dualtrain.checkpoint.time_machine import BOOKKEEPING
+from dualtrain.checkpoint.fit import BOOKKEEPING
 from dualtrain.errors import ArgumentError
 from dualtrain_torch.craft import CraftModule, load_canonical
 from dualtrain_torch.optimizer_state import (  # optimizer and scheduler state: reached here
@@ -27,6 +27,7 @@ __all__ = [
     "check_optimizer_argument",
     "check_neutral",
     "check_scheduler",
+    "check_scheduler_support",
     "export_native",
     "export_optimizer",
     "export_rng",
@@ -50,6 +51,10 @@ def check_optimizer_argument(optimizer: Any) -> None:
             "optimizer must be a torch.optim.Optimizer over the module's parameters for a "
             f"torch module; got {what} {type(optimizer).__name__}"
         )
+
+
+def check_scheduler_support(scheduler: Any, loading: bool) -> None:
+    """Nothing to refuse: torch's LR schedulers are stored (`export_scheduler`)."""
 
 
 def _saved_names(module: CraftModule) -> set[str]:

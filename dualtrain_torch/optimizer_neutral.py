@@ -18,7 +18,7 @@ from dualtrain import convert
 from dualtrain.checkpoint.optim_state import FAMILIES, VARIANTS, NotPortableError, OptimizerState
 from dualtrain.errors import ArgumentError, CheckpointError
 
-__all__ = ["check_neutral", "neutral_view"]
+__all__ = ["check_neutral", "neutral_view", "param_names", "require_optimizer"]
 
 _CROSSING = {
     torch.optim.SGD: "sgd",
@@ -29,11 +29,13 @@ _CROSSING = {
 }
 
 
-def _names(module: torch.nn.Module) -> dict[int, str]:
+def param_names(module: torch.nn.Module) -> dict[int, str]:
+    """Each parameter's name by its object's id (how optimizer state finds its name)."""
     return {id(p): n for n, p in module.named_parameters()}
 
 
-def _require(optimizer: Any) -> str:
+def require_optimizer(optimizer: Any) -> str:
+    """The class name of `optimizer`, refused (ArgumentError) unless a torch optimizer."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ArgumentError(
             f"optimizer must be a torch.optim.Optimizer over the module's parameters; "
@@ -82,7 +84,7 @@ def neutral_view(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> O
         NotPortableError: the optimizer has no neutral form (the message says why).
     """
     family, variant = _family(optimizer)
-    names = _names(module)
+    names = param_names(module)
     slots: dict[str, dict[str, Any]] = {slot: {} for slot in FAMILIES[family]}
     steps, lrs = set(), {}
     for group in optimizer.param_groups:
@@ -113,7 +115,7 @@ def check_neutral(
     loaded: set[str],
 ) -> Callable[[], torch.optim.Optimizer]:
     """Validates neutral `state` against `optimizer`; returns the function that loads it."""
-    cls = _require(optimizer)
+    cls = require_optimizer(optimizer)
     family, variant = _family(optimizer)
     if family != state.family:
         raise CheckpointError(
@@ -125,7 +127,7 @@ def check_neutral(
                 f"it holds {state.name_of()} optimizer state; torch.optim.{cls} here has "
                 f"{flag}={variant[flag]}"
             )
-    names = _names(module)
+    names = param_names(module)
     needed = {
         "sgd": ["momentum_buffer"] if variant.get("momentum") else [],
         "adam": ["exp_avg", "exp_avg_sq"],

@@ -25,7 +25,12 @@ import torch
 from dualtrain import convert, dtypes
 from dualtrain.checkpoint.optim_state import OptimizerState
 from dualtrain.errors import ArgumentError, CheckpointError
-from dualtrain_torch.optimizer_neutral import _names, _require, check_neutral, neutral_view
+from dualtrain_torch.optimizer_neutral import (
+    check_neutral,
+    neutral_view,
+    param_names,
+    require_optimizer,
+)
 
 __all__ = [
     "check_native",
@@ -195,8 +200,8 @@ def export_native(
         ArgumentError: naming the optimizer, if a value has no tensor-or-JSON form or a
             parameter is not the module's.
     """
-    cls = _require(optimizer)
-    names = _names(module)
+    cls = require_optimizer(optimizer)
+    names = param_names(module)
     state_dict = optimizer.state_dict()
     index_name: dict[int, str] = {}
     for saved, group in zip(state_dict["param_groups"], optimizer.param_groups, strict=True):
@@ -256,13 +261,13 @@ def check_native(
     Parameters are matched by name. A parameter not in `loaded` (skipped by `to`) keeps the
     state it has; param_groups' hyper-parameters are restored.
     """
-    cls = _require(optimizer)
+    cls = require_optimizer(optimizer)
     if cls != entry.get("class"):
         raise CheckpointError(
             f"it holds torch.optim.{entry.get('class')} state; the optimizer given is "
             f"torch.optim.{cls} (resume with the optimizer class that wrote it)"
         )
-    names = _names(module)
+    names = param_names(module)
     current = optimizer.state_dict()
     stored_groups = entry.get("param_groups", [])
     home = {name: g for g, group in enumerate(stored_groups) for name in group["params"]}
@@ -353,7 +358,7 @@ def export_optimizer(module: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     Raises:
         NotPortableError: the optimizer has no neutral form.
     """
-    _require(optimizer)
+    require_optimizer(optimizer)
     view = neutral_view(module, optimizer)
     params = dict(module.named_parameters())
     view.slots = {

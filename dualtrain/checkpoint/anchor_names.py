@@ -16,20 +16,27 @@ from typing import Any
 from dualtrain.errors import CheckpointError, bad_argument
 
 __all__ = [
+    "SUFFIX",
+    "absent",
     "anchor_stem",
+    "check_unnumbered",
+    "inside",
+    "keep_newest",
     "member_file",
     "member_stem",
+    "newest",
     "newest_set",
+    "next_numbered",
     "next_set_number",
-    "source_path",
+    "with_suffix",
 ]
 
-_SUFFIX = ".safetensors"
+SUFFIX = ".safetensors"
 # A numbered anchor's name: its number is ASCII digits without a leading zero. Only `drop`
 # writes names of this form (a name the user gives may not have it), so numbering and
 # retention only ever see the anchors `drop` numbered.
-_NUMBERED = re.compile(r"(?P<stem>.+)-(?P<n>[1-9][0-9]*)" + re.escape(_SUFFIX))
-_NUMBERED_FORM = re.compile(r".+-[0-9]+" + re.escape(_SUFFIX))
+_NUMBERED = re.compile(r"(?P<stem>.+)-(?P<n>[1-9][0-9]*)" + re.escape(SUFFIX))
+_NUMBERED_FORM = re.compile(r".+-[0-9]+" + re.escape(SUFFIX))
 
 
 def anchor_stem(scope: str) -> str:
@@ -65,8 +72,8 @@ def member_stem(scope: str, member: int) -> str:
 
 def member_file(path: Path, member: int) -> Path:
     """Member `member`'s file of a named set: ``best.safetensors`` -> ``best%m3.safetensors``."""
-    stem = path.name[: -len(_SUFFIX)] if path.name.endswith(_SUFFIX) else path.name
-    return path.with_name(f"{stem}{_MEMBER_MARK}{member}{_SUFFIX}")
+    stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else path.name
+    return path.with_name(f"{stem}{_MEMBER_MARK}{member}{SUFFIX}")
 
 
 def next_set_number(folder: Path, scope: str, batch: int) -> int:
@@ -93,14 +100,14 @@ def newest_set(folder: Path, scope: str, batch: int) -> list[Path]:
         missing = "" if folder.is_dir() else "; there is no such folder"
         raise CheckpointError(
             f"no whole set of {batch} member anchors of scope {scope!r} in {folder} (looked "
-            f"for {member_stem(scope, 0)}-<n>{_SUFFIX} ... {member_stem(scope, batch - 1)}-<n>"
-            f"{_SUFFIX} with one n{missing})"
+            f"for {member_stem(scope, 0)}-<n>{SUFFIX} ... {member_stem(scope, batch - 1)}-<n>"
+            f"{SUFFIX} with one n{missing})"
         )
     n = max(common)
     return [s[n] for s in series]
 
 
-def _check_unnumbered(path: Path, file: str | os.PathLike) -> None:
+def check_unnumbered(path: Path, file: str | os.PathLike) -> None:
     """Refuses a name the user gives in a form only `drop` writes: numbered or a member's.
 
     `drop_members` replaces a named set's files, deleting a smaller set's leftovers, so a
@@ -119,18 +126,18 @@ def _check_unnumbered(path: Path, file: str | os.PathLike) -> None:
             os.fspath(file),
             "a name without the numbered-anchor form <name>-<digits>.safetensors, which "
             "drop() keeps for the anchors it numbers (and retention deletes); e.g. "
-            f"{path.name[: -len(_SUFFIX)].rpartition('-')[0]}_"
-            f"{path.name[: -len(_SUFFIX)].rpartition('-')[2]}",
+            f"{path.name[: -len(SUFFIX)].rpartition('-')[0]}_"
+            f"{path.name[: -len(SUFFIX)].rpartition('-')[2]}",
         )
 
 
-def _next_numbered(folder: Path, stem: str) -> Path:
+def next_numbered(folder: Path, stem: str) -> Path:
     """The next numbered anchor of `stem` in `folder`: one past the highest on disk."""
     numbers = [n for n, _ in _anchors(folder, stem)]
-    return folder / f"{stem}-{max(numbers, default=0) + 1}{_SUFFIX}"
+    return folder / f"{stem}-{max(numbers, default=0) + 1}{SUFFIX}"
 
 
-def _newest(folder: Path, scope: str, member: int | None = None) -> Path:
+def newest(folder: Path, scope: str, member: int | None = None) -> Path:
     """The highest-numbered anchor of `scope` (or of its member) in `folder`.
 
     CheckpointError if it has none.
@@ -141,19 +148,19 @@ def _newest(folder: Path, scope: str, member: int | None = None) -> Path:
         missing = "" if folder.is_dir() else "; there is no such folder"
         whose = f"scope {scope!r}" if member is None else f"member {member} of scope {scope!r}"
         raise CheckpointError(
-            f"no anchor of {whose} in {folder} (looked for {stem}-<n>{_SUFFIX}{missing})"
+            f"no anchor of {whose} in {folder} (looked for {stem}-<n>{SUFFIX}{missing})"
         )
     return found[-1][1]
 
 
-def _keep_newest(folder: Path, stem: str, keep: int) -> None:
+def keep_newest(folder: Path, stem: str, keep: int) -> None:
     """Deletes all but the newest `keep` numbered anchors of `stem` in `folder`."""
     anchors = _anchors(folder, stem)
     for _, path in anchors[: max(0, len(anchors) - keep)]:
         path.unlink(missing_ok=True)
 
 
-def _inside(base: Path | None, file: str | os.PathLike) -> Path:
+def inside(base: Path | None, file: str | os.PathLike) -> Path:
     """`file` under `base`, refused if, relative, it leads out of `base` (``..``)."""
     try:
         text = os.fspath(file)
@@ -175,13 +182,14 @@ def _inside(base: Path | None, file: str | os.PathLike) -> Path:
     return base / rel if base is not None else Path(rel)
 
 
-def _absent(file: Any) -> bool:
+def absent(file: Any) -> bool:
     """`file` left out: "" or None (a `Path("")` names the current folder and is refused)."""
     return file is None or (isinstance(file, str) and file == "")
 
 
-def _with_suffix(path: Path) -> Path:
-    return path if path.name.endswith(_SUFFIX) else path.with_name(path.name + _SUFFIX)
+def with_suffix(path: Path) -> Path:
+    """`path` with ``.safetensors`` appended, unless its name ends with it."""
+    return path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
 
 
 def _anchors(folder: Path, stem: str) -> list[tuple[int, Path]]:
@@ -207,45 +215,3 @@ def _anchors(folder: Path, stem: str) -> list[tuple[int, Path]]:
         if regular:
             found.append((int(match["n"]), folder / entry.name))
     return sorted(found)
-
-
-def source_path(
-    ckpt_path: Path | None,
-    save_path: Path | None,
-    scope: str | None,
-    file: str | os.PathLike,
-    member: int | None = None,
-) -> Path:
-    """The anchor `TimeMachine.to` reads: `file`, `ckpt_path` itself, or the scope's newest.
-
-    `file` is relative to `ckpt_path` (its folder when it is a file), else `save_path`; left
-    out, `ckpt_path` when it is a file, else the newest numbered anchor of `scope` there
-    (`scope` None: an embedding anchor, which must be named), or of its member `member`.
-    """
-    if not _absent(file):
-        base = ckpt_path if ckpt_path is not None else save_path
-        if base is not None and base.is_file():
-            base = base.parent
-        named = _inside(base, file)
-        path = _with_suffix(named)
-        if not path.is_file() and named.is_file():  # a file named without the suffix
-            path = named
-    elif ckpt_path is not None and ckpt_path.is_file():
-        path = ckpt_path
-    elif ckpt_path is not None and ckpt_path.name.endswith(_SUFFIX) and not ckpt_path.exists():
-        raise CheckpointError(f"ckpt_path {ckpt_path} does not exist (no such file)")
-    else:
-        folder = ckpt_path if ckpt_path is not None else save_path
-        if folder is None:
-            raise bad_argument(
-                "ckpt_path", None, "an anchor file or a folder of them (or a save_path)"
-            )
-        if scope is None:
-            raise bad_argument(
-                "file", file, f"an embedding anchor's name (in {folder}), or a ckpt_path file"
-            )
-        path = _newest(folder, scope, member)
-    if not path.is_file():
-        what = "is a folder, not an anchor file" if path.is_dir() else "does not exist"
-        raise CheckpointError(f"no checkpoint at {path}: it {what}")
-    return path

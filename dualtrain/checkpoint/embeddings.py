@@ -11,10 +11,9 @@ manifest. Written to a temporary name and renamed, like every anchor.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +25,6 @@ from dualtrain.checkpoint.anchor_file import (
     numpy_scalars,
     write_anchor,
 )
-from dualtrain.checkpoint.anchor_names import _absent
 from dualtrain.checkpoint.vocabulary import (
     EMBEDDINGS_FORMAT,
     EMBEDDINGS_READS,
@@ -41,7 +39,6 @@ __all__ = [
     "FORMAT",
     "LEGACY_FORMATS",
     "OLDER_FORMATS",
-    "EmbeddingAnchors",
     "load_rows",
     "save_rows",
 ]
@@ -162,11 +159,6 @@ def _checked(anchor: Anchor) -> dict[str, Any]:
     return manifest
 
 
-def _kind(dtype: np.dtype) -> str:
-    """float, int or bool: values cast within a kind, never across (``dualtrain.dtypes``)."""
-    return dtypes.kind(dtype)
-
-
 def _check_chunks(
     anchor: Anchor, manifest: dict[str, Any], targets: dict[str, np.ndarray]
 ) -> list[tuple[str, np.ndarray, int]]:
@@ -209,7 +201,7 @@ def _check_chunks(
                     f"of {name!r} need {want}"
                 )
             if table is not None:
-                if _kind(entry.dtype) != _kind(table.dtype):
+                if dtypes.kind(entry.dtype) != dtypes.kind(table.dtype):
                     raise anchor.error(
                         f"has chunk {key!r} of dtype {entry.dtype.name}; the store's {name!r} "
                         f"is {table.dtype.name}"
@@ -276,47 +268,3 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
             counters[...] = manifest["step"]  # a lazy run's rows count as current
         session.t = manifest["step"]
     return manifest
-
-
-class EmbeddingAnchors:
-    """The embedding methods of `TimeMachine` (documented there); a mixin, not used alone."""
-
-    if TYPE_CHECKING:  # provided by TimeMachine
-
-        def _target(
-            self, craft: Any, file: str | os.PathLike, member: int | None = None
-        ) -> tuple[Path, str | None]: ...
-
-        def _source(
-            self, scope: str | None, file: str | os.PathLike, member: int | None = None
-        ) -> Path: ...
-
-    def drop_embeddings(
-        self, rows: Any, file: str | os.PathLike, extra: dict[str, Any] | None = None
-    ) -> Path:
-        """Writes an embedding store with its optimizer state (see ``checkpoint.embeddings``).
-
-        Args:
-            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
-            file: the anchor's name or path, as for `drop`.
-            extra: JSON-serializable data to record.
-
-        Returns:
-            The anchor's absolute path.
-        """
-        if _absent(file):
-            raise bad_argument("file", file, "the embedding anchor's name or path")
-        path, _ = self._target(None, file)
-        return save_rows(rows, path, extra).absolute()
-
-    def to_embeddings(self, rows: Any, file: str | os.PathLike = "") -> dict[str, Any]:
-        """Loads an embedding anchor, written under either framework, into `rows`' store.
-
-        Args:
-            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
-            file: the anchor, named as for `to`; may be left out when `ckpt_path` is the file.
-
-        Returns:
-            The anchor's manifest (step, mode, hyper-parameters, extra).
-        """
-        return load_rows(rows, self._source(None, file))

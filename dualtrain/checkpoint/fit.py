@@ -16,18 +16,13 @@ from dualtrain import dtypes
 from dualtrain.checkpoint.anchor_file import Anchor
 from dualtrain.errors import CheckpointError
 
-__all__ = ["BOOKKEEPING", "Restored", "Spec"]
+__all__ = ["BOOKKEEPING", "Restored", "Spec", "check_rng", "compare", "few", "in_scope", "select"]
 
 # Framework bookkeeping that one realization keeps and the other has no place for: torch's
 # BatchNorm counts its training batches in ``num_batches_tracked``; JAX's keeps no count (with
 # dock's float momentum the count changes no output). Saved and restored where both the file
 # and the model have it; neither required nor reported where one side lacks it.
 BOOKKEEPING = frozenset({"num_batches_tracked"})
-
-
-def _kind(dtype: np.dtype) -> str:
-    """float, int or bool: values cast within a kind, never across (``dualtrain.dtypes``)."""
-    return dtypes.kind(dtype)
 
 
 def _bookkeeping(name: str) -> bool:
@@ -37,7 +32,7 @@ def _bookkeeping(name: str) -> bool:
 Spec = tuple[tuple[int, ...], np.dtype]
 
 
-def _compare(model: dict[str, Spec], saved: dict[str, Spec], frozen: bool, path: Path) -> list[str]:
+def compare(model: dict[str, Spec], saved: dict[str, Spec], frozen: bool, path: Path) -> list[str]:
     """Names to skip; with `frozen`, a CheckpointError naming each problem.
 
     A shape is never broadcast: ``(1,)`` on disk does not fit ``(16,)``. Dtypes cast within
@@ -57,7 +52,7 @@ def _compare(model: dict[str, Spec], saved: dict[str, Spec], frozen: bool, path:
                 f"{name} is {tuple(disk_shape)} on disk but {tuple(shape)} in the model"
             )
             skipped.append(name)
-        elif _kind(disk_dtype) != _kind(dtype):
+        elif dtypes.kind(disk_dtype) != dtypes.kind(dtype):
             problems.append(f"{name} is {disk_dtype.name} on disk but {dtype.name} in the model")
             skipped.append(name)
     for name in saved:
@@ -69,7 +64,7 @@ def _compare(model: dict[str, Spec], saved: dict[str, Spec], frozen: bool, path:
     return skipped
 
 
-def _check_rng(part: Any, anchor: Anchor) -> None:
+def check_rng(part: Any, anchor: Anchor) -> None:
     """A stored RNG state must have the form of the framework's (else it would fail late)."""
     current = part.export_rng()
     entry = anchor.entries["__rng__"]
@@ -80,7 +75,7 @@ def _check_rng(part: Any, anchor: Anchor) -> None:
         )
 
 
-def _few(names: Any, n: int = 5) -> str:
+def few(names: Any, n: int = 5) -> str:
     """A few of `names` for a message: ``'a', 'b', ... (12 in all)``."""
     listed = sorted(names)
     shown = ", ".join(repr(k) for k in listed[:n])
@@ -89,12 +84,14 @@ def _few(names: Any, n: int = 5) -> str:
     return f"it holds {shown}" + (f", ... ({len(listed)} in all)" if len(listed) > n else "")
 
 
-def _in_scope(name: str, scope: str | None) -> bool:
+def in_scope(name: str, scope: str | None) -> bool:
+    """Whether `name` is `scope` or under it (every name is, for None)."""
     return scope is None or name == scope or name.startswith(scope + ".")
 
 
-def _select(tensors: dict[str, Any], scope: str | None) -> dict[str, Any]:
-    return {k: v for k, v in tensors.items() if _in_scope(k, scope)}
+def select(tensors: dict[str, Any], scope: str | None) -> dict[str, Any]:
+    """The entries of `tensors` named `scope` or under it (all of them for None)."""
+    return {k: v for k, v in tensors.items() if in_scope(k, scope)}
 
 
 class Restored(list):

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain.checkpoint.anchor_file import (
-    Anchor,  # its old name
-)
+from dualtrain.checkpoint import embeddings
+from dualtrain.checkpoint.anchor_file import Anchor
 from dualtrain.checkpoint.vocabulary import CRAFT_FORMAT, CRAFT_READS, WITHOUT_CRC, upgrade
 from dualtrain.version import __version__
 
@@ -23,9 +22,11 @@ __all__ = [
     "FORMAT",
     "LEGACY_FORMATS",
     "OLDER_FORMATS",
+    "checked_manifest",
     "craft_manifest",
     "is_plain",
     "plain_manifest",
+    "read_manifest",
 ]
 
 FORMAT = CRAFT_FORMAT
@@ -43,7 +44,7 @@ def craft_manifest(
         "backend": craft.dualtrain_backend,
         "craft": type(craft.craft).__name__,
         "scope": craft.craft.scope,
-        "dualtrain": _version(),
+        "dualtrain": __version__,
         "layout": "canonical",
         "step": None if step is None else int(step),
         "extra": extra or {},
@@ -55,7 +56,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _checked(anchor: Anchor) -> dict[str, Any]:
+def checked_manifest(anchor: Anchor) -> dict[str, Any]:
     """A Craft anchor's manifest, checked against itself and against the file's tensors.
 
     In this version's words (``checkpoint.vocabulary.upgrade``), whatever format wrote it.
@@ -119,21 +120,13 @@ def plain_manifest(anchor: Anchor) -> dict[str, Any]:
     }
 
 
-def _manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:
+def read_manifest(path: Path, expected: str = FORMAT) -> dict[str, Any]:
     """The manifest of the anchor at `path`, read without loading any tensor, and checked.
 
-    `expected` is the format the caller reads (Craft anchors or embedding anchors).
+    `expected` is the format the caller reads (Craft anchors or embedding anchors). What
+    tests and tools read an anchor's manifest with.
     """
     anchor = Anchor(path)
     if expected == FORMAT:
-        return _checked(anchor)
-    from dualtrain.checkpoint.embeddings import (
-        LEGACY_FORMATS as EMBEDDING_LEGACY,
-        OLDER_FORMATS as EMBEDDING_OLDER,
-    )
-
-    return upgrade(anchor.manifest(expected, EMBEDDING_LEGACY, EMBEDDING_OLDER))
-
-
-def _version() -> str:
-    return __version__
+        return checked_manifest(anchor)
+    return upgrade(anchor.manifest(expected, embeddings.LEGACY_FORMATS, embeddings.OLDER_FORMATS))

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from dualtrain import atomic
-from dualtrain.errors import ArgumentError
+from dualtrain.checkpoint.vocabulary import BACKENDS
+from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.validate import check_int
 
 __all__ = [
+    "NAME_MAX",
     "batch_of",
     "check_member",
     "check_set_names",
@@ -27,10 +29,12 @@ __all__ = [
     "craft_scope",
     "discard_set",
     "discard_stale_members",
+    "member_index",
     "member_of",
+    "require_batch",
 ]
 
-_NAME_MAX = 255  # bytes in a file name on common filesystems (ext4, xfs, APFS, NTFS)
+NAME_MAX = 255  # bytes in a file name on common filesystems (ext4, xfs, APFS, NTFS)
 
 
 def batch_of(obj: Any) -> int | None:
@@ -52,6 +56,16 @@ def batch_of(obj: Any) -> int | None:
     return None
 
 
+def require_batch(bm: Any) -> int:
+    """The member count of `bm`, refused (ArgumentError) unless a BatchModule."""
+    batch = batch_of(bm)
+    if batch is None:
+        raise bad_argument(
+            "bm", type(bm).__name__, "a BatchModule of dualtrain_torch or dualtrain_jax"
+        )
+    return batch
+
+
 def craft_scope(craft: Any) -> str:
     """The scope a realized module's anchors are named for: its Craft's, else the class name."""
     return craft.craft.scope or type(craft.craft).__name__
@@ -60,6 +74,41 @@ def craft_scope(craft: Any) -> str:
 def check_member(member: object, batch: int) -> int:
     """A member index in ``[-batch, batch)`` (as `extract` takes it), returned in ``[0, batch)``."""
     return check_int("member", member, minimum=-batch, maximum=batch - 1) % batch
+
+
+def member_index(craft: Any, member: Any, every: str, optimizer: Any, scheduler: Any) -> int | None:
+    """``member=`` of `drop` and `to`: member `member` of a BatchModule, or None for a model.
+
+    Refuses a member of a single model, a BatchModule without one, and an optimizer or
+    scheduler with one (the stacked optimizer state holds every member).
+    """
+    batch = batch_of(craft)
+    if batch is None:
+        if member is not None:
+            raise bad_argument(
+                "member",
+                member,
+                f"None for a single model (craft is a {type(craft).__name__}, not a BatchModule)",
+            )
+        return None
+    if member is None:
+        raise bad_argument(
+            "member",
+            None,
+            f"the index of one of the BatchModule's {batch} members, in [0, {batch}) "
+            f"(or {every}(bm) for all of them)",
+        )
+    i = check_member(member, batch)
+    for name, value in (("optimizer", optimizer), ("scheduler", scheduler)):
+        if value is not None:
+            raise bad_argument(
+                name,
+                type(value).__name__,
+                "None with member=: a member's optimizer and scheduler state are not "
+                "stored (the stacked state holds every member); save it with "
+                "bm.extract(i) and an optimizer of its own",
+            )
+    return i
 
 
 def member_of(bm: Any, index: int) -> Any:
@@ -71,7 +120,7 @@ def member_of(bm: Any, index: int) -> Any:
             framework, so they are saved with their framework's own tools.
     """
     member = bm.extract(index)
-    if getattr(member, "dualtrain_backend", None) in ("torch", "jax"):
+    if getattr(member, "dualtrain_backend", None) in BACKENDS:
         return member
     if isinstance(member, tuple):
         what, how = "(params, apply_fn) pairs", "save bm.extract(i)[0] with your own tools"
@@ -93,9 +142,9 @@ def check_set_names(finals: list[Path], file: Any, named: bool) -> None:
     before it. A numbered set steps past such a name instead.
     """
     for final in finals:
-        if len(final.name.encode()) > _NAME_MAX:
+        if len(final.name.encode()) > NAME_MAX:
             raise ArgumentError(
-                f"file must give member file names of at most {_NAME_MAX} bytes; got "
+                f"file must give member file names of at most {NAME_MAX} bytes; got "
                 f"{final.name!r} ({len(final.name.encode())} bytes) for file={file!r}"
             )
         if named and os.path.lexists(final) and not final.is_file():

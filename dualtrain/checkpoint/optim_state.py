@@ -29,9 +29,11 @@ Slot names are torch's state keys. Anchors written before the native form (a man
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
+from dualtrain.checkpoint.fit import in_scope
 from dualtrain.checkpoint.vocabulary import slot_name
 from dualtrain.errors import ArgumentError, CheckpointError, DualtrainError
 
@@ -161,10 +163,7 @@ def record_optimizer(
     `part` is the adapter's checkpoint module; only parameters in `scope` keep their state.
     Raises before anything is written: the caller writes the file afterwards.
     """
-
-    def keep(name: str) -> bool:
-        return scope is None or name == scope or name.startswith(scope + ".")
-
+    keep = functools.partial(in_scope, scope=scope)
     entry, tensors = part.export_native(craft, optimizer, keep)
     entry = {"form": "native", "framework": craft.dualtrain_backend, **entry}
     try:
@@ -179,17 +178,10 @@ def record_optimizer(
 def record_scheduler(
     part: Any, craft: Any, scheduler: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The tensors and manifest entry of a learning-rate scheduler (torch only)."""
-    if craft.dualtrain_backend != "torch":
-        from dualtrain.errors import bad_argument
-
-        raise bad_argument(
-            "scheduler",
-            type(scheduler).__name__,
-            "None under JAX (optax keeps schedules inside the optimizer state)",
-        )
+    """The tensors and manifest entry of a learning-rate scheduler (where the part has one)."""
+    part.check_scheduler_support(scheduler, loading=False)
     entry, tensors = part.export_scheduler(scheduler)
-    return tensors, {"framework": "torch", **entry}
+    return tensors, {"framework": craft.dualtrain_backend, **entry}
 
 
 # ---- reading ----------------------------------------------------------------------------
@@ -288,7 +280,6 @@ def _listed(names: list[str], manifest: dict[str, Any], path: Any, what: str) ->
 
 def check_scheduler(
     part: Any,
-    craft: Any,
     scheduler: Any,
     manifest: dict[str, Any],
     tensors: dict[str, Any],
@@ -296,11 +287,8 @@ def check_scheduler(
 ) -> Callable[[], Any]:
     """Validates the anchor's scheduler state against `scheduler`; returns its loader."""
     entry = manifest["scheduler"]
-    if craft.dualtrain_backend != "torch":
-        raise CheckpointError(
-            f"{path}: scheduler is torch's; under JAX the schedule is in the optax state"
-        )
     try:
+        part.check_scheduler_support(scheduler, loading=True)
         tensors = _validated(entry.get("tensors", {}), tensors)
         return part.check_scheduler(scheduler, entry, tensors)
     except CheckpointError as err:
@@ -310,7 +298,6 @@ def check_scheduler(
 
 
 def _entry(manifest: dict[str, Any], path: Any) -> dict[str, Any]:
-
     entry = manifest.get("optimizer")
     if entry is None:
         raise CheckpointError(f"{path} holds no optimizer state; it was dropped without one")
@@ -320,7 +307,6 @@ def _entry(manifest: dict[str, Any], path: Any) -> dict[str, Any]:
 
 
 def _legacy(entry: dict[str, Any], tensors: dict[str, Any], path: Any) -> OptimizerState:
-
     try:
         return OptimizerState.from_tensors(
             entry["family"], int(entry["step"]), dict(entry.get("hyper", {})), tensors

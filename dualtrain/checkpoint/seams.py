@@ -1,10 +1,12 @@
 """What TimeMachine asks of an adapter's ``checkpoint`` module: tensors, RNG, optimizer state.
 
-A module's members play the Protocol's methods. `dualtrain.backends.load_part` returns the
-adapter's module typed as `CheckpointPart` (`TorchCheckpointPart` for torch, which also
-stores LR schedulers), and ``tests/test_seams.py`` checks both adapters against these
-signatures. Parameters before a ``/`` are passed by position and named as each framework
-likes (``optimizer`` for torch, ``opt_state`` for optax).
+A module's members play the Protocol's methods. `part_of` finds a realized module's part
+(`dualtrain.backends.load_part`), typed as `CheckpointPart`, and ``tests/test_seams.py``
+checks both adapters against these signatures. What differs between frameworks is the
+adapter's to say (`check_scheduler_support`: JAX keeps no LR scheduler, optax keeps the
+schedule in its state), so the core never asks which framework it runs on. Parameters
+before a ``/`` are passed by position and named as each framework likes (``optimizer`` for
+torch, ``opt_state`` for optax).
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dualtrain import backends
+from dualtrain.checkpoint.vocabulary import BACKENDS
+from dualtrain.errors import bad_argument
+
 if TYPE_CHECKING:
     import numpy as np
 
     from dualtrain.checkpoint.optim_state import OptimizerState
 
-__all__ = ["CheckpointPart", "TorchCheckpointPart"]
+__all__ = ["CheckpointPart", "TorchCheckpointPart", "part_of"]
 
 
 class CheckpointPart(Protocol):
@@ -83,6 +89,13 @@ class CheckpointPart(Protocol):
         """Validates a portable state against `optimizer`; returns the function loading it."""
         ...
 
+    def check_scheduler_support(self, scheduler: Any, /, loading: bool) -> None:
+        """Refuses `scheduler` where the framework stores none (`loading`: at `to`, not `drop`).
+
+        Where it returns, the part is a `TorchCheckpointPart`, which stores it.
+        """
+        ...
+
 
 class TorchCheckpointPart(CheckpointPart, Protocol):
     """``dualtrain_torch.checkpoint``: also LR schedulers (optax keeps schedules in its state)."""
@@ -96,3 +109,15 @@ class TorchCheckpointPart(CheckpointPart, Protocol):
     ) -> Callable[[], Any]:
         """Validates a scheduler entry against `scheduler`; returns the function loading it."""
         ...
+
+
+def part_of(craft: Any) -> CheckpointPart:
+    """The checkpoint part of the adapter that realized `craft` (ArgumentError for others)."""
+    name = getattr(craft, "dualtrain_backend", None)
+    if name not in BACKENDS:
+        raise bad_argument(
+            "craft",
+            type(craft).__name__,
+            "a module from dualtrain_torch.realize or dualtrain_jax.realize",
+        )
+    return backends.load_part(name, "checkpoint")

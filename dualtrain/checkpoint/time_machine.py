@@ -10,55 +10,20 @@ the whole file and how it fits the model before it changes anything. There is no
 
 from __future__ import annotations
 
-import json
-import numbers
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dualtrain import backends
-from dualtrain.checkpoint.anchor_file import (
-    Anchor,
-    check_extra,
-    check_header,
-    numpy_scalars,
-    write_anchor,
-)
-from dualtrain.checkpoint.anchor_names import (
-    _absent,
-    _check_unnumbered,
-    _inside,
-    _keep_newest,
-    _next_numbered,
-    _with_suffix,
-    anchor_stem,
-    member_stem,
-    source_path,
-)
-from dualtrain.checkpoint.embeddings import EmbeddingAnchors
-from dualtrain.checkpoint.fit import BOOKKEEPING, Restored, _check_rng, _compare, _few, _select
-from dualtrain.checkpoint.manifest import (  # FORMAT and the readers: re-exported here too
-    FORMAT,
-    LEGACY_FORMATS,
-    OLDER_FORMATS,
-    _checked,
-    _manifest,
-    craft_manifest,
-    is_plain,
-    plain_manifest,
-)
-from dualtrain.checkpoint.member_anchors import _NAME_MAX, craft_scope, member_of
+from dualtrain.checkpoint.anchor_names import absent, anchor_stem
+from dualtrain.checkpoint.anchor_reader import AnchorReader
+from dualtrain.checkpoint.anchor_writer import AnchorWriter, check_max_anchors
+from dualtrain.checkpoint.embeddings import load_rows, save_rows
+from dualtrain.checkpoint.fit import BOOKKEEPING, Restored
+from dualtrain.checkpoint.manifest import FORMAT, LEGACY_FORMATS, OLDER_FORMATS  # re-exported
+from dualtrain.checkpoint.member_anchors import craft_scope, member_index, member_of
 from dualtrain.checkpoint.member_sets import MemberSets
-from dualtrain.checkpoint.optim_state import (
-    check_optimizer,
-    check_scheduler,
-    optimizer_tensor_names,
-    record_optimizer,
-    record_scheduler,
-    scheduler_tensor_names,
-)
-from dualtrain.checkpoint.seams import CheckpointPart
-from dualtrain.errors import ArgumentError, CheckpointError, bad_argument
+from dualtrain.errors import CheckpointError, bad_argument
 
 __all__ = [
     "BOOKKEEPING",
@@ -70,14 +35,17 @@ __all__ = [
     "TimeMachine",
     "anchor_stem",
 ]
-_READERS = (_manifest,)  # tests and tools read an anchor's manifest as time_machine._manifest
 
 
-class TimeMachine(MemberSets, EmbeddingAnchors):
+class TimeMachine:
     """Drops and loads checkpoints of realized Crafts, under either framework.
 
     Also the members of a BatchModule over a realized Craft, one (``member=``) or all
     (`drop_members`, `to_members`), each as an ordinary anchor of a single model.
+
+    It holds an `AnchorWriter` (``checkpoint.anchor_writer``: `save_path`, `max_anchors`),
+    an `AnchorReader` (``checkpoint.anchor_reader``: `ckpt_path`) and the `MemberSets` over
+    both (``checkpoint.member_sets``); embedding stores go through ``checkpoint.embeddings``.
 
     Args:
         ckpt_path: an anchor file, or a folder where `to` looks for anchors (by default
@@ -93,12 +61,39 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
         save_path: str | os.PathLike | None = None,
         max_anchors: int = -1,
     ) -> None:
-        if not _integral(max_anchors) or max_anchors == 0 or max_anchors < -1:
-            raise bad_argument("max_anchors", max_anchors, "a positive int, or -1 to keep all")
-        max_anchors = int(max_anchors)
-        self.ckpt_path = Path(ckpt_path) if ckpt_path is not None else None
-        self.save_path = Path(save_path) if save_path is not None else None
-        self.max_anchors = max_anchors
+        max_anchors = check_max_anchors(max_anchors)
+        ckpt = Path(ckpt_path) if ckpt_path is not None else None
+        save = Path(save_path) if save_path is not None else None
+        self.writer = AnchorWriter(save, max_anchors)
+        self.reader = AnchorReader(ckpt, save)
+        self.members = MemberSets(self.writer, self.reader)
+
+    @property
+    def ckpt_path(self) -> Path | None:
+        """Where `to` looks for anchors: a file, or a folder (None: `save_path`)."""
+        return self.reader.ckpt_path
+
+    @ckpt_path.setter
+    def ckpt_path(self, value: Path | None) -> None:
+        self.reader.ckpt_path = value
+
+    @property
+    def save_path(self) -> Path | None:
+        """The folder `drop` writes anchors to (and `to` reads without a `ckpt_path`)."""
+        return self.writer.save_path
+
+    @save_path.setter
+    def save_path(self, value: Path | None) -> None:
+        self.writer.save_path = self.reader.save_path = value
+
+    @property
+    def max_anchors(self) -> int:
+        """How many numbered anchors of a scope `drop` keeps in `save_path` (-1: all)."""
+        return self.writer.max_anchors
+
+    @max_anchors.setter
+    def max_anchors(self, value: int) -> None:
+        self.writer.max_anchors = value
 
     # ---- writing ---------------------------------------------------------------------
 
@@ -143,7 +138,7 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
             The anchor's absolute path (`to` takes it as it is).
         """
         craft = _unwrapped(craft)
-        i = self._member_argument(craft, member, "drop_members", optimizer, scheduler)
+        i = member_index(craft, member, "drop_members", optimizer, scheduler)
         if i is not None:
             craft = member_of(craft, i)
         tensors, manifest = self._payload(craft, save_scope, optimizer, step, extra, scheduler)
@@ -153,101 +148,74 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
             if i is None
             else lambda: self._target(craft, file, i)
         )
-        path, stem = target()
-        if stem is None:
-            write_anchor(path, tensors, manifest, default=numpy_scalars)
-            return path.absolute()
-        # A numbered anchor never replaces a file: another process numbering the same scope
-        # in this folder may have taken n meanwhile, so the next free number is taken.
-        for _ in range(1000):
-            try:
-                write_anchor(path, tensors, manifest, default=numpy_scalars, replace=False)
-                break
-            except FileExistsError:
-                path, _ = target()  # the same stem, the next number
-        else:  # pragma: no cover - a thousand writers racing for one scope
-            raise CheckpointError(f"no free anchor number for {stem} in {self.save_path}")
-        self._retain(stem)  # retention governs the anchors drop numbers itself, never a named file
-        return path.absolute()
+        return self.writer.write(tensors, manifest, target)
 
-    def _payload(
-        self,
-        craft: Any,
-        save_scope: str | None,
-        optimizer: Any,
-        step: int | None,
-        extra: dict[str, Any] | None,
-        scheduler: Any,
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """What `drop` writes for `craft`: (the tensors, the manifest), all checked."""
-        part = _adapter(craft)
-        if save_scope is not None and not isinstance(save_scope, str):
-            raise bad_argument("save_scope", save_scope, "a str or None")
-        if step is not None and not _integral(step):
-            raise bad_argument("step", step, "an int or None")
-        if step is not None:
-            try:  # Python's json writes (and reads) ints up to its digit limit only
-                json.dumps(int(step))
-            except ValueError as err:  # (its repr fails the same way: described by size)
-                raise ArgumentError(
-                    f"step must be an int JSON can hold; got one of {int(step).bit_length():,} "
-                    f"bits ({err})"
-                ) from err
-        check_extra(extra, numpy_scalars)  # refused before anything is computed or written
-        everything = part.export_tensors(craft)
-        tensors = _select(everything, save_scope)
-        if not tensors:
-            raise bad_argument(
-                "save_scope", save_scope, f"a name or prefix of the module's ({_few(everything)})"
-            )
-        manifest = craft_manifest(craft, tensors, step, extra)
-        if optimizer is not None:  # refused here, by name, if it cannot be stored
-            opt_tensors, manifest["optimizer"] = record_optimizer(
-                part, craft, optimizer, save_scope
-            )
-            tensors.update(opt_tensors)
-        if scheduler is not None:
-            sched_tensors, manifest["scheduler"] = record_scheduler(part, craft, scheduler)
-            tensors.update(sched_tensors)
-        rng = part.export_rng()
-        if rng is not None:
-            tensors["__rng__"] = rng
-        manifest["tensors"] = sorted(tensors)
-        # What `to` would refuse is refused here, before anything is written: the header
-        # (manifest, extra and tensor table) over safetensors' limit.
-        check_header(tensors, manifest, numpy_scalars, extra)
-        return tensors, manifest
+    def _payload(self, craft: Any, *args: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What `drop` writes for `craft`: (the tensors, the manifest), all checked.
+
+        The writer's `payload`, with its arguments; `drop` and `drop_members` ask here.
+        """
+        return self.writer.payload(craft, *args)
 
     def _target(
         self, craft: Any, file: str | os.PathLike, member: int | None = None
     ) -> tuple[Path, str | None]:
-        """Where `drop` writes, and the stem of a numbered anchor (None for a named file)."""
-        if not _absent(file):
-            path = self._target_file(file)
-            _check_unnumbered(path, file)
-            if len(os.fsencode(path.name)) > _NAME_MAX:  # else the disk's error, on a temp name
-                raise ArgumentError(
-                    f"file must give a file name of at most {_NAME_MAX} bytes; got "
-                    f"{path.name!r} ({len(os.fsencode(path.name))} bytes) for file={file!r}"
-                )
-            return path, None
-        if self.save_path is None:
-            raise bad_argument("file", file, "a path, since the TimeMachine has no save_path")
-        scope = craft_scope(craft)
-        stem = anchor_stem(scope) if member is None else member_stem(scope, member)
-        path = _next_numbered(self.save_path, stem)
-        if len(os.fsencode(path.name)) > _NAME_MAX:
-            raise ArgumentError(
-                f"craft's scope {scope!r} gives numbered anchors names of "
-                f"{len(os.fsencode(path.name))} bytes ({path.name!r}), over the {_NAME_MAX}-byte "
-                f"limit on a file name: pass file= or give the Craft a shorter scope"
-            )
-        return path, stem
+        """Where `drop` writes, and the stem of a numbered anchor (None for a named file).
 
-    def _retain(self, stem: str) -> None:
-        if self.max_anchors == -1 or self.save_path is None:
-            return
-        _keep_newest(self.save_path, stem, self.max_anchors)
+        Asked again for each number `drop` tries, so a subclass may override it.
+        """
+        return self.writer.target(craft, file, member)
+
+    def drop_members(
+        self,
+        bm: Any,
+        file: str | os.PathLike = "",
+        save_scope: str | None = None,
+        step: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> list[Path]:
+        """Writes every member of a BatchModule as its own anchor: a set of `bm.batch` files.
+
+        Member i's file holds exactly what ``drop(bm.extract(i))`` writes. Every member is
+        written to a temporary file first and the set is renamed into place only when all
+        are written, so a failure (a full disk at member 5 of 8) leaves no file of the set.
+
+        Args:
+            bm: a BatchModule (``dualtrain_torch``'s or ``dualtrain_jax``'s) over a realized
+                Craft.
+            file: the set's name, as for `drop`: member i is ``<file>%m<i>.safetensors``
+                (an older set of that name is replaced). By default the set is numbered:
+                ``<save_path>/<stem>%m<i>-<n>.safetensors`` with one n for every member,
+                one past the highest of any member's series; `max_anchors` keeps that many
+                anchors of each member's series.
+            save_scope: as for `drop`.
+            step: the training step, recorded in every member's anchor.
+            extra: JSON-serializable data, recorded in every member's anchor.
+
+        Returns:
+            The members' anchors' absolute paths, member 0 first (`to_members` takes them).
+        """
+        return self.members.drop(
+            bm, file, lambda one: self._payload(one, save_scope, None, step, extra, None)
+        )
+
+    def drop_embeddings(
+        self, rows: Any, file: str | os.PathLike, extra: dict[str, Any] | None = None
+    ) -> Path:
+        """Writes an embedding store with its optimizer state (see ``checkpoint.embeddings``).
+
+        Args:
+            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
+            file: the anchor's name or path, as for `drop`.
+            extra: JSON-serializable data to record.
+
+        Returns:
+            The anchor's absolute path.
+        """
+        if absent(file):
+            raise bad_argument("file", file, "the embedding anchor's name or path")
+        path, _ = self._target(None, file)
+        return save_rows(rows, path, extra).absolute()
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -300,132 +268,61 @@ class TimeMachine(MemberSets, EmbeddingAnchors):
             The names skipped (with why), and the step, extra data and optimizer restored.
         """
         craft = _unwrapped(craft)
-        i = self._member_argument(craft, member, "to_members", optimizer, scheduler)
-        if i is not None:
-            one = member_of(craft, i)  # a copy: loaded, then inserted only if it all loaded
-            path = self._source(craft_scope(one), file, i)
-            strict = True if frozen is None else frozen
-            restored = self.to(one, path, ckpt_scope, strict, restore_rng=restore_rng)
-            craft.insert(i, one)
-            return restored
-        part = _adapter(craft)
-        if ckpt_scope is not None and not isinstance(ckpt_scope, str):
-            raise bad_argument("ckpt_scope", ckpt_scope, "a str or None")
-        part.check_optimizer_argument(optimizer)
-        path = self._source(craft_scope(craft), file)
-        anchor = Anchor(path)
-        plain = is_plain(anchor)
-        if plain and (optimizer is not None or scheduler is not None):
-            raise CheckpointError(
-                f"{path} is a plain safetensors file (no dualtrain manifest): it holds no "
-                f"{'optimizer' if optimizer is not None else 'scheduler'} state to load"
+        i = member_index(craft, member, "to_members", optimizer, scheduler)
+        if i is None:
+            return self.reader.load(
+                craft, file, ckpt_scope, frozen, optimizer, restore_rng, scheduler
             )
-        manifest = plain_manifest(anchor) if plain else _checked(anchor)
-        # A plain state_dict loads whole by default: every name, shape and dtype kind.
-        frozen = bool(plain if frozen is None else frozen)
-        specs = part.specs(craft)
-        model = _select(specs, ckpt_scope)
-        stored = {k: (anchor.entries[k].shape, anchor.entries[k].dtype) for k in manifest["names"]}
-        saved = _select(stored, ckpt_scope)
-        if ckpt_scope is not None and not saved:
-            raise CheckpointError(
-                f"ckpt_scope {ckpt_scope!r} matches no tensor of {path} ({_few(stored)})"
-            )
-        if ckpt_scope is not None and not model:
-            raise bad_argument(
-                "ckpt_scope", ckpt_scope, f"a name or prefix of the module's ({_few(specs)})"
-            )
-        try:
-            skipped = _compare(model, saved, frozen, path)
-        except CheckpointError as err:
-            if not plain:
-                raise
-            raise CheckpointError(
-                f"{path} is a safetensors file but not a dualtrain checkpoint; read as a plain "
-                f"state_dict (tensor names as torch's state_dict names them), it does not fit "
-                f"the model: {err}"
-            ) from err
-        wanted = [k for k in saved if k in model and k not in skipped]
-        extra_names, opt_names, sched_names = [], [], []
-        if optimizer is not None:
-            opt_names = optimizer_tensor_names(manifest, craft.dualtrain_backend, set(wanted), path)
-        if scheduler is not None:
-            sched_names = scheduler_tensor_names(manifest, path)
-        extra_names = opt_names + sched_names
-        if restore_rng and "__rng__" in anchor.entries:
-            _check_rng(part, anchor)
-            extra_names.append("__rng__")
-        anchor.verify()  # every tensor's CRC-32, loaded or not: a damaged file is refused whole
-        tensors = part.native({k: anchor.array(k) for k in wanted + extra_names})
-        restored = Restored(skipped)
-        restored.file, restored.manifest = path, manifest
-        restored.step, restored.extra = manifest.get("step"), manifest.get("extra", {})
-        restored.optimizer = None
-        # Optimizer and scheduler state are checked before anything changes (a refusal
-        # leaves model and optimizer as they were); filling them cannot fail afterwards.
-        fill_optimizer = fill_scheduler = None
-        if optimizer is not None:
-            fill_optimizer = check_optimizer(
-                part,
-                craft,
-                optimizer,
-                manifest,
-                {k: tensors[k] for k in opt_names},
-                set(wanted),
-                path,
-            )
-        if scheduler is not None:
-            fill_scheduler = check_scheduler(
-                part, craft, scheduler, manifest, {k: tensors[k] for k in sched_names}, path
-            )
-        # Each filler restores its own object if it fails; one that succeeded is undone when
-        # a later one fails, so a refusal here too leaves everything as it was.
-        undo: list[Any] = []
-        try:
-            if fill_optimizer is not None:
-                restored.optimizer = fill_optimizer()
-                undo.append(getattr(fill_optimizer, "undo", None))
-            if fill_scheduler is not None:
-                fill_scheduler()
-                undo.append(getattr(fill_scheduler, "undo", None))
-        except Exception as err:
-            for step_back in reversed(undo):
-                if step_back is not None:
-                    step_back()
-            if isinstance(err, CheckpointError):
-                raise CheckpointError(f"{path}: {err}") from err
-            raise CheckpointError(f"{path} holds state that does not load: {err!r}") from err
-        part.import_tensors(craft, {k: tensors[k] for k in wanted})
-        if restore_rng and "__rng__" in tensors:
-            part.import_rng(tensors["__rng__"])
+        one = member_of(craft, i)  # a copy: loaded, then inserted only if it all loaded
+        path = self.reader.source(craft_scope(one), file, i)
+        strict = True if frozen is None else frozen
+        restored = self.reader.load(one, path, ckpt_scope, strict, None, restore_rng, None)
+        craft.insert(i, one)
         return restored
 
-    def _target_file(self, file: str | os.PathLike) -> Path:
-        return _with_suffix(_inside(self.save_path, file))
+    def to_members(
+        self,
+        bm: Any,
+        file: str | os.PathLike | Sequence[str | os.PathLike] = "",
+        ckpt_scope: str | None = None,
+        frozen: bool = True,
+    ) -> list[Restored]:
+        """Loads a set of member anchors into every member of a BatchModule.
 
-    def _source(
-        self, scope: str | None, file: str | os.PathLike, member: int | None = None
-    ) -> Path:
-        """The anchor `to` reads: `file`, `ckpt_path` itself, or the scope's newest."""
-        return source_path(self.ckpt_path, self.save_path, scope, file, member)
+        Every anchor is checked, and loaded into a copy of its member, before any member
+        changes: one that fails leaves the whole BatchModule as it was.
+
+        Args:
+            bm: a BatchModule (either framework's) over a realized Craft.
+            file: the list of `bm.batch` anchors, member 0 first (what `drop_members`
+                returned; any Craft anchors of the architecture, from either framework), or
+                a set's name as given to `drop_members`. By default the newest set numbered
+                by `drop_members` in `ckpt_path` (or `save_path`) that holds every member.
+            ckpt_scope: load only names equal to it or under it.
+            frozen: as for `to`; by default each member is filled whole, as `insert` does.
+
+        Returns:
+            One `Restored` per member.
+        """
+        return self.members.load(
+            bm,
+            file,
+            lambda one, path: self.reader.load(one, path, ckpt_scope, frozen, None, False, None),
+        )
+
+    def to_embeddings(self, rows: Any, file: str | os.PathLike = "") -> dict[str, Any]:
+        """Loads an embedding anchor, written under either framework, into `rows`' store.
+
+        Args:
+            rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
+            file: the anchor, named as for `to`; may be left out when `ckpt_path` is the file.
+
+        Returns:
+            The anchor's manifest (step, mode, hyper-parameters, extra).
+        """
+        return load_rows(rows, self.reader.source(None, file))
 
 
 def _unwrapped(craft: Any) -> Any:
     """The model inside a Multiverse-synced one (its DDP's ``module``: unprefixed names)."""
     return getattr(craft, "dualtrain_wrapped", craft)
-
-
-def _adapter(craft: Any) -> CheckpointPart:
-    name = getattr(craft, "dualtrain_backend", None)
-    if name not in ("torch", "jax"):
-        raise bad_argument(
-            "craft",
-            type(craft).__name__,
-            "a module from dualtrain_torch.realize or dualtrain_jax.realize",
-        )
-    return backends.load_part(name, "checkpoint")
-
-
-def _integral(value: Any) -> bool:
-    """An int, NumPy's included, and not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -158,7 +158,7 @@ def test_frozen_refuses_and_names_every_mismatch(tmp_path):
 def test_scopes_select_by_name_prefix(tmp_path):
     module = tcraft.realize(MLP(), seed=8)
     anchor = TimeMachine().drop(module, tmp_path / "fc1", save_scope="fc1")
-    manifest = dualtrain.checkpoint.time_machine._manifest(anchor)
+    manifest = dualtrain.checkpoint.manifest.read_manifest(anchor)
     assert sorted(manifest["names"]) == ["fc1.bias", "fc1.weight"]
     jm = jcraft.realize(MLP(), seed=9)
     skipped = TimeMachine().to(jm, anchor, ckpt_scope="fc1", frozen=True)
@@ -198,7 +198,7 @@ def test_tied_weights_are_stored_once(tmp_path):
             return self.again(self.fc(x))
 
     module = tcraft.realize(Tied())
-    manifest = dualtrain.checkpoint.time_machine._manifest(
+    manifest = dualtrain.checkpoint.manifest.read_manifest(
         TimeMachine().drop(module, tmp_path / "t")
     )
     assert sorted(manifest["names"]) == ["fc.bias", "fc.weight"]
@@ -257,7 +257,7 @@ def test_torch_rng_state_is_restored_on_request(tmp_path):
 def test_bfloat16_models_cross_as_bfloat16(tmp_path):
     module = tcraft.realize(MLP(), seed=10, dtype="bfloat16")
     anchor = TimeMachine().drop(module, tmp_path / "bf16")
-    manifest = dualtrain.checkpoint.time_machine._manifest(anchor)
+    manifest = dualtrain.checkpoint.manifest.read_manifest(anchor)
     assert manifest["names"]["fc1.weight"]["dtype"] == "bfloat16"
     jm = jcraft.realize(MLP(), seed=11, dtype="bfloat16")
     TimeMachine().to(jm, anchor, frozen=True)
