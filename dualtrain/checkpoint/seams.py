@@ -1,10 +1,10 @@
 """What TimeMachine asks of an adapter's ``checkpoint`` module: tensors, RNG, optimizer state.
 
-A module's members play the Protocol's methods. `dualtrain.backends.load_part` returns the
-adapter's module typed as `CheckpointPart` (`TorchCheckpointPart` for torch, which also
-stores LR schedulers), and ``tests/core/test_seams.py`` checks both adapters against these
-signatures. Parameters before a ``/`` are passed by position and named as each framework
-likes (``optimizer`` for torch, ``opt_state`` for optax).
+A module's members play the Protocol's methods. `checkpoint_part(name)` returns the
+adapter's module typed as `CheckpointPart` (`torch_checkpoint_part()`: `TorchCheckpointPart`,
+which also stores LR schedulers), and ``tests/core/test_seams.py`` checks both adapters
+against these signatures. Parameters before a ``/`` are passed by position and named as
+each framework likes (``optimizer`` for torch, ``opt_state`` for optax).
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dualtrain import backends
+
 if TYPE_CHECKING:
     import numpy as np
 
     from dualtrain.checkpoint.optim_state import OptimizerState
 
-__all__ = ["CheckpointPart", "TorchCheckpointPart"]
+__all__ = ["CheckpointPart", "TorchCheckpointPart", "checkpoint_part", "torch_checkpoint_part"]
 
 
 class CheckpointPart(Protocol):
@@ -96,3 +98,13 @@ class TorchCheckpointPart(CheckpointPart, Protocol):
     ) -> Callable[[], Any]:
         """Validates a scheduler entry against `scheduler`; returns the function loading it."""
         ...
+
+
+def checkpoint_part(name: str) -> CheckpointPart:
+    """Backend `name`'s ``checkpoint`` module (loads its framework)."""
+    return backends.load_part(name, "checkpoint")
+
+
+def torch_checkpoint_part() -> TorchCheckpointPart:
+    """The torch adapter's ``checkpoint`` module, LR schedulers included (loads torch)."""
+    return backends.load_part("torch", "checkpoint")
