@@ -14,9 +14,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain_jax.distributed.joined import Joined
 
 if TYPE_CHECKING:
-    from dualtrain_jax.distributed import JaxRuntime
     from dualtrain_jax.transfer import Transfer
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
 AXIS = "data"  # the mesh's one axis: replicas of the model, shards of the batch
 
 
-def place(rt: JaxRuntime, transfer: Transfer, batch: Any) -> Any:
+def place(rt: Joined, transfer: Transfer, batch: Any) -> Any:
     """`batch` (this process's rows) as global arrays split by rows over the mesh.
 
     With one process, NumPy rows are left for the jitted step to place (its in-sharding
@@ -48,7 +48,7 @@ def place(rt: JaxRuntime, transfer: Transfer, batch: Any) -> Any:
 class PmapLayout:
     """pmap's forms of a runtime's arrays: per-device copies and per-device rows."""
 
-    def __init__(self, runtime: JaxRuntime) -> None:
+    def __init__(self, runtime: Joined) -> None:
         self.runtime = runtime
 
     def rows(self, x: Any) -> Any:
