@@ -22,9 +22,9 @@ import optax
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_jax.craft import JaxModule
-from dualtrain_jax.distributed.joined import Joined
 from dualtrain_jax.distributed.rows import (
     AXIS,
+    Joined,
     PmapLayout,
     batch_rows,
     host_rows,
@@ -64,7 +64,7 @@ class DataParallelLearner:
     global batch: every process's rows, or with ``mask`` the rows it marks True.
 
     Args:
-        runtime: the joined run (`dualtrain_jax.distributed.joined.Joined`).
+        runtime: the joined run (`dualtrain_jax.distributed.rows.Joined`).
         model: a realized module or a pytree of arrays (copied onto the mesh, replicated;
             the caller's arrays are left as they are).
         optimizer: an optax ``GradientTransformation``.

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dualtrain.errors import ArgumentError, bad_argument
-from dualtrain_jax.distributed.joined import Joined
+from dualtrain_jax.distributed.rows import Joined
 
 __all__ = ["local_value", "reduce_value"]
 

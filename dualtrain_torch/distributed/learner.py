@@ -24,8 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dualtrain.errors import bad_argument
 from dualtrain_torch.distributed.exit import handed
-from dualtrain_torch.distributed.joined import Joined
-from dualtrain_torch.distributed.rows import count_rows, local_loss, to_device
+from dualtrain_torch.distributed.rows import Joined, count_rows, local_loss, to_device
 
 __all__ = ["DistributedLearner", "carries_rows"]
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.distributed.exit import handed
-from dualtrain_torch.distributed.joined import Joined
+from dualtrain_torch.distributed.rows import Joined
 
 __all__ = ["reduce_value"]
 

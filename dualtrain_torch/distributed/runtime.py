@@ -26,12 +26,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.multiverse.seams import distributed_traits
 from dualtrain.multiverse.world import World
 from dualtrain.validate import check_seed
 from dualtrain_torch.distributed.exit import handed, release
 from dualtrain_torch.distributed.learner import DistributedLearner, carries_rows
 from dualtrain_torch.distributed.reduce import reduce_value
-from dualtrain_torch.distributed.traits import TRAITS
 
 __all__ = ["SoloModule", "SyncedModule", "TorchRuntime", "join"]
 
@@ -437,7 +437,9 @@ class TorchRuntime:
 def _ddp_options(options: Any) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise bad_argument("options", options, "a dict of DDP options")
-    known = TRAITS.sync_options  # each passed to DDP as it is
+    # This adapter's TRAITS, through the registry (the package that declares them imports
+    # this module): each option is passed to DDP as it is.
+    known = distributed_traits("torch").sync_options
     for name, value in options.items():
         if name not in known:
             raise bad_argument("option", name, "one of " + ", ".join(map(repr, known)))
