@@ -5,7 +5,10 @@ from __future__ import annotations
 import functools
 import math
 import multiprocessing
+import os
 import random
+import signal
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,10 +21,18 @@ from dualtrain.deprecation import moved
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.checks import check_divisible, is_number, is_tank, positive_count
 from dualtrain.multiverse.devices import host_devices
-from dualtrain.multiverse.launch import check_class, check_picklable, run_workers
+from dualtrain.multiverse.launch import (
+    check_class,
+    check_picklable,
+    end_group,
+    own_group,
+    report_failure,
+    report_result,
+    run_workers,
+    watch_parent,
+)
 from dualtrain.multiverse.rank_zero import RankZeroTimeMachine
 from dualtrain.multiverse.seams import Runtime, distributed_part, distributed_traits
-from dualtrain.multiverse.worker import run_worker
 from dualtrain.multiverse.world import World, from_environment, spawn_environments
 from dualtrain.validate import check_seed
 
@@ -187,9 +198,35 @@ class Multiverse:
             "nworld": self._requested, "backend": self.backend, "timeout": self.timeout,
             "engine": self.engine, **self._sync_options,
         }  # fmt: skip
-        # The class itself, so a subclass (the Nebulae compat's) is what each worker runs.
-        payload = (type(self), self.universe, config, args, steps)
-        return run_workers(run_worker, [payload] * n, envs, steps)
+        # The class's own, so a subclass (the Nebulae compat's) is what each worker runs.
+        payload = (self.universe, config, args, steps)
+        return run_workers(type(self)._work, [payload] * n, envs, steps)
+
+    @classmethod
+    def _work(
+        cls, conn: Any, rank: int, parent: int, universe: Callable[..., Any],
+        config: dict[str, Any], args: tuple[Any, ...], steps: Any,
+    ) -> None:  # fmt: skip
+        """A spawned worker's body: join, run the universe, report; never outlive the parent."""
+        own_group()  # what it starts (Tank workers, pools) is stopped with it
+        watch_parent(parent)
+        mv: Multiverse | None = None
+        try:
+            mv = cls(universe, **config)
+            mv._steps = steps
+            mv._join_early()
+            result = universe(mv, *args)
+        except BaseException as err:  # everything reaches the parent, Ctrl-C too
+            report_failure(conn, mv.step if mv is not None else 0, err)
+            conn.close()
+            sys.stderr.flush()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            end_group(signal.SIGTERM)  # its children; the parent SIGKILLs what stays
+            os._exit(1)  # no atexit: a process group left mid-collective can hang its teardown
+        # Reported before leaving: a teardown that hangs is then the parent's to end.
+        report_result(conn, mv.step, result if rank == 0 else None)
+        conn.close()
+        mv.leave()
 
     def init(self) -> Multiverse:
         """Joins the run (idempotent; `sync`, `reduce` and the rest call it when needed)."""
