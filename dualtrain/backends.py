@@ -12,7 +12,9 @@ global switch, so torch and JAX live side by side in one process.
 This module is the one door from the core to an adapter: it imports adapters by name
 (`importlib`), and only when a caller asked for that backend. Each other module of an
 adapter that the core uses is a *part* (`load_part`), listed in `PARTS` with the Protocol it
-meets; the Protocols live beside the core modules that use them (``dualtrain/*/seams.py``).
+meets; the Protocols live beside the core modules that use them (``dualtrain/*/seams.py``),
+each with its typed accessor (``fuel.seams.data_part(name)``). A part may declare its
+framework's policy as data (``TRAITS``), which `traits` reads without loading the framework.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ __all__ = [
     "load",
     "load_part",
     "seam",
+    "traits",
 ]
 
 NAMES = ("numpy", "torch", "jax", "cupy")
@@ -158,6 +161,18 @@ def load_part(name: str, part: str) -> Any:
     _check_part(name, part)
     load(name)
     return importlib.import_module(f"dualtrain_{name}.{part}")
+
+
+def traits(name: str, part: str) -> Any:
+    """What backend `name`'s module `part` declares as ``TRAITS``, its framework not imported.
+
+    Such a part imports its framework only when another of its names is first used.
+
+    Raises:
+        ArgumentError: for a backend other than torch or JAX, or a part not in `PARTS`.
+    """
+    _check_part(name, part)
+    return importlib.import_module(f"dualtrain_{name}.{part}").TRAITS
 
 
 def seam(name: str, part: str) -> type:

@@ -50,8 +50,8 @@ def kept(name: str, value: Any) -> Any:
         raise bad_argument(
             name, value, _EXPECTED + ": gauge outside jax.jit, with the value the step returns"
         )
-    if way == "torch":
-        return value.detach().clone()  # queued on the tensor's device: no sync
+    if way == "detach":  # a torch tensor: a copy queued on its device, no sync
+        return value.detach().clone()
     return value  # a JAX array: immutable
 
 
@@ -66,7 +66,7 @@ def _way_of(value: Any) -> str:
     if _is_tracer(value):
         return "tracer"
     if callable(getattr(value, "detach", None)) and callable(getattr(value, "clone", None)):
-        return "torch"
+        return "detach"
     return "device"
 
 

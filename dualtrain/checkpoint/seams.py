@@ -1,12 +1,13 @@
 """What TimeMachine asks of an adapter's ``checkpoint`` module: tensors, RNG, optimizer state.
 
 A module's members play the Protocol's methods. `part_of` finds a realized module's part
-(`dualtrain.backends.load_part`), typed as `CheckpointPart`, and ``tests/test_seams.py``
-checks both adapters against these signatures. What differs between frameworks is the
-adapter's to say (`check_scheduler_support`: JAX keeps no LR scheduler, optax keeps the
-schedule in its state), so the core never asks which framework it runs on. Parameters
-before a ``/`` are passed by position and named as each framework likes (``optimizer`` for
-torch, ``opt_state`` for optax).
+and `checkpoint_part(name)` a backend's, typed as `CheckpointPart`
+(`torch_checkpoint_part()`: `TorchCheckpointPart`, which also stores LR schedulers), and
+``tests/test_seams.py`` checks both adapters against these signatures. What differs between
+frameworks is the adapter's to say (`check_scheduler_support`: JAX keeps no LR scheduler,
+optax keeps the schedule in its state), so the core never asks which framework it runs on.
+Parameters before a ``/`` are passed by position and named as each framework likes
+(``optimizer`` for torch, ``opt_state`` for optax).
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ if TYPE_CHECKING:
 
     from dualtrain.checkpoint.optim_state import OptimizerState
 
-__all__ = ["CheckpointPart", "TorchCheckpointPart", "part_of"]
+__all__ = [
+    "CheckpointPart",
+    "TorchCheckpointPart",
+    "checkpoint_part",
+    "part_of",
+    "torch_checkpoint_part",
+]
 
 
 class CheckpointPart(Protocol):
@@ -120,4 +127,14 @@ def part_of(craft: Any) -> CheckpointPart:
             type(craft).__name__,
             "a module from dualtrain_torch.realize or dualtrain_jax.realize",
         )
+    return checkpoint_part(name)
+
+
+def checkpoint_part(name: str) -> CheckpointPart:
+    """Backend `name`'s ``checkpoint`` module (loads its framework)."""
     return backends.load_part(name, "checkpoint")
+
+
+def torch_checkpoint_part() -> TorchCheckpointPart:
+    """The torch adapter's ``checkpoint`` module, LR schedulers included (loads torch)."""
+    return backends.load_part("torch", "checkpoint")

@@ -14,9 +14,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from dualtrain import backends
 from dualtrain.cockpit.gputil import GPUtil
 from dualtrain.cockpit.nvml import GPUInfo
+from dualtrain.cockpit.seams import cockpit_part
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import from_environment
 from dualtrain.validate import check_finite, check_int
@@ -144,22 +144,20 @@ class Engine:
     @property
     def torch_device(self) -> Any:
         """This process's ``torch.device`` (``cuda:<n>`` or ``cpu``); imports torch."""
-        part = backends.load_part("torch", "cockpit")
+        part = cockpit_part("torch")
         ordinal = self.cuda_ordinal
         return part.devices(() if ordinal is None else (ordinal,))[0]
 
     @property
     def jax_devices(self) -> list[Any]:
         """JAX devices of every GPU picked (the CPU's first device on the CPU); imports jax."""
-        return backends.load_part("jax", "cockpit").devices(
-            self.cuda_ordinals if self.gpu is not None else ()
-        )
+        return cockpit_part("jax").devices(self.cuda_ordinals if self.gpu is not None else ())
 
     @property
     def jax_device(self) -> Any:
         """This process's JAX device; imports jax."""
         ordinal = self.cuda_ordinal
-        part = backends.load_part("jax", "cockpit")
+        part = cockpit_part("jax")
         return part.devices(() if ordinal is None else (ordinal,))[0]
 
 

@@ -1,6 +1,6 @@
 """What the cockpit asks of an adapter's ``cockpit`` module: its devices for CUDA numbers.
 
-`dualtrain.backends.load_part` returns the adapter's module typed as `CockpitPart`, and
+`cockpit_part(name)` returns the adapter's module typed as `CockpitPart`, and
 ``tests/test_seams.py`` checks both adapters against these signatures.
 """
 
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["CockpitPart"]
+from dualtrain import backends
+
+__all__ = ["CockpitPart", "cockpit_part"]
 
 
 class CockpitPart(Protocol):
@@ -21,3 +23,8 @@ class CockpitPart(Protocol):
         ArgumentError naming it.
         """
         ...
+
+
+def cockpit_part(name: str) -> CockpitPart:
+    """Backend `name`'s ``cockpit`` module (loads its framework)."""
+    return backends.load_part(name, "cockpit")

@@ -14,6 +14,7 @@ import numpy as np
 
 from dualtrain import backends
 from dualtrain.craft import numpy_ops
+from dualtrain.craft.seams import layers_part
 from dualtrain.errors import ShapeError, bad_argument
 
 __all__ = [
@@ -50,7 +51,7 @@ def _op(name: str, *arrays: Any) -> Callable[..., Any]:
         if backend == "numpy":
             table = numpy_ops.OPS
         else:
-            table = backends.load_part(backend, "layers").OPS
+            table = layers_part(backend).OPS
         _tables[backend] = table
     if kind is not None and all(type(a) is kind for a in arrays[1:]):
         _by_type[kind] = table

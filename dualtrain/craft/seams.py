@@ -1,7 +1,7 @@
 """What the Craft core asks of an adapter: its ops table (``layers``) and ``realize`` (``craft``).
 
 Each Protocol here is one seam between the core and ``dualtrain_torch`` / ``dualtrain_jax``:
-`dualtrain.backends.load_part` returns the adapter's module typed as one of them, and
+`layers_part(name)` and `craft_part(name)` return the adapter's module typed as one, and
 ``tests/test_seams.py`` checks both adapters' modules against them, name for name and
 signature for signature. Module-level names of the adapter play the members.
 """
@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dualtrain import backends
+
 if TYPE_CHECKING:
     from dualtrain.craft.craft import Craft
 
-__all__ = ["CraftPart", "LayersPart"]
+__all__ = ["CraftPart", "LayersPart", "craft_part", "layers_part"]
 
 
 class LayersPart(Protocol):
@@ -35,3 +37,13 @@ class CraftPart(Protocol):
     def realize(self, craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = None) -> Any:
         """The framework's module for `craft`, its parameters drawn from `seed`."""
         ...
+
+
+def layers_part(name: str) -> LayersPart:
+    """Backend `name`'s ``layers`` module (loads its framework)."""
+    return backends.load_part(name, "layers")
+
+
+def craft_part(name: str) -> CraftPart:
+    """Backend `name`'s ``craft`` module (loads its framework)."""
+    return backends.load_part(name, "craft")

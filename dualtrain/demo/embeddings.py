@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from rich.console import Console
 
-from dualtrain import backends
+from dualtrain.demo.seams import demo_part
 from dualtrain.demo.table import loss_table
 
 __all__ = ["EMBED_CONTRACT", "make_ratings", "run_embeddings"]
@@ -44,7 +44,7 @@ def run_embeddings(
     users, items, ratings = make_ratings(seed)
     sizes, dim = (5_000, 2_000), 8
     losses = {
-        name: backends.load_part(name, "demo").train_embeddings(
+        name: demo_part(name).train_embeddings(
             users,
             items,
             ratings,

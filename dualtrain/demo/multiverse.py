@@ -15,8 +15,8 @@ from typing import Any
 
 from rich.console import Console
 
-from dualtrain import backends
 from dualtrain.craft import Craft, dock
+from dualtrain.demo.seams import demo_part
 from dualtrain.demo.table import loss_table
 from dualtrain.fuel import FuelGenerator, Tank
 from dualtrain.multiverse import Multiverse
@@ -44,7 +44,7 @@ def universe(mv: Multiverse, paths: list[str], steps: int, lr: float, seed: int)
     label = "int64" if mv.backend == "torch" else "int32"
     with Tank(paths, {"image": "uint8", "label": label}, BATCH, seed=seed, to=mv.backend,
               layout="NCHW", scale=1 / 255, cast="same_kind") as tank:  # fmt: skip
-        part = backends.load_part(mv.backend, "demo")
+        part = demo_part(mv.backend)
         losses = part.train_parallel(mv, FlatNet(), tank, lr=lr, steps=steps, seed=seed)
     return {"losses": losses, "nworld": mv.nworld, "rows_per_worker": tank.rows_per_epoch}
 

@@ -20,11 +20,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from dualtrain import backends
 from dualtrain.aerolog import DashBoard
 from dualtrain.checkpoint import TimeMachine
 from dualtrain.cockpit import CPU, GPU, Engine, GPUtil
 from dualtrain.craft import Craft, dock
+from dualtrain.craft.seams import craft_part
+from dualtrain.demo.seams import demo_part
 from dualtrain.fuel import Brighten, Comburant, Flip, FuelGenerator, Tank
 
 __all__ = ["SHAPES", "ShapeNet", "draw_shapes", "run_pipeline"]
@@ -132,7 +133,7 @@ def run_pipeline(
                      preload=PRELOAD_BUDGET, **common)  # fmt: skip
         test = Tank(packs["test"], spec, 64, shuffle=False, pad=True, **common)
         with train, test:
-            part = backends.load_part(name, "demo")
+            part = demo_part(name)
             module, accuracy, ladder = part.fit(ShapeNet(), train, epochs=epochs, lr=0.01,
                                                 seed=seed, dash=_Staged(dash, name),
                                                 test=test, device=engine)  # fmt: skip
@@ -163,12 +164,12 @@ def _cross(console: Any, out: Path, torch_module: Any, test_pack: Any, results: 
     """Drops the torch model; a fresh JAX module loads it and predicts the held-out rows."""
     tm = TimeMachine(ckpt_path=str(out / "ckpt"), save_path=str(out / "ckpt"), max_anchors=2)
     anchor = tm.drop(torch_module)
-    fresh = backends.load_part("jax", "craft").realize(ShapeNet(), seed=12345)
+    fresh = craft_part("jax").realize(ShapeNet(), seed=12345)
     tm.to(fresh, frozen=True)
     spec = {"image": "uint8", "label": "int32"}
     with Tank(test_pack, spec, 64, shuffle=False, pad=True, to="jax", layout="NCHW",
               scale=1 / 255, cast="same_kind") as test:  # fmt: skip
-        logits, _ = backends.load_part("jax", "demo").evaluate(fresh, test)
+        logits, _ = demo_part("jax").evaluate(fresh, test)
     expected = results["logits"]["torch"]
     difference = float(np.abs(logits - expected).max())
     agree = float((logits.argmax(1) == expected.argmax(1)).mean())

@@ -26,6 +26,7 @@ from rich.table import Table
 
 from dualtrain import backends
 from dualtrain.craft import Craft, dock
+from dualtrain.demo.seams import demo_part
 from dualtrain.demo.table import loss_table
 from dualtrain.errors import bad_argument
 from dualtrain.interop import convert, count_copies
@@ -192,7 +193,7 @@ def _show_training(
     losses, modules, seconds = {}, {}, {}
     for name in ("torch", "jax"):
         started = time.perf_counter()
-        part = backends.load_part(name, "demo")
+        part = demo_part(name)
         losses[name], modules[name] = part.train(craft, x, y, lr=lr, steps=steps, seed=seed)
         seconds[name] = time.perf_counter() - started
     title = f"one Craft, realized twice: {steps} full-batch SGD steps, lr={lr}"

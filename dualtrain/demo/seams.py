@@ -1,6 +1,6 @@
 """What the demo asks of an adapter's ``demo`` module: its training loops, the same maths.
 
-`dualtrain.backends.load_part` returns the adapter's module typed as `DemoPart`, and
+`demo_part(name)` returns the adapter's module typed as `DemoPart`, and
 ``tests/test_seams.py`` checks both adapters against these signatures.
 """
 
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dualtrain import backends
+
 if TYPE_CHECKING:
     import numpy as np
 
     from dualtrain.craft.craft import Craft
 
-__all__ = ["DemoPart"]
+__all__ = ["DemoPart", "demo_part"]
 
 
 class DemoPart(Protocol):
@@ -77,3 +79,8 @@ class DemoPart(Protocol):
     ) -> list[float]:
         """A user x item factorization trained from two EmbeddingStores: its losses."""
         ...
+
+
+def demo_part(name: str) -> DemoPart:
+    """Backend `name`'s ``demo`` module (loads its framework)."""
+    return backends.load_part(name, "demo")

@@ -13,8 +13,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from dualtrain import backends
 from dualtrain.craft import Craft
+from dualtrain.demo.seams import demo_part
 
 __all__ = ["SWEEP_CONTRACT", "run_sweep"]
 
@@ -36,7 +36,7 @@ def run_sweep(
     losses, seconds = {}, {}
     for name in names:
         started = time.perf_counter()
-        part = backends.load_part(name, "demo")
+        part = demo_part(name)
         losses[name] = np.asarray(part.train_sweep(craft, x, y, lrs=lrs, steps=steps, seed=seed))
         seconds[name] = time.perf_counter() - started
     table = Table(title=f"a learning-rate sweep: {len(lrs)} members in one BatchModule")

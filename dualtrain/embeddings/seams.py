@@ -1,14 +1,16 @@
 """What the embeddings core asks of an adapter's ``embeddings`` module: ``attach``, pinned memory.
 
-`dualtrain.backends.load_part` returns the adapter's module typed as `EmbeddingsPart`
-(`TorchEmbeddingsPart` for torch), and ``tests/test_seams.py`` checks both adapters
-against these signatures. Parameters before a ``/`` are passed by position and named as each
-framework likes (a ``torch.optim`` class, an optax ``transformation``).
+`embeddings_part(name)` returns the adapter's module typed as `EmbeddingsPart`
+(`torch_embeddings_part()`: `TorchEmbeddingsPart`), and ``tests/test_seams.py`` checks
+both adapters against these signatures. Parameters before a ``/`` are passed by position and
+named as each framework likes (a ``torch.optim`` class, an optax ``transformation``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
+
+from dualtrain import backends
 
 if TYPE_CHECKING:
     import numpy as np
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
     from dualtrain.embeddings.attachment import Attachment
     from dualtrain.embeddings.store import EmbeddingStore
 
-__all__ = ["EmbeddingsPart", "TorchEmbeddingsPart"]
+__all__ = ["EmbeddingsPart", "TorchEmbeddingsPart", "embeddings_part", "torch_embeddings_part"]
 
 
 class EmbeddingsPart(Protocol):
@@ -49,3 +51,13 @@ class TorchEmbeddingsPart(EmbeddingsPart, Protocol):
     def pinned_empty(self, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         """An uninitialized host array in page-locked memory (used by `EmbeddingStore`)."""
         ...
+
+
+def embeddings_part(name: str) -> EmbeddingsPart:
+    """Backend `name`'s ``embeddings`` module (loads its framework)."""
+    return backends.load_part(name, "embeddings")
+
+
+def torch_embeddings_part() -> TorchEmbeddingsPart:
+    """The torch adapter's ``embeddings`` module, pinned memory included (loads torch)."""
+    return backends.load_part("torch", "embeddings")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from dualtrain import backends
+from dualtrain.backend_contract import Backend
 from dualtrain.errors import DtypeError, PackError, bad_argument
 from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.pack import Pack
@@ -19,13 +19,13 @@ from dualtrain.fuel.pack import Pack
 _CASTS = ("safe", "same_kind", "unsafe")
 
 
-def _check_jax_floats(spec: dict[str, _Served]) -> None:
-    """Refuses float64 columns when JAX runs without x64.
+def check_floats(spec: dict[str, _Served], backend: Backend) -> None:
+    """Refuses float64 columns for a backend without 64-bit dtypes now (JAX without x64).
 
-    JAX would hand them over as float32, turning 1e300 into inf, where every other narrowing
+    It would hand them over as float32, turning 1e300 into inf, where every other narrowing
     Fuel serves is asked for and checked.
     """
-    if backends.load("jax").supports_x64():
+    if backend.supports_x64():
         return
     wide = [k for k, served in spec.items() if served.base != "str" and served.dtype == np.float64]
     if wide:
@@ -37,9 +37,10 @@ def _check_jax_floats(spec: dict[str, _Served]) -> None:
         )
 
 
-def _check_spec(
+def check_spec(
     pack: Pack, spec: Mapping[str, str], cast: str | Mapping[str, str]
 ) -> dict[str, _Served]:
+    """How each `data_specf` column is served, its dtype and `cast` checked against `pack`."""
     if not isinstance(spec, Mapping) or not spec:
         raise bad_argument("data_specf", spec, "a non-empty dict of column key -> dtype")
     casts = dict(cast) if isinstance(cast, Mapping) else None

@@ -1,6 +1,6 @@
 """What Tank asks of an adapter's ``data`` module: a `Courier` that hands batches over.
 
-`dualtrain.backends.load_part` returns the adapter's module typed as `DataPart`, and
+`data_part(name)` returns the adapter's module typed as `DataPart`, and
 ``tests/test_seams.py`` checks both adapters against these signatures.
 """
 
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["BatchCourier", "DataPart"]
+from dualtrain import backends
+
+__all__ = ["BatchCourier", "DataPart", "data_part"]
 
 
 class BatchCourier(Protocol):
@@ -28,3 +30,8 @@ class DataPart(Protocol):
         Checks `device` now, so that a missing device fails before any file is read.
         """
         ...
+
+
+def data_part(name: str) -> DataPart:
+    """Backend `name`'s ``data`` module (loads its framework)."""
+    return backends.load_part(name, "data")

@@ -11,7 +11,7 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.deprecation import moved
 from dualtrain.errors import ArgumentError, PackError, bad_argument
-from dualtrain.fuel.casts import _check_jax_floats, _check_spec
+from dualtrain.fuel.casts import check_floats, check_spec
 from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.decoded import PackFetch
 from dualtrain.fuel.fetch import DefaultFetch
@@ -21,6 +21,7 @@ from dualtrain.fuel.order import EpochOrder
 from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.pipeline import Pipeline, Recipe
 from dualtrain.fuel.preloading import cached_fetch, preload_settings, row_key
+from dualtrain.fuel.seams import data_part
 from dualtrain.preload import PreloadCache
 from dualtrain.validate import check_seed
 
@@ -158,13 +159,13 @@ class Tank:
             if fn is not None and not callable(fn):
                 raise bad_argument(name, fn, "a callable or None")
         # The device before the files: a missing device fails here, not at the first batch.
-        deliver = None if to == "numpy" else backends.load_part(to, "data").Courier(device)
+        deliver = None if to == "numpy" else data_part(to).Courier(device)
         self.pack = Pack(data_path)
         if len(self.pack) == 0:
             raise PackError(f"data_path: the pack {self.pack.paths} is empty (0 rows)")
-        self.spec = _check_spec(self.pack, data_specf, cast)
-        if to == "jax":
-            _check_jax_floats(self.spec)
+        self.spec = check_spec(self.pack, data_specf, cast)
+        if to != "numpy":
+            check_floats(self.spec, backends.load(to))
         if mask_key is not None and (mask_key in self.pack.columns or mask_key in self.spec):
             raise bad_argument(
                 "pad", pad, f"a mask key that is not a pack column ({self.pack.keys}): "
@@ -249,10 +250,15 @@ class Tank:
             ArgumentError: a rank or world out of range, a world larger than the pack, a
                 Tank part-way through an epoch, or a device that is not there.
         """
-        self._take_share(self._share(rank, world, device))
+        self.apply_shard(self.plan_shard(rank, world, device))
 
-    def _share(self, rank: int, world: int, device: Any = _UNCHANGED) -> tuple[Any, ...]:
-        """Everything `shard` changes, checked, with nothing changed yet."""
+    def plan_shard(self, rank: int, world: int, device: Any = _UNCHANGED) -> tuple[Any, ...]:
+        """Everything `shard` changes, checked, with nothing changed yet (`apply_shard` it).
+
+        Multiverse.sync plans every Tank's share before it changes any. The plan's first
+        item is the share's order (``batches``, ``batch_size``, ``samples_per_epoch``), its
+        last the device.
+        """
         rank, world = _int("rank", rank, 0), _int("world", world, 1)
         if self.position != 0:
             raise ArgumentError(
@@ -270,10 +276,11 @@ class Tank:
         elif self.to == "numpy" and device is not None:
             raise bad_argument("device", device, "None when to='numpy'")
         elif self.to != "numpy":
-            deliver = backends.load_part(self.to, "data").Courier(device)
+            deliver = data_part(self.to).Courier(device)
         return order, deliver, device
 
-    def _take_share(self, share: tuple[Any, ...]) -> None:
+    def apply_shard(self, share: tuple[Any, ...]) -> None:
+        """Serves the share `plan_shard` planned from now on."""
         self._pipeline.cancel()  # batches prepared for the old share
         self._order, self._deliver, self.device = share
 

@@ -1,7 +1,8 @@
-"""Argument checks Multiverse shares: counts, numbers, and batches that split over devices."""
+"""Argument checks Multiverse shares: counts, numbers, Tanks and batches that split over devices."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -9,9 +10,18 @@ import numpy as np
 from dualtrain.errors import ArgumentError, bad_argument
 
 
-def check_divisible(i: int, to: str, order: Any, devices: int) -> None:
-    """Refuses `data[i]` when a JAX batch (full or last) does not split over `devices`."""
-    if devices <= 1 or to != "jax":
+def is_tank(value: Any) -> bool:
+    """Whether `value` is a `dualtrain.Tank`, without loading Fuel (no Tank exists before)."""
+    fuel = sys.modules.get("dualtrain.fuel.tank")
+    return fuel is not None and isinstance(value, fuel.Tank)
+
+
+def check_divisible(i: int, order: Any, devices: int) -> None:
+    """Refuses `data[i]` when a batch (full or last) does not split over its `devices`.
+
+    `devices` is 1 where a batch goes whole to one device or stays on the host.
+    """
+    if devices <= 1:
         return
     size = order.batch_size
     sizes = {size, order.samples_per_epoch % size or size}

@@ -26,7 +26,17 @@ from typing import Any
 
 from dualtrain.errors import ArgumentError, WorkerError
 
-__all__ = ["GRACE", "check_picklable", "end_group", "own_group", "run_workers", "watch_parent"]
+__all__ = [
+    "GRACE",
+    "check_class",
+    "check_picklable",
+    "end_group",
+    "own_group",
+    "report_failure",
+    "report_result",
+    "run_workers",
+    "watch_parent",
+]
 
 GRACE = 5.0  # seconds a terminated worker gets before SIGKILL
 _COLLECT = 1.0  # seconds to gather other reports after the first failure: find the first cause

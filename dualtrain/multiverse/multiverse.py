@@ -5,7 +5,10 @@ from __future__ import annotations
 import functools
 import math
 import multiprocessing
+import os
 import random
+import signal
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,34 +19,24 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.deprecation import moved
 from dualtrain.errors import ArgumentError, bad_argument
-from dualtrain.multiverse.checks import check_divisible, is_number, positive_count
+from dualtrain.multiverse.checks import check_divisible, is_number, is_tank, positive_count
 from dualtrain.multiverse.devices import host_devices
 from dualtrain.multiverse.launch import (
     check_class,
     check_picklable,
+    end_group,
+    own_group,
+    report_failure,
+    report_result,
     run_workers,
+    watch_parent,
 )
 from dualtrain.multiverse.rank_zero import RankZeroTimeMachine
-from dualtrain.multiverse.seams import Runtime
-from dualtrain.multiverse.worker import run_worker
+from dualtrain.multiverse.seams import Runtime, distributed_part, distributed_traits
 from dualtrain.multiverse.world import World, from_environment, spawn_environments
 from dualtrain.validate import check_seed
 
 __all__ = ["Multiverse", "main_decorator"]
-
-_BACKENDS = ("torch", "jax")
-_ENGINES = ("jit", "pmap")
-# DistributedDataParallel's keywords Multiverse passes on; JAX takes none.
-_SYNC_OPTIONS = {
-    "torch": (
-        "bucket_cap_mb",
-        "find_unused_parameters",
-        "broadcast_buffers",
-        "gradient_as_bucket_view",
-        "static_graph",
-    ),
-    "jax": (),
-}
 
 
 class Multiverse:
@@ -87,37 +80,38 @@ class Multiverse:
     ) -> None:
         if not callable(universe):
             raise bad_argument("universe", universe, "a function universe(mv, *args)")
-        if backend not in _BACKENDS:
+        if backend not in tuple(backends.PARTS["distributed"]):
             raise bad_argument("backend", backend, "'torch' or 'jax'")
+        traits = self._traits = distributed_traits(backend)
+        per_device = traits.one_process_per_device
         nworld = positive_count("nworld", nworld)
         if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
             raise bad_argument("timeout", timeout, "a positive number of seconds")
-        if engine not in _ENGINES or (backend == "torch" and engine != "jit"):
-            allowed = "'jit' or 'pmap'" if backend == "jax" else "'jit' (DDP) under torch"
-            raise bad_argument("engine", engine, allowed)
+        if engine not in traits.engines:
+            raise bad_argument("engine", engine, traits.engines_hint)
         if processes is not None:
             processes = positive_count("processes", processes)
-            if backend == "torch" and processes != nworld:
+            if per_device and processes != nworld:
                 raise bad_argument(
-                    "processes", processes, f"None or nworld={nworld} under torch (one "
+                    "processes", processes, f"None or nworld={nworld} under {backend} (one "
                     "process a device)"
                 )  # fmt: skip
             if nworld % processes:
                 raise bad_argument("processes", processes, f"a divisor of nworld={nworld}")
-        unknown = sorted(set(sync_options) - set(_SYNC_OPTIONS[backend]))
+        unknown = sorted(set(sync_options) - set(traits.sync_options))
         if unknown:
             raise bad_argument(
                 unknown[0], sync_options[unknown[0]], f"a keyword {backend} takes: one of "
-                f"{_SYNC_OPTIONS[backend] or 'none (JAX sync has no options)'}"
+                f"{traits.sync_options or f'none ({traits.name} sync has no options)'}"
             )  # fmt: skip
         self.universe, self.backend, self.timeout, self.engine = universe, backend, timeout, engine
         self._sync_options = dict(sync_options)
         self._requested = nworld
-        self._processes = (nworld if backend == "torch" else 1) if processes is None else processes
+        self._processes = (nworld if per_device else 1) if processes is None else processes
         self._world: World | None = from_environment()
         if self._world is not None and self._world.source != "spawned":
             launched = self._world.processes
-            if backend == "torch" and nworld not in (1, launched):
+            if per_device and nworld not in (1, launched):
                 warnings.warn(
                     f"Multiverse(nworld={nworld}) runs under {self._world.source}'s "
                     f"{launched} processes; nworld is {launched}", UserWarning, stacklevel=2,
@@ -132,20 +126,20 @@ class Multiverse:
     def world(self) -> World:
         """This process's World (the launcher's, or this process alone)."""
         if self._world is None:  # not stored: reading it must not make `mv()` run here
-            return World(local_devices=self._requested if self.backend == "jax" else 0)
+            devices = 0 if self._traits.one_process_per_device else self._requested
+            return World(local_devices=devices)
         return self._world
 
     @property
     def nworld(self) -> int:
-        """Data-parallel replicas (torch: processes; JAX: mesh devices over all processes)."""
+        """Data-parallel replicas: the run's processes, or the devices of all its processes."""
         if self._runtime is not None:
             return self._runtime.nworld
         world = self._world
-        if world is not None and self.backend == "torch":
-            return world.processes
-        if world is not None and world.local_devices:
-            return world.processes * world.local_devices
-        return self._requested
+        if world is None:
+            return self._requested
+        per = 1 if self._traits.one_process_per_device else world.local_devices
+        return world.processes * per if per else self._requested
 
     @property
     def rank(self) -> int:
@@ -184,7 +178,7 @@ class Multiverse:
             ArgumentError: a universe or arguments that cannot reach spawned workers.
         """
         if self._world is not None or self._processes == 1:
-            if self._world is None and self.backend == "jax" and self._requested > 1:
+            if self._world is None and self._traits.host_devices and self._requested > 1:
                 host_devices(self._requested)
             try:
                 self._join_early()
@@ -196,16 +190,43 @@ class Multiverse:
         return self._spawn(args)
 
     def _spawn(self, args: tuple[Any, ...]) -> Any:
-        n = self._processes
-        envs = spawn_environments(n, self._requested // n, self.backend)
+        n, traits = self._processes, self._traits
+        local = 0 if traits.one_process_per_device else self._requested // n
+        envs = spawn_environments(n, local, traits.coordinator, traits.host_devices)
         steps = multiprocessing.get_context("spawn").Array("q", n, lock=False)
         config = {
             "nworld": self._requested, "backend": self.backend, "timeout": self.timeout,
             "engine": self.engine, **self._sync_options,
         }  # fmt: skip
-        # The class itself, so a subclass (the Nebulae compat's) is what each worker runs.
-        payload = (type(self), self.universe, config, args, steps)
-        return run_workers(run_worker, [payload] * n, envs, steps)
+        # The class's own, so a subclass (the Nebulae compat's) is what each worker runs.
+        payload = (self.universe, config, args, steps)
+        return run_workers(type(self)._work, [payload] * n, envs, steps)
+
+    @classmethod
+    def _work(
+        cls, conn: Any, rank: int, parent: int, universe: Callable[..., Any],
+        config: dict[str, Any], args: tuple[Any, ...], steps: Any,
+    ) -> None:  # fmt: skip
+        """A spawned worker's body: join, run the universe, report; never outlive the parent."""
+        own_group()  # what it starts (Tank workers, pools) is stopped with it
+        watch_parent(parent)
+        mv: Multiverse | None = None
+        try:
+            mv = cls(universe, **config)
+            mv._steps = steps
+            mv._join_early()
+            result = universe(mv, *args)
+        except BaseException as err:  # everything reaches the parent, Ctrl-C too
+            report_failure(conn, mv.step if mv is not None else 0, err)
+            conn.close()
+            sys.stderr.flush()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            end_group(signal.SIGTERM)  # its children; the parent SIGKILLs what stays
+            os._exit(1)  # no atexit: a process group left mid-collective can hang its teardown
+        # Reported before leaving: a teardown that hangs is then the parent's to end.
+        report_result(conn, mv.step, result if rank == 0 else None)
+        conn.close()
+        mv.leave()
 
     def init(self) -> Multiverse:
         """Joins the run (idempotent; `sync`, `reduce` and the rest call it when needed)."""
@@ -215,22 +236,23 @@ class Multiverse:
                     f"this process is not a worker of a run of {self._processes} processes: "
                     "call mv() to start them (init() joins from inside the universe)"
                 )
-            if self.backend == "torch" and not self.world.master_addr:
+            if not self._traits.coordinator and not self.world.master_addr:
                 raise ArgumentError(
                     f"{self.world.source} runs {self.world.processes} processes over several "
-                    "hosts: export MASTER_ADDR (rank 0's host) and MASTER_PORT for torch"
+                    f"hosts: export MASTER_ADDR (rank 0's host) and MASTER_PORT for "
+                    f"{self._traits.name}"
                 )
-            part = backends.load_part(self.backend, "distributed")
+            part = distributed_part(self.backend)
             self._runtime = part.join(self.world, timeout=self.timeout, on_step=self._on_step)
         return self
 
     def _join_early(self) -> None:
-        """Under JAX, joins before the universe runs (torch: at `init` or first need).
+        """Joins before the universe runs where the traits say so (else at `init` or need).
 
-        JAX can join a run of several processes only before it computes anything, and
-        realizing a model computes.
+        Some runtimes (JAX's) can join a run of several processes only before they compute
+        anything, and realizing a model computes.
         """
-        if self.backend == "jax":
+        if self._traits.joins_early:
             self.init()
 
     def leave(self) -> None:
@@ -268,11 +290,8 @@ class Multiverse:
             The synced models, in the structure given.
         """
         tanks = list(data) if isinstance(data, (tuple, list)) else [data]
-        if tanks:  # a run with no Tank never loads Fuel (0.05-0.09 s of a job's start)
-            from dualtrain.fuel.tank import Tank  # it reaches back to backends: import late
-
         for i, tank in enumerate(tanks):
-            if not isinstance(tank, Tank):
+            if not is_tank(tank):
                 raise bad_argument(f"data[{i}]", tank, "a dualtrain.Tank")
             if tank.position != 0:
                 raise ArgumentError(
@@ -282,10 +301,10 @@ class Multiverse:
         runtime = self.runtime
         # Everything checked before anything changes: the shares, then that every process
         # serves as many batches, then the models; the Tanks change last.
-        shares = [tank._share(self.rank, self.processes, runtime.batch_device(tank.to))
+        shares = [tank.plan_shard(self.rank, self.processes, runtime.batch_device(tank.to))
                   for tank in tanks]  # fmt: skip
-        for i, (tank, (order, _, _)) in enumerate(zip(tanks, shares, strict=True)):
-            check_divisible(i, tank.to, order, runtime.local_devices)
+        for i, (order, _, device) in enumerate(shares):
+            check_divisible(i, order, runtime.local_devices if device is not None else 1)
         served = runtime.gather_object([order.batches for order, _, _ in shares])
         for i in range(len(tanks)):
             counts = [ranks[i] for ranks in served]
@@ -300,7 +319,7 @@ class Multiverse:
         else:
             synced = runtime.sync_model(models, dict(self._sync_options))
         for tank, share in zip(tanks, shares, strict=True):
-            tank._take_share(share)
+            tank.apply_shard(share)
         return synced
 
     def reduce(self, value: Any, aggregate: bool = False) -> Any:
@@ -326,11 +345,11 @@ class Multiverse:
         returns per-sample losses or their mean; default cross entropy on class indices.
         """
         engine = self.engine if engine is None else engine
-        if engine not in _ENGINES or (self.backend == "torch" and engine != "jit"):
+        if engine not in self._traits.engines:
             raise bad_argument("engine", engine, "'jit' or 'pmap' (JAX); 'jit' (torch)")
         if loss_fn is not None and not callable(loss_fn):
             raise bad_argument("loss_fn", loss_fn, "None or loss_fn(outputs, targets)")
-        if self.backend == "torch":  # a model not synced yet gets this Multiverse's options
+        if self._traits.wraps_models:  # a model not wrapped yet gets this Multiverse's options
             model = self.runtime.sync_model(model, dict(self._sync_options))
         return self.runtime.learner(model, optimizer, loss_fn, engine)
 

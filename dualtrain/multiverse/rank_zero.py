@@ -11,17 +11,33 @@ deletes it: every rank loads the same file into its own model.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dualtrain.errors import CheckpointError
+from dualtrain.multiverse.seams import Runtime
 
-if TYPE_CHECKING:
-    from dualtrain.multiverse.multiverse import Multiverse
-
-__all__ = ["RankZeroTimeMachine"]
+__all__ = ["RankZeroTimeMachine", "Run"]
 
 _WRITES = ("drop", "drop_members", "drop_embeddings")
 _READS = ("to", "to_members", "to_embeddings")
+
+
+class Run(Protocol):
+    """What a RankZeroTimeMachine uses of its Multiverse."""
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, the one that writes."""
+        ...
+
+    @property
+    def runtime(self) -> Runtime:
+        """The joined run."""
+        ...
+
+    def barrier(self) -> None:
+        """Waits until every process reaches it."""
+        ...
 
 
 class RankZeroTimeMachine:
@@ -30,7 +46,7 @@ class RankZeroTimeMachine:
     Other attributes (``save_path``, ``max_anchors``, ...) are the machine's own.
     """
 
-    def __init__(self, machine: Any, mv: Multiverse) -> None:
+    def __init__(self, machine: Any, mv: Run) -> None:
         self.machine, self._mv = machine, mv
 
     def __getattr__(self, name: str) -> Any:
@@ -68,6 +84,6 @@ class RankZeroTimeMachine:
             self._mv.barrier()  # and no later write starts before every rank has read
 
 
-def _unwrap(mv: Multiverse, model: Any) -> Any:
+def _unwrap(mv: Run, model: Any) -> Any:
     """The model without the run's wrapping (DDP's ``.module``); rows and others as given."""
     return mv.runtime.unwrap(model)

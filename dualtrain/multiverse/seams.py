@@ -1,42 +1,81 @@
-"""What Multiverse asks of an adapter's ``distributed`` module: join a run, then a Runtime.
+"""What Multiverse asks of an adapter's ``distributed`` module: its traits, a join, a Runtime.
 
-`dualtrain.backends.load_part(name, "distributed")` returns the adapter's module typed as
-`DistributedPart`; ``tests/test_seams.py`` checks both adapters against it.
+`distributed_part(name)` returns the adapter's module typed as `DistributedPart`, and
+`distributed_traits(name)` its `DistributedTraits` without importing the framework;
+``tests/test_seams.py`` checks both adapters against these signatures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dualtrain import backends
 from dualtrain.multiverse.world import World
 
-__all__ = ["DistributedPart", "Runtime"]
+__all__ = [
+    "DistributedPart",
+    "DistributedTraits",
+    "Runtime",
+    "distributed_part",
+    "distributed_traits",
+]
+
+
+@dataclass(frozen=True)
+class DistributedTraits:
+    """A framework's policy for a run, declared by its adapter: Multiverse reads, never branches.
+
+    Attributes:
+        name: the framework as messages name it.
+        engines: the engines `Runtime.learner` takes.
+        engines_hint: how a refused engine is told what to pass instead.
+        one_process_per_device: every replica is a process of its own, so ``nworld`` counts
+            processes; else a process drives several devices (``nworld // processes``, one
+            process by default) and ``nworld`` counts the devices of all processes.
+        host_devices: on the CPU, the devices a process drives are host devices an XLA flag
+            asks for before the framework is imported.
+        coordinator: the processes meet at a coordinator of the framework's own; else at
+            rank 0's store (``MASTER_ADDR``, which a run over several hosts must export).
+        sync_options: the keywords `Runtime.sync_model` takes (Multiverse's own ``**``).
+        wraps_models: `Runtime.sync_model` wraps a model, and a learner steps the wrapped
+            one: Multiverse wraps a learner's model with its sync options first.
+        joins_early: the process joins before the universe runs (a runtime that can join
+            only before it computes anything), else at `init` or its first need.
+    """
+
+    name: str
+    engines: tuple[str, ...]
+    engines_hint: str
+    one_process_per_device: bool = False
+    host_devices: bool = False
+    coordinator: bool = False
+    sync_options: tuple[str, ...] = ()
+    wraps_models: bool = False
+    joins_early: bool = False
 
 
 class Runtime(Protocol):
     """One process's handle on a joined run (what `DistributedPart.join` returns).
 
     Attributes:
-        nworld: data-parallel replicas in the run: torch, its processes; JAX, the devices
-            of the mesh over all processes.
-        local_devices: the replicas this process drives (torch 1; JAX its mesh devices).
+        nworld: data-parallel replicas in the run (over all processes).
+        local_devices: the replicas this process drives.
     """
 
     nworld: int
     local_devices: int
 
     def scope(self) -> AbstractContextManager[Any]:
-        """A context in which the run's devices are the default (JAX: its mesh)."""
+        """A context in which the run's devices are the default."""
         ...
 
     def sync_model(self, model: Any, /, options: dict[str, Any]) -> Any:
         """`model` with rank 0's parameters on every rank, its gradients mean-reduced.
 
-        torch: a module (a realized Craft or any ``nn.Module``) wrapped in DDP
-        (``options``: ``bucket_cap_mb``, ``find_unused_parameters``, ``broadcast_buffers``);
-        JAX: a realized module or a pytree of arrays, replicated over the mesh.
+        `options` are the traits' `sync_options` the caller gave.
         """
         ...
 
@@ -64,10 +103,7 @@ class Runtime(Protocol):
         ...
 
     def seed(self, seed: int, /) -> Any:
-        """Seeds the framework's global RNG with `seed` (already per rank); its seed object.
-
-        torch: the int; JAX: ``jax.random.key(seed)``.
-        """
+        """Seeds the framework's global RNG with `seed` (already per rank); its seed object."""
         ...
 
     def no_sync(self, model: Any, /) -> AbstractContextManager[Any]:
@@ -86,26 +122,41 @@ class Runtime(Protocol):
 
         The loss is the mean over the global batch (every replica's rows; with `mask`, the
         rows it marks True), and one step equals a single-replica step on that batch.
-        `engine` (JAX): "jit" (sharded jit) or "pmap"; torch takes "jit" only (DDP).
+        `engine` is one of the traits' `engines`.
         """
         ...
 
     def leave(self) -> None:
-        """Leaves the run (destroys the process group; JAX's runtime stays for the process)."""
+        """Leaves the run (what of it the framework can end in a living process)."""
         ...
 
 
 class DistributedPart(Protocol):
-    """``dualtrain_<name>.distributed``, used by `dualtrain.Multiverse`."""
+    """``dualtrain_<name>.distributed``, used by `dualtrain.Multiverse`.
+
+    Attributes:
+        TRAITS: the framework's policy; importing the module imports no framework.
+    """
+
+    TRAITS: DistributedTraits
 
     def join(self, world: World, /, timeout: float, on_step: Callable[[], None]) -> Runtime:
         """Joins the run `world` describes and returns this process's Runtime.
 
-        torch: ``init_process_group`` (gloo on the CPU, nccl on CUDA; a world of one process
-        uses an in-memory store). JAX: ``jax.distributed.initialize`` when there are several
-        processes, then a one-axis mesh ("data") over every process's devices.
-        `timeout` (seconds) bounds the joining and, under torch, every collective. The runtime calls
-        `on_step` once per training step: each learner step, and (torch) each forward of a
-        synced model in training mode; Multiverse counts them to name the step in errors.
+        `timeout` (seconds) bounds the joining (and, where the framework can, every
+        collective). The runtime calls `on_step` once per training step (each learner step,
+        and each forward in training mode of a model it wraps); Multiverse counts them to
+        name the step in errors.
         """
         ...
+
+
+def distributed_part(name: str) -> DistributedPart:
+    """Backend `name`'s ``distributed`` module (loads its framework)."""
+    return backends.load_part(name, "distributed")
+
+
+def distributed_traits(name: str) -> DistributedTraits:
+    """Backend `name`'s `DistributedTraits`, read without importing its framework."""
+    traits: DistributedTraits = backends.traits(name, "distributed")
+    return traits

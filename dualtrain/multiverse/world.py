@@ -142,19 +142,22 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     return value
 
 
-def spawn_environments(processes: int, local_devices: int, backend: str) -> list[dict[str, str]]:
+def spawn_environments(
+    processes: int, local_devices: int, coordinator: bool, host_devices: bool
+) -> list[dict[str, str]]:
     """The variables each of `processes` spawned workers starts with, rank by rank.
 
-    torchrun's names on a free localhost port; for JAX a coordinator on another port and
-    `local_devices` host devices a process; the cores shared, not multiplied.
+    torchrun's names on a free localhost port; with a `coordinator`, one on another port;
+    with `host_devices`, the XLA flag asking for `local_devices` host devices a process (0:
+    each process drives one device); the cores shared, not multiplied.
     """
     base = {
         "WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-        SPAWNED: str(local_devices if backend == "jax" else 0),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), SPAWNED: str(local_devices),
     }  # fmt: skip
-    if backend == "jax":
+    if coordinator:
         base["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    if host_devices:
         base["XLA_FLAGS"] = with_devices(os.environ.get("XLA_FLAGS", ""), local_devices)
     if "TORCH_CPP_LOG_LEVEL" not in os.environ:  # gloo's per-peer lines at every join
         base["TORCH_CPP_LOG_LEVEL"] = "ERROR"

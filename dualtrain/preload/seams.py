@@ -1,6 +1,6 @@
 """What the preloader asks of an adapter's ``preload`` module: pinned staging, fast pickles.
 
-`dualtrain.backends.load_part` returns the adapter's module typed as `PreloadPart`, and
+`preload_part(name)` returns the adapter's module typed as `PreloadPart`, and
 ``tests/test_seams.py`` checks both adapters against these signatures.
 """
 
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["PreloadPart"]
+from dualtrain import backends
+
+__all__ = ["PreloadPart", "preload_part"]
 
 
 class PreloadPart(Protocol):
@@ -28,3 +30,8 @@ class PreloadPart(Protocol):
         `obj` in type, dtype, shape and values.
         """
         ...
+
+
+def preload_part(name: str) -> PreloadPart:
+    """Backend `name`'s ``preload`` module (loads its framework)."""
+    return backends.load_part(name, "preload")

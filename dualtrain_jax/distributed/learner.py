@@ -12,7 +12,7 @@ form (global arrays replicated over the mesh) under both.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,7 @@ from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_jax.craft import JaxModule
 from dualtrain_jax.distributed.rows import (
     AXIS,
+    Joined,
     PmapLayout,
     batch_rows,
     host_rows,
@@ -31,9 +32,6 @@ from dualtrain_jax.distributed.rows import (
     place,
 )
 from dualtrain_jax.transfer import Transfer
-
-if TYPE_CHECKING:
-    from dualtrain_jax.distributed import JaxRuntime
 
 __all__ = ["DataParallelLearner", "per_sample_cross_entropy"]
 
@@ -66,7 +64,7 @@ class DataParallelLearner:
     global batch: every process's rows, or with ``mask`` the rows it marks True.
 
     Args:
-        runtime: the joined run (`dualtrain_jax.distributed.JaxRuntime`).
+        runtime: the joined run (`dualtrain_jax.distributed.rows.Joined`).
         model: a realized module or a pytree of arrays (copied onto the mesh, replicated;
             the caller's arrays are left as they are).
         optimizer: an optax ``GradientTransformation``.
@@ -85,7 +83,7 @@ class DataParallelLearner:
 
     def __init__(
         self,
-        runtime: JaxRuntime,
+        runtime: Joined,
         model: Any,
         optimizer: Any,
         loss_fn: Callable[..., Any] | None,

@@ -6,21 +6,19 @@ values, so processes holding different structures fail together instead of hangi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dualtrain.errors import ArgumentError, bad_argument
-
-if TYPE_CHECKING:
-    from dualtrain_jax.distributed import JaxRuntime
+from dualtrain_jax.distributed.rows import Joined
 
 __all__ = ["local_value", "reduce_value"]
 
 
-def reduce_value(runtime: JaxRuntime, value: Any, aggregate: bool) -> Any:
+def reduce_value(runtime: Joined, value: Any, aggregate: bool) -> Any:
     """`value` averaged (summed when `aggregate`) over the processes: `JaxRuntime.reduce`."""
     if runtime.processes == 1:
         return value

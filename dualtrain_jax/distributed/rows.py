@@ -1,12 +1,15 @@
 """The rows of a JAX batch in a data-parallel step: placed over the mesh, or split for pmap.
 
-The torch adapter's ``distributed.rows`` has the same role for its learner.
+The torch adapter's ``distributed.rows`` has the same role for its learner. `Joined` is what
+the learner, the rows and the collectives use of the run (`JaxRuntime` meets it): they
+annotate against it, not against the runtime's class, which imports them.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -14,20 +17,42 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.multiverse.seams import Runtime
 
 if TYPE_CHECKING:
-    from dualtrain_jax.distributed import JaxRuntime
     from dualtrain_jax.transfer import Transfer
 
 __all__ = [
-    "AXIS", "PmapLayout", "batch_rows", "check_rows", "host_rows", "mean_floats", "place",
+    "AXIS", "Joined", "PmapLayout", "batch_rows", "check_rows", "host_rows", "mean_floats", "place",
     "split_rows",
 ]  # fmt: skip
 
 AXIS = "data"  # the mesh's one axis: replicas of the model, shards of the batch
 
 
-def place(rt: JaxRuntime, transfer: Transfer, batch: Any) -> Any:
+class Joined(Runtime, Protocol):
+    """A `Runtime` over a one-axis JAX mesh.
+
+    Attributes:
+        mesh: the mesh over all processes' devices.
+        processes, rank: the processes in the run and this one's index.
+        replicated, batched: the mesh's shardings of models and of batches' rows.
+        on_step: called once per learner step.
+    """
+
+    mesh: Mesh
+    processes: int
+    rank: int
+    replicated: NamedSharding
+    batched: NamedSharding
+    on_step: Callable[[], None]
+
+    def replicate(self, tree: Any, *, broadcast: bool = True) -> Any:
+        """`tree` replicated over the mesh: process 0's arrays (else each process's own)."""
+        ...
+
+
+def place(rt: Joined, transfer: Transfer, batch: Any) -> Any:
     """`batch` (this process's rows) as global arrays split by rows over the mesh.
 
     With one process, NumPy rows are left for the jitted step to place (its in-sharding
@@ -48,7 +73,7 @@ def place(rt: JaxRuntime, transfer: Transfer, batch: Any) -> Any:
 class PmapLayout:
     """pmap's forms of a runtime's arrays: per-device copies and per-device rows."""
 
-    def __init__(self, runtime: JaxRuntime) -> None:
+    def __init__(self, runtime: Joined) -> None:
         self.runtime = runtime
 
     def rows(self, x: Any) -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,10 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dualtrain.errors import bad_argument
 from dualtrain_torch.distributed.exit import handed
-from dualtrain_torch.distributed.rows import count_rows, local_loss, to_device
-
-if TYPE_CHECKING:
-    from dualtrain_torch.distributed import TorchRuntime
+from dualtrain_torch.distributed.rows import Joined, count_rows, local_loss, to_device
 
 __all__ = ["DistributedLearner", "carries_rows"]
 
@@ -46,7 +43,7 @@ class DistributedLearner:
     """
 
     def __init__(
-        self, runtime: TorchRuntime, model: Any, optimizer: Any, loss_fn: Callable[..., Any] | None
+        self, runtime: Joined, model: Any, optimizer: Any, loss_fn: Callable[..., Any] | None
     ) -> None:
         self.runtime, self.model, self.optimizer = runtime, model, optimizer
         self.loss_fn = _per_sample_cross_entropy if loss_fn is None else loss_fn

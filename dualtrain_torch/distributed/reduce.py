@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,16 +16,14 @@ import torch.distributed as dist
 
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.distributed.exit import handed
-
-if TYPE_CHECKING:
-    from dualtrain_torch.distributed import TorchRuntime
+from dualtrain_torch.distributed.rows import Joined
 
 __all__ = ["reduce_value"]
 
 _LEAF = "a number, a torch tensor, a NumPy array, or a tuple, list or dict of them"
 
 
-def reduce_value(runtime: TorchRuntime, value: Any, aggregate: bool) -> Any:
+def reduce_value(runtime: Joined, value: Any, aggregate: bool) -> Any:
     """`value` summed (`aggregate`) or averaged over the processes: `TorchRuntime.reduce`."""
     leaves: list[Any] = []
     _collect(value, leaves)
@@ -45,7 +43,7 @@ def reduce_value(runtime: TorchRuntime, value: Any, aggregate: bool) -> Any:
     return _rebuild(value, iter(_back(leaf, r, aggregate, runtime.nworld) for leaf, r in pairs))
 
 
-def _same_layout(runtime: TorchRuntime, layout: str) -> None:
+def _same_layout(runtime: Joined, layout: str) -> None:
     """Refuses, on every process at once, values whose layouts differ across processes.
 
     Unchecked, a mismatch pairs different buffers in the all-reduce: it hangs until the

@@ -1,18 +1,41 @@
 """The rows of a torch batch in a data-parallel step: which count, and the loss they carry.
 
-The JAX adapter's ``distributed.rows`` has the same role for its learner.
+The JAX adapter's ``distributed.rows`` has the same role for its learner. `Joined` is what
+the learner and the collectives use of the run (`TorchRuntime` meets it): they annotate
+against it, not against the runtime's class, which imports them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from dualtrain.errors import ShapeError, bad_argument
+from dualtrain.multiverse.seams import Runtime
 
-__all__ = ["count_rows", "local_loss", "to_device"]
+__all__ = ["Joined", "count_rows", "local_loss", "to_device"]
+
+
+class Joined(Runtime, Protocol):
+    """A `Runtime` over torch: one replica a process, on `device`.
+
+    Attributes:
+        device: where this process's replica lives.
+    """
+
+    device: torch.device
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where collectives' tensors live."""
+        ...
+
+    def counted_step(self) -> AbstractContextManager[None]:
+        """One training step: synced forwards inside are not counted, the step is, once."""
+        ...
 
 
 def local_loss(losses: Any, inputs: tuple[Any, ...], mask: Any) -> tuple[Any, Any]:

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.multiverse.seams import distributed_traits
 from dualtrain.multiverse.world import World
 from dualtrain.validate import check_seed
 from dualtrain_torch.distributed.exit import handed, release
@@ -34,14 +35,6 @@ from dualtrain_torch.distributed.reduce import reduce_value
 
 __all__ = ["SoloModule", "SyncedModule", "TorchRuntime", "join"]
 
-# sync_model's options: what each one is passed to DDP as, checked before any wrapping.
-OPTIONS = (
-    "bucket_cap_mb",
-    "find_unused_parameters",
-    "broadcast_buffers",
-    "gradient_as_bucket_view",
-    "static_graph",
-)
 _TARGETS = ("numpy", "torch", "jax")
 _retired: list[Any] = []  # groups left: kept alive until exit (see TorchRuntime.leave)
 _ours = [False]  # whether the default process group is one join() created (leave destroys it)
@@ -444,9 +437,12 @@ class TorchRuntime:
 def _ddp_options(options: Any) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise bad_argument("options", options, "a dict of DDP options")
+    # This adapter's TRAITS, through the registry (the package that declares them imports
+    # this module): each option is passed to DDP as it is.
+    known = distributed_traits("torch").sync_options
     for name, value in options.items():
-        if name not in OPTIONS:
-            raise bad_argument("option", name, "one of " + ", ".join(map(repr, OPTIONS)))
+        if name not in known:
+            raise bad_argument("option", name, "one of " + ", ".join(map(repr, known)))
         if name == "bucket_cap_mb":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise bad_argument(name, value, "a positive number of MiB")

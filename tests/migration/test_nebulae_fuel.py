@@ -30,7 +30,7 @@ from dualtrain.fuel import (
     Tank,
     decode,
 )
-from dualtrain.fuel.casts import _check_spec
+from dualtrain.fuel.casts import check_spec as _check_spec
 from dualtrain.fuel.decoded import DecodedPack
 from dualtrain.fuel.fetch import DefaultFetch
 from tests.fuel.raw import make_folder
