@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import inspect
 import sys
 import types
@@ -82,7 +79,7 @@ def moved(old: str, new: str, *, stacklevel: int = 3) -> None:
     )
 
 
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _MovedModules:
     """Finds each old module name of `moves` and serves the module now at its new name.
 
     ``import old`` and ``from old import x`` give the very module object of the new path (its
@@ -96,9 +93,12 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in self.moves:
             return None
-        return importlib.util.spec_from_loader(fullname, self)
+        import importlib.util  # only when an old name is imported
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        # a loader by its two methods: subclassing importlib.abc's costs each import 20 ms
+        return importlib.util.spec_from_loader(fullname, self)  # type: ignore[arg-type]
+
+    def create_module(self, spec: Any) -> types.ModuleType:
         new = self.moves[spec.name]
         # point the warning at the import statement, past the import system's own frames
         frame, level = sys._getframe(1), 2

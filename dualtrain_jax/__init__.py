@@ -7,10 +7,10 @@ so the model half never pulls in what only the embedding store needs.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dualtrain.deprecation import moved_modules
+from dualtrain.facade import lazy
 
 if TYPE_CHECKING:
     from dualtrain_jax.backend import JaxBackend
@@ -86,17 +86,7 @@ __all__ = [
 ]  # the keys of _HOMES
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy(__name__, _HOMES)
 
 
 if TYPE_CHECKING:

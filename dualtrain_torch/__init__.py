@@ -7,10 +7,10 @@ so the model half never pulls in what only the embedding store needs.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dualtrain.deprecation import moved_modules
+from dualtrain.facade import lazy
 
 if TYPE_CHECKING:
     from dualtrain_torch.backend import TorchBackend
@@ -91,21 +91,7 @@ __all__ = [
 _MOVED = ("patch_torch_module",)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        from dualtrain.deprecation import moved_attribute
-
-        return moved_attribute(__name__, name, _MOVED)  # not cached: each use warns
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy(__name__, _HOMES, moved=_MOVED)
 
 
 if TYPE_CHECKING:
