@@ -19,7 +19,7 @@ from dualtrain.fuel.pack import Pack
 _CASTS = ("safe", "same_kind", "unsafe")
 
 
-def check_floats(spec: dict[str, _Served], backend: Backend) -> None:
+def check_floats(spec: dict[str, Served], backend: Backend) -> None:
     """Refuses float64 columns for a backend without 64-bit dtypes now (JAX without x64).
 
     It would hand them over as float32, turning 1e300 into inf, where every other narrowing
@@ -39,7 +39,7 @@ def check_floats(spec: dict[str, _Served], backend: Backend) -> None:
 
 def check_spec(
     pack: Pack, spec: Mapping[str, str], cast: str | Mapping[str, str]
-) -> dict[str, _Served]:
+) -> dict[str, Served]:
     """How each `data_specf` column is served, its dtype and `cast` checked against `pack`."""
     if not isinstance(spec, Mapping) or not spec:
         raise bad_argument("data_specf", spec, "a non-empty dict of column key -> dtype")
@@ -49,7 +49,7 @@ def check_spec(
     for key, how in (casts or {}).items():
         if key not in spec or how not in _CASTS:
             raise bad_argument(f"cast[{key!r}]", how, f"one of {_CASTS}, for a data_specf key")
-    out: dict[str, _Served] = {}
+    out: dict[str, Served] = {}
     for key, dtype in spec.items():
         if key not in pack.columns:
             raise bad_argument("data_specf", dict(spec), f"keys among the pack's {pack.keys}")
@@ -76,11 +76,11 @@ def check_spec(
                 + _cast_hint(key, stored.dtype, ctype.dtype)
             )
         checked = ctype.base != "str" and _needs_check(stored.dtype, ctype.dtype, how)
-        out[key] = _Served(ctype, stored.dtype, checked)
+        out[key] = Served(ctype, stored.dtype, checked)
     return out
 
 
-class _Served:
+class Served:
     """How one column is served: its type, stored dtype, and whether each value is checked."""
 
     def __init__(self, ctype: ColumnType, stored: np.dtype, checked: bool) -> None:
@@ -95,7 +95,7 @@ class _Served:
         return self.ctype.dtype
 
 
-def _check_value(key: str, index: int, stored: np.ndarray, out: np.ndarray) -> None:
+def check_value(key: str, index: int, stored: np.ndarray, out: np.ndarray) -> None:
     """A cast kept every value: integers exactly, floats without overflow.
 
     Values are compared, not round-tripped through casts: uint8 200 as int8 is -56, which
@@ -119,11 +119,11 @@ def _check_value(key: str, index: int, stored: np.ndarray, out: np.ndarray) -> N
         )
 
 
-def _first_lost(rows: np.ndarray, stored: np.ndarray, out: np.ndarray) -> int | None:
+def first_lost(rows: np.ndarray, stored: np.ndarray, out: np.ndarray) -> int | None:
     """The position in the batch of the first row whose cast lost a value, or None.
 
-    `_check_value` for a batch, vectorized: ``stored[j]`` is row ``rows[j]``, ``out`` its
-    cast; `_check_value` on that row raises the error a row-by-row read gives.
+    `check_value` for a batch, vectorized: ``stored[j]`` is row ``rows[j]``, ``out`` its
+    cast; `check_value` on that row raises the error a row-by-row read gives.
     """
     if out.dtype.kind in "iub" and stored.dtype.kind in "iub":
         # The target's bounds clipped to the stored type's: exact in the stored dtype.
@@ -144,7 +144,7 @@ def _first_lost(rows: np.ndarray, stored: np.ndarray, out: np.ndarray) -> int | 
     elif out.dtype.kind in "iub" or stored.dtype.kind == "b":
         for j, row in enumerate(rows.tolist()):  # no cast that `cast=` checks comes here
             try:
-                _check_value("", int(row), stored[j], out[j])
+                check_value("", int(row), stored[j], out[j])
             except PackError:
                 return j
         return None

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain.fuel.casts import _check_value, _Served
+from dualtrain.fuel.casts import Served, check_value
 from dualtrain.fuel.decoded import ImageCheck
 from dualtrain.fuel.pack import Pack
 
@@ -20,7 +20,7 @@ __all__ = ["DefaultFetch"]
 class DefaultFetch:
     """Reads the specified columns of a row; decodes images, casts values to their dtypes."""
 
-    def __init__(self, pack: Pack, spec: dict[str, _Served]) -> None:
+    def __init__(self, pack: Pack, spec: dict[str, Served]) -> None:
         self.spec = spec
         self.kinds = {key: pack.columns[key]["kind"] for key in spec}
         self.images = ImageCheck(pack)
@@ -38,7 +38,7 @@ class DefaultFetch:
                 # An overflow becomes the PackError below, naming column and row.
                 with np.errstate(over="ignore", invalid="ignore"):
                     out = stored.astype(served.dtype, copy=False)
-                _check_value(key, index, stored, out)
+                check_value(key, index, stored, out)
             else:
                 out = stored.astype(served.dtype, copy=False)
             sample[key] = out

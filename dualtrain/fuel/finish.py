@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
-from dualtrain.fuel.casts import _Served
+from dualtrain.fuel.casts import Served
 from dualtrain.fuel.pack import Pack
 
 _F32 = np.finfo(np.float32)
@@ -28,7 +28,7 @@ class Finish:
     """Puts image columns in the Tank's layout and scale, after prep_fn (picklable)."""
 
     def __init__(
-        self, pack: Pack, spec: dict[str, _Served], layout: str,
+        self, pack: Pack, spec: dict[str, Served], layout: str,
         scale: float | Mapping[str, float] | None,
     ) -> None:  # fmt: skip
         image_keys = [k for k in spec if pack.columns[k]["kind"] in ("image", "sequence")]

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dualtrain.fuel.casts import _check_value, _first_lost, _Served
+from dualtrain.fuel.casts import Served, check_value, first_lost
 from dualtrain.fuel.columns import ColumnType
 from dualtrain.fuel.pack import Pack
 
@@ -28,7 +28,7 @@ __all__ = ["ColumnGather", "Lost", "gathered_keys"]
 Blocks = Callable[[str, tuple[int, ...], np.dtype], np.ndarray]
 
 
-def gathered_keys(pack: Pack, spec: Mapping[str, _Served]) -> list[str]:
+def gathered_keys(pack: Pack, spec: Mapping[str, Served]) -> list[str]:
     """The served columns a gather can read: kind "value", numeric, one shape in every row."""
     out = []
     for key, served in spec.items():
@@ -47,7 +47,7 @@ class ColumnGather:
         spec: the Tank's served columns; only `gathered_keys` of it are read here.
     """
 
-    def __init__(self, pack: Pack, spec: Mapping[str, _Served]) -> None:
+    def __init__(self, pack: Pack, spec: Mapping[str, Served]) -> None:
         self.spec = {key: spec[key] for key in gathered_keys(pack, spec)}
         self.shapes = {key: tuple(pack.columns[key]["shape"]) for key in self.spec}
         # Per key: the served dtype, and whether it is the stored one (gathered in place).
@@ -95,7 +95,7 @@ class ColumnGather:
             if served.checked:
                 with np.errstate(over="ignore", invalid="ignore"):
                     np.copyto(into, stored, casting="unsafe")
-                first = _first_lost(rows, stored, into)
+                first = first_lost(rows, stored, into)
                 if first is not None and (lost is None or first < lost.position):
                     lost = Lost(first, key, int(rows[first]), stored[first], into[first])
             else:  # NumPy's astype, its warnings included, as a row-by-row read casts
@@ -115,4 +115,4 @@ class Lost(NamedTuple):
 
     def raise_(self) -> None:
         """Raises the PackError a row-by-row read of this cell raises."""
-        _check_value(self.key, self.row, self.stored, self.served)
+        check_value(self.key, self.row, self.stored, self.served)

@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from dualtrain.errors import ArgumentError, PackError
 from dualtrain.fuel import FuelGenerator, Pack, Tank
-from dualtrain.fuel.casts import _check_value, _first_lost
+from dualtrain.fuel.casts import check_value as _check_value, first_lost as _first_lost
 from tests.fuel.raw import DTYPES, SPEC, make_folder, write_table
 
 STORED = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
