@@ -7,6 +7,7 @@ torch and JAX refuse the same mistakes with the same words.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import types
@@ -24,6 +25,7 @@ __all__ = [
     "REDUCTIONS",
     "STRATEGIES",
     "Entry",
+    "Strategies",
     "check_batch",
     "check_flag",
     "check_init",
@@ -43,8 +45,32 @@ __all__ = [
 
 INITS = ("independent", "identical")
 REDUCTIONS = ("mean", "sum", "none")
-# The ways each adapter runs the members; "auto" measures them and keeps the fastest.
-STRATEGIES = {"torch": ("vmap", "chunked", "loop", "stacked"), "jax": ("vmap", "map", "loop")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategies:
+    """The ways an adapter runs the members, as data the core's checks and choice read.
+
+    Attributes:
+        names: what ``strategy=`` takes besides ``"auto"``, in the documentation's order.
+        chunked: vmap's form in chunks, which a budget below every member turns vmap into.
+        even_chunks: without a budget, `chunked` runs even chunks of at most
+            `dispatch.CHUNK` members (torch's "chunked"); otherwise every member in one
+            chunk (``lax.map`` without a batch size).
+    """
+
+    names: tuple[str, ...]
+    chunked: str
+    even_chunks: bool = False
+
+
+# The ways each adapter runs the members, by backend name ("auto" measures them and keeps
+# the fastest). Each adapter hands its own to the core; names reach these.
+DECLARED = {
+    "torch": Strategies(("vmap", "chunked", "loop", "stacked"), "chunked", even_chunks=True),
+    "jax": Strategies(("vmap", "map", "loop"), "map"),
+}
+STRATEGIES = {backend: declared.names for backend, declared in DECLARED.items()}
 
 # One tensor of an architecture: (name, per-member shape, dtype name, trainable).
 Entry = tuple[str, tuple[int, ...], str, bool]
@@ -62,9 +88,14 @@ def check_init(init: object) -> str:
     return init
 
 
-def check_strategy(strategy: object, backend: str) -> str:
-    """``"auto"`` or one of the backend's strategies (`STRATEGIES`)."""
-    names = ("auto", *STRATEGIES[backend])
+def strategies_of(backend: Strategies | str) -> Strategies:
+    """The strategies an adapter declared, or those `DECLARED` for a backend's name."""
+    return backend if isinstance(backend, Strategies) else DECLARED[backend]
+
+
+def check_strategy(strategy: object, backend: Strategies | str) -> str:
+    """``"auto"`` or one of the backend's strategies (`Strategies.names`)."""
+    names = ("auto", *strategies_of(backend).names)
     if not isinstance(strategy, str) or strategy not in names:
         raise bad_argument("strategy", strategy, f"one of {names}")
     return strategy

@@ -23,7 +23,13 @@ import numpy as np
 
 from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
-from dualtrain.batching.skeleton import ANY, BatchSettings, Framework, MemberBatch
+from dualtrain.batching.skeleton import (
+    ANY,
+    BatchSettings,
+    Framework,
+    MemberBatch,
+    MemberBatchModule,
+)
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_jax.batching import probe as batching_probe, run as batching_run
@@ -48,7 +54,7 @@ FRAMEWORK = Framework("jax", "a non-empty list of modules")
 
 
 @jax.tree_util.register_pytree_node_class
-class BatchModule:
+class BatchModule(MemberBatchModule):
     """`batch` models of one architecture as one pytree: stacked ``params`` and ``state``.
 
     Args:
@@ -74,6 +80,7 @@ class BatchModule:
         train: the mode ``__call__`` runs in (`Rudder`, `Prober`, `Nozzle` set it).
     """
 
+    _framework = FRAMEWORK
     _core: MemberBatch[_Members]  # the neutral skeleton, with its JAX hooks: static aux data
 
     def __init__(
@@ -140,10 +147,6 @@ class BatchModule:
         return out
 
     @property
-    def batch(self) -> int:
-        return self._core.batch
-
-    @property
     def shared_input(self) -> bool:
         return self._core.shared_input
 
@@ -152,52 +155,11 @@ class BatchModule:
         return self._core.strategy
 
     @property
-    def seeds(self) -> list[int]:
-        return self._core.settings.seeds
-
-    @property
-    def init(self) -> str:
-        return self._core.settings.init
-
-    @property
     def _spec(self) -> Spec:
         """How one member runs (its function, Craft or apply_fn, architecture)."""
         return self._core.hooks.spec
 
     # -- members -----------------------------------------------------------------------
-
-    @classmethod
-    def from_modules(
-        cls,
-        modules: Sequence[Any],
-        *,
-        shared_input: bool = False,
-        strategy: str = "auto",
-        memory_budget: int | None = None,
-        check_isolation: bool = True,
-    ) -> BatchModule:
-        """A BatchModule whose member i is ``modules[i]``.
-
-        The members are JaxModules of one Craft class, or ``(params, apply_fn)`` pairs with
-        the same ``apply_fn``.
-
-        Raises:
-            ArgumentError: an empty list, or members whose class, names, shapes or dtypes
-                differ (the message names the first difference).
-        """
-        modules = FRAMEWORK.module_list(modules)
-        out = cls(
-            modules[0],
-            len(modules),
-            init="identical",
-            shared_input=shared_input,
-            strategy=strategy,
-            memory_budget=memory_budget,
-            check_isolation=check_isolation,
-        )
-        for i, values in out._core.admit(modules):
-            out._write(i, values)
-        return out
 
     def extract(self, index: int) -> Any:
         """Member `index`: a `JaxModule` (same mode) or a ``(params, apply_fn)`` pair."""
@@ -290,10 +252,6 @@ class BatchModule:
         keys = self._member_keys(rng)
         self._decide(self.params, self.state, inputs, keys, bool(self.train))
         return self.explain()
-
-    def explain(self) -> str:
-        """The strategy in use, why, what was timed (or why not), and the isolation verdict."""
-        return self._core.explain()
 
     def __repr__(self) -> str:
         return f"BatchModule({self._core.summary()})"

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
-from dualtrain.batching.skeleton import BatchSettings, Framework, MemberBatch
+from dualtrain.batching.skeleton import BatchSettings, Framework, MemberBatch, MemberBatchModule
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.batching import probe as batching_probe, run as batching_run
 from dualtrain_torch.batching.loss import batch_loss, batch_topk
@@ -37,7 +37,7 @@ __all__ = ["BatchModule", "batch_loss", "batch_topk"]
 FRAMEWORK = Framework("torch", "a non-empty list of nn.Modules", nn.Module, "an nn.Module")
 
 
-class BatchModule(nn.Module):
+class BatchModule(nn.Module, MemberBatchModule):
     """`batch` models of one architecture, run as one module (``torch.func`` underneath).
 
     Parameters are ``[batch, ...]`` leaf `nn.Parameter` s of this module, so any
@@ -71,6 +71,7 @@ class BatchModule(nn.Module):
             ``reset_parameters``.
     """
 
+    _framework = FRAMEWORK
     _template: nn.Module  # set with object.__setattr__: not a submodule
     _core: MemberBatch[_Members]  # the neutral skeleton, with this module's torch hooks
     # Lay parameters out like their gradients on the first backward (match_gradient_layout:
@@ -142,18 +143,6 @@ class BatchModule(nn.Module):
     # -- settings (the skeleton's) -----------------------------------------------------------
 
     @property
-    def batch(self) -> int:
-        return self._core.batch
-
-    @property
-    def init(self) -> str:
-        return self._core.settings.init
-
-    @property
-    def seeds(self) -> list[int]:
-        return self._core.settings.seeds
-
-    @property
     def shared_input(self) -> bool:
         return self._core.settings.shared_input
 
@@ -213,36 +202,6 @@ class BatchModule(nn.Module):
             else:
                 buffers[name] = cast(torch.Tensor, holder._buffers[last])
         return params, buffers
-
-    @classmethod
-    def from_modules(
-        cls,
-        modules: Sequence[nn.Module],
-        *,
-        shared_input: bool = False,
-        strategy: str = "auto",
-        memory_budget: int | None = None,
-        check_isolation: bool = True,
-    ) -> BatchModule:
-        """A BatchModule whose member i is ``modules[i]`` (its weights and buffers).
-
-        Raises:
-            ArgumentError: an empty list, a non-module, or modules whose class, tensor names,
-                shapes or dtypes differ (the message names the first difference).
-        """
-        modules = FRAMEWORK.module_list(modules)
-        out = cls(
-            modules[0],
-            len(modules),
-            init="identical",
-            shared_input=shared_input,
-            strategy=strategy,
-            memory_budget=memory_budget,
-            check_isolation=check_isolation,
-        )
-        for i, m in out._core.admit(modules):
-            out._write(i, m)
-        return out
 
     def extract(self, index: int) -> nn.Module:
         """Member `index` as an ordinary module (a copy of the template with its tensors)."""
@@ -315,10 +274,6 @@ class BatchModule(nn.Module):
             inputs,
             self.shared_input,
         )
-
-    def explain(self) -> str:
-        """The strategy in use, why, the measured timings, and the isolation probe's result."""
-        return self._core.explain()
 
     def extra_repr(self) -> str:
         return self._core.summary()
