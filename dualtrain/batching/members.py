@@ -27,6 +27,7 @@ __all__ = [
     "Entry",
     "Strategies",
     "check_batch",
+    "check_class_ids",
     "check_flag",
     "check_init",
     "check_ks",
@@ -34,6 +35,7 @@ __all__ = [
     "check_member",
     "check_memory_budget",
     "check_reduction",
+    "check_scores",
     "shared_targets",
     "check_strategy",
     "architecture_key",
@@ -178,6 +180,23 @@ def check_leading(name: str, shape: Sequence[int], batch: int, layout: str) -> N
         raise ShapeError(
             f"{name} must have the member count as its leading dimension, {layout} with "
             f"batch={batch}; got {name} of shape {tuple(int(s) for s in shape)}"
+        )
+
+
+def check_scores(shape: Sequence[int], batch: int) -> None:
+    """Refuses top-k scores that are not ``[batch, B, classes]``."""
+    check_leading("outputs", shape, batch, "[batch, B, classes]")
+    if len(shape) != 3:
+        raise ShapeError(
+            f"outputs must be [batch, B, classes]; got outputs of shape {tuple(shape)}"
+        )
+
+
+def check_class_ids(shape: Sequence[int], shared: bool) -> None:
+    """Refuses top-k targets that are not class ids ``[batch, B]`` (``[B]`` when `shared`)."""
+    if len(shape) != (1 if shared else 2):
+        raise ShapeError(
+            f"targets must be class ids [batch, B] or [B]; got targets of shape {tuple(shape)}"
         )
 
 
@@ -382,9 +401,16 @@ def _name(value: object) -> tuple[Any, Any]:
 
 
 def _is_dtype(value: object) -> bool:
-    """A torch dtype (a singleton with identity ``==``), named without importing torch."""
-    cls = type(value)
-    return cls.__module__ == "torch" and cls.__name__ == "dtype"
+    """A framework's dtype object (torch's): a singleton with identity ``==``.
+
+    Known by its ``itemsize`` and ``is_floating_point`` and no ``__dict__``, without naming
+    a framework; NumPy's dtypes have no ``is_floating_point`` (they compare by ``==``).
+    """
+    return (
+        hasattr(value, "itemsize")
+        and hasattr(value, "is_floating_point")
+        and not hasattr(value, "__dict__")
+    )
 
 
 def _is_array(value: object) -> bool:
