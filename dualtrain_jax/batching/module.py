@@ -458,10 +458,9 @@ class _Members:
         )
         verdict = isolation.run_probe(
             lambda: batching_probe.probe(
-                spec.one,
-                decision.strategy,
-                decision.chunk,
-                *call.values(s.shared_input),
+                batching_run.Run(
+                    spec.one, decision.strategy, decision.chunk, *call.values(s.shared_input)
+                ),
                 culprit=culprit,
             ),
             decision.strategy,

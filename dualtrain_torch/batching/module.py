@@ -427,7 +427,7 @@ class _Members:
             ),
             extra=extra,
             make_step_runs=lambda strategy, chunk: batching_run.step_runs(
-                template, strategy, chunk, params, buffers, inputs, s.shared_input
+                batching_run.Run(template, strategy, chunk, params, buffers, inputs, s.shared_input)
             ),
         )
         if refused and decision.reason == "measured":
@@ -435,7 +435,7 @@ class _Members:
         return decision
 
     def adopt(self, decision: dispatch.Decision, call: Any, probe: bool) -> str | None:
-        run = (
+        run = batching_run.Run(
             self.template,
             decision.strategy,
             decision.chunk,
@@ -447,12 +447,12 @@ class _Members:
         verdict = None
         if probe:
             verdict = isolation.run_probe(
-                lambda: batching_probe.probe(*run),
+                lambda: batching_probe.probe(run),
                 decision.strategy,
                 ran=decision.reason == "measured",
             )
         if not self.laid_out and call.layout and torch.is_grad_enabled():
-            batching_run.match_gradient_layout(*run)
+            batching_run.match_gradient_layout(run)
             self.laid_out = True
         return verdict
 
