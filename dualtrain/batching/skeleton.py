@@ -348,23 +348,12 @@ class MemberBatchModule:
     """What both BatchModules share over their `MemberBatch`: a template method base.
 
     A subclass sets `_framework` (its declared `Framework`), keeps its skeleton as `_core`,
-    takes the constructor arguments ``from_modules`` passes, and overrides `_write`.
+    takes the constructor arguments ``from_modules`` passes, and overrides `_write`; it
+    exposes the settings it lets a user read (or change) itself.
     """
 
     _framework: ClassVar[Framework]
     _core: MemberBatch[Any]
-
-    @property
-    def batch(self) -> int:
-        return self._core.batch
-
-    @property
-    def init(self) -> str:
-        return self._core.settings.init
-
-    @property
-    def seeds(self) -> list[int]:
-        return self._core.settings.seeds
 
     @classmethod
     def from_modules(

@@ -143,6 +143,18 @@ class BatchModule(nn.Module, MemberBatchModule):
     # -- settings (the skeleton's) -----------------------------------------------------------
 
     @property
+    def batch(self) -> int:
+        return self._core.batch
+
+    @property
+    def init(self) -> str:
+        return self._core.settings.init
+
+    @property
+    def seeds(self) -> list[int]:
+        return self._core.settings.seeds
+
+    @property
     def shared_input(self) -> bool:
         return self._core.settings.shared_input
 
