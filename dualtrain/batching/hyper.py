@@ -168,7 +168,10 @@ def check_hyper(name: object, batch: object, *, lr: object, **given: object) -> 
     Keywords an optimizer does not read (momentum and nesterov for Adam/AdamW, betas and
     eps for SGD) must keep their defaults, so a misplaced value is refused, not ignored.
     """
-    fields = {**DEFAULTS, "active": None, **given}
+    fields = {**DEFAULTS, "active": None}
+    if not set(given) <= set(fields):  # as a signature would refuse it
+        raise TypeError(f"check_hyper() got unexpected keywords {sorted(set(given) - set(fields))}")
+    fields |= given
     momentum, betas, eps, nesterov = (fields[k] for k in ("momentum", "betas", "eps", "nesterov"))
     name = check_optimizer(name)
     batch = check_int("batch", batch, minimum=1)

@@ -164,18 +164,10 @@ class Run:
     keys: Any
     train: bool
 
-    def on(self, params: Any, state: Any, inputs: Sequence[Any], keys: Any) -> tuple[Any, Any]:
+    def on(self, params: Any, state: Any, xs: Sequence[Any], keys: Any) -> tuple[Any, Any]:
         """``(outputs, new_state)`` under this run's strategy for other values of its kind."""
         return run_members(
-            self.one,
-            self.strategy,
-            self.chunk,
-            params,
-            state,
-            inputs,
-            self.shared,
-            keys,
-            self.train,
+            self.one, self.strategy, self.chunk, params, state, xs, self.shared, keys, self.train
         )
 
 
