@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dualtrain.atomic import atomic_target
+from dualtrain.batching import members
 from dualtrain.caches import cache_folder
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.version import __version__
@@ -65,7 +66,7 @@ class Decision:
     """How a batched model runs its members, and why.
 
     Attributes:
-        strategy: the strategy that runs (one of the backend's `STRATEGIES`).
+        strategy: the strategy that runs (one of the backend's `Strategies.names`).
         chunk: members per vmapped chunk for "chunked"/"map"; None means all at once
             (vmap) or one at a time (loop, map without a budget).
         reason: ``"forced"`` (``strategy=`` named it), ``"measured"``, ``"cached"`` (measured
@@ -255,26 +256,29 @@ def chunk_size(batch: int, member_bytes: int, memory_budget: int | None) -> int:
     return int(min(batch, fits))
 
 
-def plan(backend: str, strategy: str, batch: int, chunk: int) -> tuple[str, int | None]:
+def plan(
+    backend: members.Strategies | str, strategy: str, batch: int, chunk: int
+) -> tuple[str, int | None]:
     """The strategy and chunk that run for a requested strategy under a budget's `chunk`.
 
     A budget smaller than the whole batch turns vmap into its chunked form ("chunked" under
-    torch, ``lax.map`` over chunks under JAX); the loop needs no chunk.
+    torch, ``lax.map`` over chunks under JAX: `Strategies.chunked`); the loop needs no chunk.
+    `backend` is the adapter's `Strategies` (or a backend's name, for those it declared).
     """
     if strategy == "loop":
         return "loop", None
     if strategy == "stacked":  # every member at once, as vmap: under a budget, in chunks
         return ("stacked", None) if chunk >= batch else ("chunked", min(chunk, batch))
-    chunked = "chunked" if backend == "torch" else "map"
+    declared = members.strategies_of(backend)
     if strategy == "vmap":
-        return ("vmap", None) if chunk >= batch else (chunked, chunk)
-    if backend == "torch":  # "chunked": the budget's chunk, or even chunks of CHUNK
-        return "chunked", min(chunk, default_chunk(batch))
-    return "map", chunk if chunk < batch else None
+        return ("vmap", None) if chunk >= batch else (declared.chunked, chunk)
+    if declared.even_chunks:  # "chunked": the budget's chunk, or even chunks of CHUNK
+        return declared.chunked, min(chunk, default_chunk(batch))
+    return declared.chunked, chunk if chunk < batch else None
 
 
 def candidates(
-    backend: str, batch: int, chunk: int, extra: tuple[str, ...] = ()
+    backend: members.Strategies | str, batch: int, chunk: int, extra: tuple[str, ...] = ()
 ) -> dict[str, int | None]:
     """The strategies "auto" measures, with their chunks; duplicates are left out.
 
@@ -282,7 +286,7 @@ def candidates(
     "stacked", for a Sequential of the layers it runs), measured first.
     """
     out: dict[str, int | None] = {}
-    for name in (*extra, "vmap", "chunked" if backend == "torch" else "map", "loop"):
+    for name in (*extra, "vmap", members.strategies_of(backend).chunked, "loop"):
         strategy, size = plan(backend, name, batch, chunk)
         if strategy == "chunked" and size is not None and size >= batch:
             continue  # one chunk of every member is vmap itself
@@ -340,7 +344,7 @@ def _check_clock(clock: object) -> None:
 
 
 def decide(
-    backend: str,
+    backend: members.Strategies | str,
     strategy: str,
     batch: int,
     chunk: int,
@@ -358,7 +362,7 @@ def decide(
     unmeasured at full size (one survivor is chosen without more timing).
 
     Args:
-        backend: ``"torch"`` or ``"jax"``.
+        backend: the adapter's `Strategies` (or a backend's name, for those it declared).
         strategy: what the user asked for: ``"auto"`` or a strategy name.
         batch: the member count.
         chunk: the most members one vmapped call may hold (the budget's `chunk_size`).

@@ -160,52 +160,43 @@ def _check_nesterov(nesterov: bool, momentum: np.ndarray) -> None:
         raise bad_argument("momentum", momentum, "> 0 for every member with nesterov=True")
 
 
-def check_hyper(
-    name: object,
-    batch: object,
-    *,
-    lr: object,
-    momentum: object = 0.0,
-    betas: object = (0.9, 0.999),
-    eps: object = 1e-8,
-    weight_decay: object = 0.0,
-    nesterov: object = False,
-    max_grad_norm: object = None,
-    active: object = None,
-) -> MemberHyper:
+def check_hyper(name: object, batch: object, *, lr: object, **given: object) -> MemberHyper:
     """Checks `member_optimizer`'s arguments; nothing is built before all of them pass.
 
+    `given` holds its other keywords (momentum, betas, eps, weight_decay, nesterov,
+    max_grad_norm, active); one left out takes its default (`DEFAULTS`; active: None, all).
     Keywords an optimizer does not read (momentum and nesterov for Adam/AdamW, betas and
     eps for SGD) must keep their defaults, so a misplaced value is refused, not ignored.
     """
+    fields = {**DEFAULTS, "active": None}
+    if not set(given) <= set(fields):  # as a signature would refuse it
+        raise TypeError(f"check_hyper() got unexpected keywords {sorted(set(given) - set(fields))}")
+    fields |= given
+    momentum, betas, eps, nesterov = (fields[k] for k in ("momentum", "betas", "eps", "nesterov"))
     name = check_optimizer(name)
     batch = check_int("batch", batch, minimum=1)
     if not isinstance(nesterov, (bool, np.bool_)):
         raise bad_argument("nesterov", nesterov, "a bool")
-    given = {
+    values = {
         "lr": per_member("lr", lr, batch),
         "momentum": per_member("momentum", momentum, batch),
         "eps": per_member("eps", eps, batch),
-        "weight_decay": per_member("weight_decay", weight_decay, batch),
+        "weight_decay": per_member("weight_decay", fields["weight_decay"], batch),
     }
     beta1, beta2 = _betas(betas, batch)
-    clip = (
-        None
-        if max_grad_norm is None
-        else per_member("max_grad_norm", max_grad_norm, batch, allow_inf=True)
-    )
-    mask = check_active(active, batch)
+    clip = fields["max_grad_norm"]
+    clip = None if clip is None else per_member("max_grad_norm", clip, batch, allow_inf=True)
+    mask = check_active(fields["active"], batch)
     strays = {
-        "momentum": (given["momentum"] != 0).any(),
+        "momentum": (values["momentum"] != 0).any(),
         "nesterov": bool(nesterov),
         "betas": (beta1 != 0.9).any() or (beta2 != 0.999).any(),
-        "eps": (given["eps"] != 1e-8).any(),
+        "eps": (values["eps"] != 1e-8).any(),
     }
     for key, differs in strays.items():
         if differs and key not in _OWN[name]:
-            value = {"momentum": momentum, "nesterov": nesterov, "betas": betas, "eps": eps}[key]
-            raise bad_argument(key, value, f"its default {DEFAULTS[key]!r} for {name!r}")
-    _check_nesterov(bool(nesterov), given["momentum"])
+            raise bad_argument(key, fields[key], f"its default {DEFAULTS[key]!r} for {name!r}")
+    _check_nesterov(bool(nesterov), values["momentum"])
     return MemberHyper(
         name=name,
         batch=batch,
@@ -214,7 +205,7 @@ def check_hyper(
         nesterov=bool(nesterov),
         max_grad_norm=clip,
         active=mask,
-        **given,
+        **values,
     )
 
 

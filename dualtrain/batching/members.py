@@ -7,6 +7,7 @@ torch and JAX refuse the same mistakes with the same words.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import types
@@ -24,7 +25,9 @@ __all__ = [
     "REDUCTIONS",
     "STRATEGIES",
     "Entry",
+    "Strategies",
     "check_batch",
+    "check_class_ids",
     "check_flag",
     "check_init",
     "check_ks",
@@ -32,6 +35,7 @@ __all__ = [
     "check_member",
     "check_memory_budget",
     "check_reduction",
+    "check_scores",
     "shared_targets",
     "check_strategy",
     "architecture_key",
@@ -43,8 +47,32 @@ __all__ = [
 
 INITS = ("independent", "identical")
 REDUCTIONS = ("mean", "sum", "none")
-# The ways each adapter runs the members; "auto" measures them and keeps the fastest.
-STRATEGIES = {"torch": ("vmap", "chunked", "loop", "stacked"), "jax": ("vmap", "map", "loop")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategies:
+    """The ways an adapter runs the members, as data the core's checks and choice read.
+
+    Attributes:
+        names: what ``strategy=`` takes besides ``"auto"``, in the documentation's order.
+        chunked: vmap's form in chunks, which a budget below every member turns vmap into.
+        even_chunks: without a budget, `chunked` runs even chunks of at most
+            `dispatch.CHUNK` members (torch's "chunked"); otherwise every member in one
+            chunk (``lax.map`` without a batch size).
+    """
+
+    names: tuple[str, ...]
+    chunked: str
+    even_chunks: bool = False
+
+
+# The ways each adapter runs the members, by backend name ("auto" measures them and keeps
+# the fastest). Each adapter hands its own to the core; names reach these.
+DECLARED = {
+    "torch": Strategies(("vmap", "chunked", "loop", "stacked"), "chunked", even_chunks=True),
+    "jax": Strategies(("vmap", "map", "loop"), "map"),
+}
+STRATEGIES = {backend: declared.names for backend, declared in DECLARED.items()}
 
 # One tensor of an architecture: (name, per-member shape, dtype name, trainable).
 Entry = tuple[str, tuple[int, ...], str, bool]
@@ -62,9 +90,14 @@ def check_init(init: object) -> str:
     return init
 
 
-def check_strategy(strategy: object, backend: str) -> str:
-    """``"auto"`` or one of the backend's strategies (`STRATEGIES`)."""
-    names = ("auto", *STRATEGIES[backend])
+def strategies_of(backend: Strategies | str) -> Strategies:
+    """The strategies an adapter declared, or those `DECLARED` for a backend's name."""
+    return backend if isinstance(backend, Strategies) else DECLARED[backend]
+
+
+def check_strategy(strategy: object, backend: Strategies | str) -> str:
+    """``"auto"`` or one of the backend's strategies (`Strategies.names`)."""
+    names = ("auto", *strategies_of(backend).names)
     if not isinstance(strategy, str) or strategy not in names:
         raise bad_argument("strategy", strategy, f"one of {names}")
     return strategy
@@ -147,6 +180,23 @@ def check_leading(name: str, shape: Sequence[int], batch: int, layout: str) -> N
         raise ShapeError(
             f"{name} must have the member count as its leading dimension, {layout} with "
             f"batch={batch}; got {name} of shape {tuple(int(s) for s in shape)}"
+        )
+
+
+def check_scores(shape: Sequence[int], batch: int) -> None:
+    """Refuses top-k scores that are not ``[batch, B, classes]``."""
+    check_leading("outputs", shape, batch, "[batch, B, classes]")
+    if len(shape) != 3:
+        raise ShapeError(
+            f"outputs must be [batch, B, classes]; got outputs of shape {tuple(shape)}"
+        )
+
+
+def check_class_ids(shape: Sequence[int], shared: bool) -> None:
+    """Refuses top-k targets that are not class ids ``[batch, B]`` (``[B]`` when `shared`)."""
+    if len(shape) != (1 if shared else 2):
+        raise ShapeError(
+            f"targets must be class ids [batch, B] or [B]; got targets of shape {tuple(shape)}"
         )
 
 
@@ -351,9 +401,16 @@ def _name(value: object) -> tuple[Any, Any]:
 
 
 def _is_dtype(value: object) -> bool:
-    """A torch dtype (a singleton with identity ``==``), named without importing torch."""
-    cls = type(value)
-    return cls.__module__ == "torch" and cls.__name__ == "dtype"
+    """A framework's dtype object (torch's): a singleton with identity ``==``.
+
+    Known by its ``itemsize`` and ``is_floating_point`` and no ``__dict__``, without naming
+    a framework; NumPy's dtypes have no ``is_floating_point`` (they compare by ``==``).
+    """
+    return (
+        hasattr(value, "itemsize")
+        and hasattr(value, "is_floating_point")
+        and not hasattr(value, "__dict__")
+    )
 
 
 def _is_array(value: object) -> bool:

@@ -9,7 +9,10 @@ adapter supplies as `FrameworkHooks` (its member checks, an input's arrays, a ca
 the choice, the probe) and declares as data in a `Framework`.
 
 torch's BatchModule keeps its `MemberBatch` as an attribute; JAX's in the pytree's static
-aux data (compared by identity, so ``jit`` retraces per BatchModule, as before).
+aux data (compared by identity, so ``jit`` retraces per BatchModule, as before). Both
+subclass `MemberBatchModule`, which reads their `MemberBatch` for what they share
+(``from_modules``, ``explain``, the settings they expose) and asks each for its one hook,
+``_write``.
 """
 
 from __future__ import annotations
@@ -17,13 +20,20 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, cast, runtime_checkable
 
 from dualtrain.batching import dispatch, members
 from dualtrain.batching.dispatch import Decision
 from dualtrain.errors import ArgumentError, bad_argument
 
-__all__ = ["ANY", "BatchSettings", "Framework", "FrameworkHooks", "MemberBatch"]
+__all__ = [
+    "ANY",
+    "BatchSettings",
+    "Framework",
+    "FrameworkHooks",
+    "MemberBatch",
+    "MemberBatchModule",
+]
 
 
 class _Wildcard(enum.Enum):  # an enum: it pickles as itself, so a kept key still matches
@@ -332,6 +342,59 @@ class MemberBatch(Generic[H]):
 
     def __repr__(self) -> str:
         return f"MemberBatch({self.framework.backend}, {self.summary()})"
+
+
+class MemberBatchModule:
+    """What both BatchModules share over their `MemberBatch`: a template method base.
+
+    A subclass sets `_framework` (its declared `Framework`), keeps its skeleton as `_core`,
+    takes the constructor arguments ``from_modules`` passes, and overrides `_write`; it
+    exposes the settings it lets a user read (or change) itself.
+    """
+
+    _framework: ClassVar[Framework]
+    _core: MemberBatch[Any]
+
+    @classmethod
+    def from_modules(
+        cls,
+        modules: Sequence[Any],
+        *,
+        shared_input: bool = False,
+        strategy: str = "auto",
+        memory_budget: int | None = None,
+        check_isolation: bool = True,
+    ) -> Self:
+        """A BatchModule whose member i is ``modules[i]`` (its weights and buffers or state).
+
+        The members are torch ``nn.Module`` s; under JAX, JaxModules of one Craft class, or
+        ``(params, apply_fn)`` pairs with the same ``apply_fn``.
+
+        Raises:
+            ArgumentError: an empty list, a non-module, or members whose class, tensor
+                names, shapes or dtypes differ (the message names the first difference).
+        """
+        modules = cls._framework.module_list(modules)
+        out: Self = cast(Any, cls)(
+            modules[0],
+            len(modules),
+            init="identical",
+            shared_input=shared_input,
+            strategy=strategy,
+            memory_budget=memory_budget,
+            check_isolation=check_isolation,
+        )
+        for i, values in out._core.admit(modules):
+            out._write(i, values)
+        return out
+
+    def _write(self, i: int, values: Any) -> None:
+        """Writes member `i`'s values (what `FrameworkHooks.values` returned for it)."""
+        raise NotImplementedError
+
+    def explain(self) -> str:
+        """The strategy in use, why, what was timed (or why not), and the isolation verdict."""
+        return self._core.explain()
 
 
 def _mode(training: bool) -> str:

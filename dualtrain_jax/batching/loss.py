@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from dualtrain.batching import members
-from dualtrain.errors import ShapeError, bad_argument
+from dualtrain.errors import bad_argument
 
 __all__ = ["batch_loss", "batch_topk", "cross_entropy"]
 
@@ -92,17 +92,9 @@ def batch_topk(outputs: jax.Array, targets: Any, batch: int, ks: Any = (1, 5)) -
     batch = members.check_batch(batch)
     ks = members.check_ks(ks)
     outputs = _outputs(outputs, "[batch, B, classes]")
-    members.check_leading("outputs", outputs.shape, batch, "[batch, B, classes]")
-    if outputs.ndim != 3:
-        raise ShapeError(
-            f"outputs must be [batch, B, classes]; got outputs of shape {tuple(outputs.shape)}"
-        )
+    members.check_scores(outputs.shape, batch)
     targets, shared = _targets(outputs, targets, batch)
-    if targets.ndim != (1 if shared else 2):
-        raise ShapeError(
-            f"targets must be class ids [batch, B] or [B]; got targets of shape "
-            f"{tuple(targets.shape)}"
-        )
+    members.check_class_ids(targets.shape, shared)
     classes = outputs.shape[-1]
     top = jax.lax.top_k(outputs, min(max(ks), classes))[1]
     full = jnp.broadcast_to(targets, outputs.shape[:2])

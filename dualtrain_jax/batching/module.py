@@ -23,7 +23,13 @@ import numpy as np
 
 from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
-from dualtrain.batching.skeleton import ANY, BatchSettings, Framework, MemberBatch
+from dualtrain.batching.skeleton import (
+    ANY,
+    BatchSettings,
+    Framework,
+    MemberBatch,
+    MemberBatchModule,
+)
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_jax.batching import probe as batching_probe, run as batching_run
@@ -48,7 +54,7 @@ FRAMEWORK = Framework("jax", "a non-empty list of modules")
 
 
 @jax.tree_util.register_pytree_node_class
-class BatchModule:
+class BatchModule(MemberBatchModule):
     """`batch` models of one architecture as one pytree: stacked ``params`` and ``state``.
 
     Args:
@@ -74,6 +80,7 @@ class BatchModule:
         train: the mode ``__call__`` runs in (`Rudder`, `Prober`, `Nozzle` set it).
     """
 
+    _framework = FRAMEWORK
     _core: MemberBatch[_Members]  # the neutral skeleton, with its JAX hooks: static aux data
 
     def __init__(
@@ -166,39 +173,6 @@ class BatchModule:
 
     # -- members -----------------------------------------------------------------------
 
-    @classmethod
-    def from_modules(
-        cls,
-        modules: Sequence[Any],
-        *,
-        shared_input: bool = False,
-        strategy: str = "auto",
-        memory_budget: int | None = None,
-        check_isolation: bool = True,
-    ) -> BatchModule:
-        """A BatchModule whose member i is ``modules[i]``.
-
-        The members are JaxModules of one Craft class, or ``(params, apply_fn)`` pairs with
-        the same ``apply_fn``.
-
-        Raises:
-            ArgumentError: an empty list, or members whose class, names, shapes or dtypes
-                differ (the message names the first difference).
-        """
-        modules = FRAMEWORK.module_list(modules)
-        out = cls(
-            modules[0],
-            len(modules),
-            init="identical",
-            shared_input=shared_input,
-            strategy=strategy,
-            memory_budget=memory_budget,
-            check_isolation=check_isolation,
-        )
-        for i, values in out._core.admit(modules):
-            out._write(i, values)
-        return out
-
     def extract(self, index: int) -> Any:
         """Member `index`: a `JaxModule` (same mode) or a ``(params, apply_fn)`` pair."""
         i = self._core.index(index)
@@ -290,10 +264,6 @@ class BatchModule:
         keys = self._member_keys(rng)
         self._decide(self.params, self.state, inputs, keys, bool(self.train))
         return self.explain()
-
-    def explain(self) -> str:
-        """The strategy in use, why, what was timed (or why not), and the isolation verdict."""
-        return self._core.explain()
 
     def __repr__(self) -> str:
         return f"BatchModule({self._core.summary()})"
@@ -500,10 +470,9 @@ class _Members:
         )
         verdict = isolation.run_probe(
             lambda: batching_probe.probe(
-                spec.one,
-                decision.strategy,
-                decision.chunk,
-                *call.values(s.shared_input),
+                batching_run.Run(
+                    spec.one, decision.strategy, decision.chunk, *call.values(s.shared_input)
+                ),
                 culprit=culprit,
             ),
             decision.strategy,

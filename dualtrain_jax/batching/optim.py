@@ -132,18 +132,7 @@ def member_optimizer(
         ArgumentError: a bad name or value (as under torch).
         ShapeError: (at ``init``) a params leaf whose leading dimension is not `batch`.
     """
-    hyper = hyper_checks.check_hyper(
-        name,
-        batch,
-        lr=lr,
-        momentum=momentum,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        nesterov=nesterov,
-        max_grad_norm=max_grad_norm,
-        active=active,
-    )
+    hyper = hyper_checks.check_hyper(**locals())  # the arguments as called: none else yet
 
     def init(params: Any) -> MemberState:
         _check_params(params, hyper.batch)

@@ -23,12 +23,12 @@ from jax.extend import core as jax_core
 from dualtrain.batching import isolation
 from dualtrain_jax.batching.run import (
     Member,
-    _is_array,
-    _row,
+    Run,
     abstract_members,
+    is_array,
     is_mapped,
+    member_row,
     members_loss,
-    run_members,
 )
 
 __all__ = ["Findings", "inspect", "probe"]
@@ -119,21 +119,10 @@ def _equations(jaxpr: Any) -> Iterator[Any]:
                     yield from _equations(sub)
 
 
-def _traced(
-    one: Member,
-    strategy: str,
-    members: int,
-    params: Any,
-    state: Any,
-    inputs: Sequence[Any],
-    shared: bool,
-    keys: Any,
-    train: bool,
-) -> list[Any]:
+def _traced(run: Run, members: int) -> list[Any]:
     """The equations of `members` members' forward and parameter gradient, traced."""
-    loss = members_loss(one, strategy, None, inputs, shared, train)
-    args = abstract_members(members, params, state, inputs, shared, keys)
-    closed = jax.make_jaxpr(jax.grad(loss, allow_int=True))(*args)
+    args = abstract_members(run, members)
+    closed = jax.make_jaxpr(jax.grad(members_loss(run), allow_int=True))(*args)
     return list(_equations(closed.jaxpr))
 
 
@@ -163,14 +152,15 @@ def inspect(
     recorded in `vmap_error`.
     """
     start = time.perf_counter()
-    alone = _traced(one, "loop", 1, params, state, inputs, shared, keys, train)
+    run = Run(one, "loop", None, params, state, inputs, shared, keys, train)
+    alone = _traced(run, 1)
     pure = _pure()
     foreign = tuple(sorted({e.primitive.name for e in alone} - pure))
     if not vmapped:
         return Findings(foreign, seconds=time.perf_counter() - start)
     batch = jax.tree_util.tree_leaves(params)[0].shape[0]
     try:
-        together = _traced(one, "vmap", batch, params, state, inputs, shared, keys, train)
+        together = _traced(dataclasses.replace(run, strategy="vmap"), batch)
     except Exception as error:
         text = f"{type(error).__name__}: {error}".splitlines()[0][:200]
         return Findings(foreign, vmap_error=text, seconds=time.perf_counter() - start)
@@ -185,19 +175,7 @@ def inspect(
     )
 
 
-def probe(
-    one: Member,
-    strategy: str,
-    chunk: int | None,
-    params: Any,
-    state: Any,
-    inputs: Sequence[Any],
-    shared: bool,
-    keys: Any,
-    train: bool,
-    *,
-    culprit: str,
-) -> str:
+def probe(run: Run, *, culprit: str) -> str:
     """Checks on members 0 and 1 that neither moves the other, forward and backward.
 
     Raises:
@@ -205,15 +183,17 @@ def probe(
             members: JAX code is pure, so only host callbacks or closures over mutable
             Python state can mix them).
     """
-    batch = jax.tree_util.tree_leaves(params)[0].shape[0]
+    strategy, shared = run.strategy, run.shared
+    batch = jax.tree_util.tree_leaves(run.params)[0].shape[0]
     if batch < 2:
         return "skipped (one member)"
-    p0, s0 = _row(params, slice(0, 2)), _row(state, slice(0, 2))
-    x0 = [_row(x, slice(0, 2)) if is_mapped(x, shared) else x for x in inputs]
-    k0 = None if keys is None else keys[:2]
-    chunk = 1 if strategy == "map" else chunk
-    run = _prober(one, strategy, chunk, x0, shared, train)
-    base = run(p0, s0, x0, k0)
+    p0, s0 = member_row(run.params, slice(0, 2)), member_row(run.state, slice(0, 2))
+    x0 = [member_row(x, slice(0, 2)) if is_mapped(x, shared) else x for x in run.inputs]
+    k0 = None if run.keys is None else run.keys[:2]
+    if strategy == "map":
+        run = dataclasses.replace(run, chunk=1)
+    call = _prober(run, x0)
+    base = call(p0, s0, x0, k0)
     rng = np.random.default_rng(7)
     for member in (0, 1):
         p1 = jax.tree_util.tree_map(lambda a, m=member: _nudge(a, m, 0.05, rng), p0)
@@ -223,7 +203,7 @@ def probe(
             else x
             for x in x0
         ]
-        changed = run(p1, s0, x1, k0)
+        changed = call(p1, s0, x1, k0)
         found = isolation.leaks(base, changed, member)
         if found:
             raise isolation.isolation_error(strategy, member, found, culprit)
@@ -231,15 +211,13 @@ def probe(
 
 
 def _nudge(a: Any, member: int, scale: float, rng: np.random.Generator) -> Any:
-    if not _is_array(a) or not jnp.issubdtype(a.dtype, jnp.floating):
+    if not is_array(a) or not jnp.issubdtype(a.dtype, jnp.floating):
         return a
     noise = rng.standard_normal(a[member].shape) * scale
     return jnp.asarray(a).at[member].add(jnp.asarray(noise, dtype=a.dtype))
 
 
-def _prober(
-    one: Member, strategy: str, chunk: int | None, x: Sequence[Any], shared: bool, train: bool
-) -> Callable[..., dict[str, np.ndarray]]:
+def _prober(run: Run, x: Sequence[Any]) -> Callable[..., dict[str, np.ndarray]]:
     """The probe's run: outputs, gradients and new state as NumPy.
 
     Compiled once for the probe's three calls (same shapes); op by op, each call would
@@ -248,7 +226,7 @@ def _prober(
     floats = [
         i
         for i, t in enumerate(x)
-        if not shared and _is_array(t) and jnp.issubdtype(t.dtype, jnp.floating)
+        if not run.shared and is_array(t) and jnp.issubdtype(t.dtype, jnp.floating)
     ]
 
     @jax.jit
@@ -257,13 +235,13 @@ def _prober(
             full = list(xs)
             for i, t in zip(floats, diff, strict=True):
                 full[i] = t
-            return run_members(one, strategy, chunk, p, s, full, shared, keys, train)
+            return run.on(p, s, full, keys)
 
         (out, new_state), pullback = jax.vjp(f, p, *[xs[i] for i in floats])
         # A fixed, uneven cotangent: a plain sum would hide a leak that cancels out.
         return out, new_state, pullback(jax.tree_util.tree_map(_weights, (out, new_state)))
 
-    def run(p: Any, s: Any, xs: Sequence[Any], keys: Any) -> dict[str, np.ndarray]:
+    def call(p: Any, s: Any, xs: Sequence[Any], keys: Any) -> dict[str, np.ndarray]:
         out, new_state, grads = forward_backward(p, s, list(xs), keys)
         found: dict[str, np.ndarray] = {}
         for i, leaf in enumerate(jax.tree_util.tree_leaves(out)):
@@ -277,7 +255,7 @@ def _prober(
             found[f"the state {name}"] = np.asarray(v, dtype=np.float64)
         return found
 
-    return run
+    return call
 
 
 def _named(tree: Any) -> dict[str, Any]:

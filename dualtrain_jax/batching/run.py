@@ -29,12 +29,15 @@ __all__ = [
     "SMALL",
     "Candidate",
     "Outcome",
+    "Run",
     "Trial",
     "abstract_members",
     "candidates",
+    "is_array",
     "is_mapped",
     "is_traced",
     "member_bytes",
+    "member_row",
     "run_members",
     "within_budget",
 ]
@@ -63,7 +66,8 @@ def is_traced(*trees: Any) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(trees))
 
 
-def _row(tree: Any, index: Any) -> Any:
+def member_row(tree: Any, index: Any) -> Any:
+    """Row(s) `index` of every leaf of a stacked pytree."""
     return jax.tree_util.tree_map(lambda a: a[index], tree)
 
 
@@ -84,7 +88,8 @@ def _rows(tree: Any, batch: int) -> list[Any]:
     return [jax.tree_util.tree_unflatten(tree_def, [s[i] for s in split]) for i in range(batch)]
 
 
-def _is_array(x: Any) -> bool:
+def is_array(x: Any) -> bool:
+    """A JAX or NumPy array (not a Python number, nor a container)."""
     return isinstance(x, (jax.Array, np.ndarray))
 
 
@@ -95,7 +100,7 @@ def is_mapped(x: Any, shared: bool) -> bool:
     whole, as do all inputs with `shared`.
     """
     leaves = jax.tree_util.tree_leaves(x)
-    return not shared and bool(leaves) and all(_is_array(leaf) for leaf in leaves)
+    return not shared and bool(leaves) and all(is_array(leaf) for leaf in leaves)
 
 
 @functools.lru_cache(maxsize=256)
@@ -141,6 +146,31 @@ def run_members(
     return jax.lax.map(lambda a: call(*a), (params, state, keys, batched), batch_size=chunk)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # arrays: compared by identity
+class Run:
+    """One call of the members under one strategy: `run_members`'s arguments as one value.
+
+    What the work around a call takes (the probe, a timed candidate, a trace); the
+    forward itself calls `run_members` with them unwrapped.
+    """
+
+    one: Member
+    strategy: str
+    chunk: int | None
+    params: Any
+    state: Any
+    inputs: Sequence[Any]
+    shared: bool
+    keys: Any
+    train: bool
+
+    def on(self, params: Any, state: Any, xs: Sequence[Any], keys: Any) -> tuple[Any, Any]:
+        """``(outputs, new_state)`` under this run's strategy for other values of its kind."""
+        return run_members(
+            self.one, self.strategy, self.chunk, params, state, xs, self.shared, keys, self.train
+        )
+
+
 def _total(out: Any) -> Any:
     leaves = [
         jnp.sum(leaf)
@@ -150,14 +180,7 @@ def _total(out: Any) -> Any:
     return sum(leaves) if leaves else jnp.zeros(())
 
 
-def abstract_members(
-    members: int,
-    params: Any,
-    state: Any,
-    inputs: Sequence[Any],
-    shared: bool,
-    keys: Any,
-) -> tuple[Any, Any, Any, list[Any]]:
+def abstract_members(run: Run, members: int) -> tuple[Any, Any, Any, list[Any]]:
     """Shapes and dtypes of the first `members` members: ``(params, state, keys, batched)``.
 
     `batched` holds the inputs split per member (`is_mapped`), in order. Abstract
@@ -165,34 +188,27 @@ def abstract_members(
     concrete arrays and under a trace alike.
     """
     rows = lambda a: jax.ShapeDtypeStruct((members, *a.shape[1:]), a.dtype)  # noqa: E731
-    batched = [jax.tree_util.tree_map(rows, x) for x in inputs if is_mapped(x, shared)]
+    batched = [jax.tree_util.tree_map(rows, x) for x in run.inputs if is_mapped(x, run.shared)]
     return (
-        jax.tree_util.tree_map(rows, params),
-        jax.tree_util.tree_map(rows, state),
-        None if keys is None else rows(keys),
+        jax.tree_util.tree_map(rows, run.params),
+        jax.tree_util.tree_map(rows, run.state),
+        None if run.keys is None else rows(run.keys),
         batched,
     )
 
 
-def members_loss(
-    one: Member,
-    strategy: str,
-    chunk: int | None,
-    inputs: Sequence[Any],
-    shared: bool,
-    train: bool,
-) -> Callable[[Any, Any, Any, list[Any]], Any]:
+def members_loss(run: Run) -> Callable[[Any, Any, Any, list[Any]], Any]:
     """``loss(params, state, keys, batched)``: the sum of every member's float outputs.
 
     `batched` replaces the inputs split per member, in order; the others are used as
     given. Its gradient in `params` is what a training step computes.
     """
-    mapped = [is_mapped(x, shared) for x in inputs]
+    mapped = [is_mapped(x, run.shared) for x in run.inputs]
 
     def loss(p: Any, s: Any, k: Any, xs: list[Any]) -> Any:
         it = iter(xs)
-        full = [next(it) if m else x for x, m in zip(inputs, mapped, strict=True)]
-        out, _ = run_members(one, strategy, chunk, p, s, full, shared, k, train)
+        full = [next(it) if m else x for x, m in zip(run.inputs, mapped, strict=True)]
+        out, _ = run.on(p, s, full, k)
         return _total(out)
 
     return loss
@@ -205,29 +221,17 @@ class Candidate:
     compiled step and waits for it.
     """
 
-    def __init__(
-        self,
-        one: Member,
-        strategy: str,
-        chunk: int | None,
-        members: int,
-        params: Any,
-        state: Any,
-        inputs: Sequence[Any],
-        shared: bool,
-        keys: Any,
-        train: bool,
-    ) -> None:
-        batch = jax.tree_util.tree_leaves(params)[0].shape[0]
+    def __init__(self, run: Run, members: int) -> None:
+        batch = jax.tree_util.tree_leaves(run.params)[0].shape[0]
         head = lambda a: a if members >= batch else a[:members]  # noqa: E731
-        mapped = [is_mapped(x, shared) for x in inputs]
+        mapped = [is_mapped(x, run.shared) for x in run.inputs]
         self.args = (
-            jax.tree_util.tree_map(head, params),
-            jax.tree_util.tree_map(head, state),
-            None if keys is None else head(keys),
-            [jax.tree_util.tree_map(head, x) for x, m in zip(inputs, mapped, strict=True) if m],
+            jax.tree_util.tree_map(head, run.params),
+            jax.tree_util.tree_map(head, run.state),
+            None if run.keys is None else head(run.keys),
+            [jax.tree_util.tree_map(head, x) for x, m in zip(run.inputs, mapped, strict=True) if m],
         )
-        loss = members_loss(one, strategy, chunk, inputs, shared, train)
+        loss = members_loss(run)
         # allow_int: a pair's params may hold integer leaves (they get float0 gradients).
         self._step = jax.jit(jax.grad(loss, allow_int=True))
         self._compiled: Any = None
@@ -254,9 +258,8 @@ def candidates(
     """``make(strategy, members)``: the `Candidate` of one of `options` on that many members."""
 
     def make(strategy: str, members: int) -> Candidate:
-        return Candidate(
-            one, strategy, options[strategy], members, params, state, inputs, shared, keys, train
-        )
+        run = Run(one, strategy, options[strategy], params, state, inputs, shared, keys, train)
+        return Candidate(run, members)
 
     return make
 
@@ -441,8 +444,9 @@ def member_bytes(
     From XLA's memory analysis of the compiled step (arguments, outputs, temporaries); a
     coarser sum where XLA has none.
     """
-    p1, s1, k1, batched = abstract_members(1, params, state, inputs, shared, keys)
-    loss = members_loss(one, "vmap", None, inputs, shared, train)
+    run = Run(one, "vmap", None, params, state, inputs, shared, keys, train)
+    p1, s1, k1, batched = abstract_members(run, 1)
+    loss = members_loss(run)
     size = lambda tree: sum(  # noqa: E731
         int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(tree)
     )

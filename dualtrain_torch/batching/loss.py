@@ -10,7 +10,6 @@ import torch.nn.functional as F  # noqa: N812
 from torch.func import vmap
 
 from dualtrain.batching import members
-from dualtrain.errors import ShapeError
 
 __all__ = ["batch_loss", "batch_topk"]
 
@@ -111,17 +110,9 @@ def batch_topk(outputs: torch.Tensor, targets: Any, batch: int, ks: Any = (1, 5)
     """
     batch = members.check_batch(batch)
     ks = members.check_ks(ks)
-    members.check_leading("outputs", outputs.shape, batch, "[batch, B, classes]")
-    if outputs.ndim != 3:
-        raise ShapeError(
-            f"outputs must be [batch, B, classes]; got outputs of shape {tuple(outputs.shape)}"
-        )
+    members.check_scores(outputs.shape, batch)
     targets, shared = _targets(outputs, targets, batch)
-    if targets.ndim != (1 if shared else 2):
-        raise ShapeError(
-            f"targets must be class ids [batch, B] or [B]; got targets of shape "
-            f"{tuple(targets.shape)}"
-        )
+    members.check_class_ids(targets.shape, shared)
     top = outputs.topk(min(max(ks), outputs.shape[-1]), dim=-1).indices
     hits = top == (targets if not shared else targets.expand(batch, -1)).unsqueeze(-1)
     dtype = outputs.dtype if outputs.is_floating_point() else torch.get_default_dtype()

@@ -19,7 +19,7 @@ from torch.utils import _pytree as pytree
 
 from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
-from dualtrain.batching.skeleton import BatchSettings, Framework, MemberBatch
+from dualtrain.batching.skeleton import BatchSettings, Framework, MemberBatch, MemberBatchModule
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.batching import probe as batching_probe, run as batching_run
 from dualtrain_torch.batching.loss import batch_loss, batch_topk
@@ -37,7 +37,7 @@ __all__ = ["BatchModule", "batch_loss", "batch_topk"]
 FRAMEWORK = Framework("torch", "a non-empty list of nn.Modules", nn.Module, "an nn.Module")
 
 
-class BatchModule(nn.Module):
+class BatchModule(nn.Module, MemberBatchModule):
     """`batch` models of one architecture, run as one module (``torch.func`` underneath).
 
     Parameters are ``[batch, ...]`` leaf `nn.Parameter` s of this module, so any
@@ -71,6 +71,7 @@ class BatchModule(nn.Module):
             ``reset_parameters``.
     """
 
+    _framework = FRAMEWORK
     _template: nn.Module  # set with object.__setattr__: not a submodule
     _core: MemberBatch[_Members]  # the neutral skeleton, with this module's torch hooks
     # Lay parameters out like their gradients on the first backward (match_gradient_layout:
@@ -214,36 +215,6 @@ class BatchModule(nn.Module):
                 buffers[name] = cast(torch.Tensor, holder._buffers[last])
         return params, buffers
 
-    @classmethod
-    def from_modules(
-        cls,
-        modules: Sequence[nn.Module],
-        *,
-        shared_input: bool = False,
-        strategy: str = "auto",
-        memory_budget: int | None = None,
-        check_isolation: bool = True,
-    ) -> BatchModule:
-        """A BatchModule whose member i is ``modules[i]`` (its weights and buffers).
-
-        Raises:
-            ArgumentError: an empty list, a non-module, or modules whose class, tensor names,
-                shapes or dtypes differ (the message names the first difference).
-        """
-        modules = FRAMEWORK.module_list(modules)
-        out = cls(
-            modules[0],
-            len(modules),
-            init="identical",
-            shared_input=shared_input,
-            strategy=strategy,
-            memory_budget=memory_budget,
-            check_isolation=check_isolation,
-        )
-        for i, m in out._core.admit(modules):
-            out._write(i, m)
-        return out
-
     def extract(self, index: int) -> nn.Module:
         """Member `index` as an ordinary module (a copy of the template with its tensors)."""
         i = self._core.index(index)
@@ -315,10 +286,6 @@ class BatchModule(nn.Module):
             inputs,
             self.shared_input,
         )
-
-    def explain(self) -> str:
-        """The strategy in use, why, the measured timings, and the isolation probe's result."""
-        return self._core.explain()
 
     def extra_repr(self) -> str:
         return self._core.summary()
@@ -472,7 +439,7 @@ class _Members:
             ),
             extra=extra,
             make_step_runs=lambda strategy, chunk: batching_run.step_runs(
-                template, strategy, chunk, params, buffers, inputs, s.shared_input
+                batching_run.Run(template, strategy, chunk, params, buffers, inputs, s.shared_input)
             ),
         )
         if refused and decision.reason == "measured":
@@ -480,7 +447,7 @@ class _Members:
         return decision
 
     def adopt(self, decision: dispatch.Decision, call: Any, probe: bool) -> str | None:
-        run = (
+        run = batching_run.Run(
             self.template,
             decision.strategy,
             decision.chunk,
@@ -492,12 +459,12 @@ class _Members:
         verdict = None
         if probe:
             verdict = isolation.run_probe(
-                lambda: batching_probe.probe(*run),
+                lambda: batching_probe.probe(run),
                 decision.strategy,
                 ran=decision.reason == "measured",
             )
         if not self.laid_out and call.layout and torch.is_grad_enabled():
-            batching_run.match_gradient_layout(*run)
+            batching_run.match_gradient_layout(run)
             self.laid_out = True
         return verdict
 

@@ -825,16 +825,5 @@ def member_optimizer(
             outside [0, 1), a keyword the optimizer does not read set off its default).
         ShapeError: a parameter whose leading dimension is not `batch`.
     """
-    hyper = hyper_checks.check_hyper(
-        name,
-        batch,
-        lr=lr,
-        momentum=momentum,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        nesterov=nesterov,
-        max_grad_norm=max_grad_norm,
-        active=active,
-    )
-    return MemberOptimizer(params, hyper)
+    given = {k: v for k, v in locals().items() if k != "params"}  # the keywords as called
+    return MemberOptimizer(params, hyper_checks.check_hyper(**given))

@@ -6,6 +6,7 @@ Split from `batching.run` (the strategies); the neutral verdict is in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -16,49 +17,43 @@ from torch.utils import _pytree as pytree
 
 from dualtrain.batching import isolation
 from dualtrain_torch.batching.run import (
+    Run,
     Tensors,
-    _fixed_rng,
-    _float_leaves,
-    _member_inputs,
-    _rows,
-    run_members,
+    fixed_rng,
+    float_leaves,
+    member_inputs,
+    member_rows,
 )
 
 __all__ = ["probe"]
 
 
-def probe(
-    template: nn.Module,
-    strategy: str,
-    chunk: int | None,
-    params: Tensors,
-    buffers: Tensors,
-    inputs: Sequence[Any],
-    shared: bool,
-) -> str:
+def probe(run: Run) -> str:
     """Checks on members 0 and 1 that neither moves the other, forward and backward.
 
     Raises:
         IsolationError: naming the strategy, what moved and the module that mixed them.
     """
+    strategy, shared, params = run.strategy, run.shared, run.params
     batch = next(iter(params.values())).shape[0]
     if batch < 2:
         return "skipped (one member)"
     two = slice(0, 2)
     p0 = {k: v[two].detach().clone() for k, v in params.items()}
-    b0 = {k: v[two].clone() for k, v in buffers.items()}
-    x0 = list(_member_inputs(inputs, two, shared))
-    chunk = 1 if strategy == "chunked" else chunk
-    base = _probe_once(template, strategy, chunk, p0, b0, x0, shared)
+    b0 = {k: v[two].clone() for k, v in run.buffers.items()}
+    x0 = list(member_inputs(run.inputs, two, shared))
+    if strategy == "chunked":
+        run = dataclasses.replace(run, chunk=1)
+    base = _probe_once(run, p0, b0, x0)
     device = next(iter(params.values())).device
     gen = torch.Generator().manual_seed(7)
     for member in (0, 1):
         p1 = {k: _nudge(v, member, 0.05, gen, device) for k, v in p0.items()}
         x1 = x0 if shared else [_nudge(x, member, 0.5, gen, device) for x in x0]
-        changed = _probe_once(template, strategy, chunk, p1, b0, x1, shared)
+        changed = _probe_once(run, p1, b0, x1)
         found = isolation.leaks(base, changed, member)
         if found:
-            culprit = _locate(template, (p0, x0), (p1, x1), b0, shared, 1 - member)
+            culprit = _locate(run.template, (p0, x0), (p1, x1), b0, shared, 1 - member)
             raise isolation.isolation_error(strategy, member, found, culprit)
     return f"passed ({strategy}; members 0 and 1, forward and backward)"
 
@@ -72,26 +67,18 @@ def _nudge(t: Any, member: int, scale: float, gen: torch.Generator, device: Any)
     return out
 
 
-def _probe_once(
-    template: nn.Module,
-    strategy: str,
-    chunk: int | None,
-    p: Tensors,
-    b: Tensors,
-    x: Sequence[Any],
-    shared: bool,
-) -> dict[str, Any]:
+def _probe_once(run: Run, p: Tensors, b: Tensors, x: Sequence[Any]) -> dict[str, Any]:
     device = next(iter(p.values())).device
-    with _fixed_rng(device), torch.enable_grad():
+    with fixed_rng(device), torch.enable_grad():
         params = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in p.items()}
         buffers = {k: v.clone() for k, v in b.items()}
         xs = [
-            t.clone().requires_grad_(not shared)
+            t.clone().requires_grad_(not run.shared)
             if isinstance(t, torch.Tensor) and t.is_floating_point()
             else t
             for t in x
         ]
-        out = run_members(template, strategy, chunk, params, buffers, xs, shared)
+        out = run.on(params, buffers, xs)
         found: dict[str, Any] = {}
         leaves = pytree.tree_leaves(out)
         for i, t in enumerate(leaves):
@@ -99,7 +86,7 @@ def _probe_once(
                 found[f"outputs[{i}]"] = t.detach()
         wrt = {f"the gradient of {k}": v for k, v in params.items() if v.requires_grad}
         wrt.update({f"the gradient of inputs[{i}]": t for i, t in enumerate(xs) if _grad_leaf(t)})
-        heads = _float_leaves(out)
+        heads = float_leaves(out)
         if heads and wrt:
             # A fixed, uneven cotangent: a plain sum would hide a leak that cancels out.
             total = cast(torch.Tensor, sum((t * _weights(t)).sum() for t in heads))
@@ -158,12 +145,14 @@ def _record(
 
     handles = [m.register_forward_hook(hook) for m in template.modules()]
     try:
-        with _fixed_rng(next(iter(p.values())).device), torch.no_grad():
+        with fixed_rng(next(iter(p.values())).device), torch.no_grad():
             copies = {k: v.clone() for k, v in b.items()}
             for i in range(next(iter(p.values())).shape[0]):
                 current[0] = i
                 functional_call(
-                    template, (_rows(p, i), _rows(copies, i)), _member_inputs(x, i, shared)
+                    template,
+                    (member_rows(p, i), member_rows(copies, i)),
+                    member_inputs(x, i, shared),
                 )
     finally:
         for h in handles:

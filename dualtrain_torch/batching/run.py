@@ -10,6 +10,7 @@ updates land in each member's own row.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
@@ -22,9 +23,14 @@ from torch.utils import _pytree as pytree
 from dualtrain_torch.batching import optim as batching_optim, stacked as batching_stacked
 
 __all__ = [
+    "Run",
+    "check_stacked",
+    "fixed_rng",
+    "float_leaves",
     "match_gradient_layout",
     "member_bytes",
-    "check_stacked",
+    "member_inputs",
+    "member_rows",
     "run_members",
     "stacked_plan",
     "step_runs",
@@ -46,7 +52,8 @@ def stacked_plan(template: nn.Module) -> batching_stacked.Plan | None:
         return found
 
 
-def _rows(tensors: Tensors, index: Any) -> dict[str, torch.Tensor]:
+def member_rows(tensors: Tensors, index: Any) -> dict[str, torch.Tensor]:
+    """Row(s) `index` of every stacked tensor."""
     return {k: v[index] for k, v in tensors.items()}
 
 
@@ -62,7 +69,8 @@ def _groups(tensors: Tensors, size: int | None) -> list[dict[str, torch.Tensor]]
     return [dict(zip(names, group, strict=True)) for group in zip(*cut, strict=True)]
 
 
-def _member_inputs(inputs: Sequence[Any], index: Any, shared: bool) -> tuple[Any, ...]:
+def member_inputs(inputs: Sequence[Any], index: Any, shared: bool) -> tuple[Any, ...]:
+    """Row(s) `index` of each input's tensors (every input as it is when `shared`)."""
     if shared:
         return tuple(inputs)
     # Tensors inside tuples, lists and dicts are per member too, as vmap's in_dims say.
@@ -104,7 +112,9 @@ def run_members(
         strategy = "vmap"
     if strategy == "loop":
         outs = [
-            functional_call(template, (rows, _rows(buffers, i)), _member_inputs(inputs, i, shared))
+            functional_call(
+                template, (rows, member_rows(buffers, i)), member_inputs(inputs, i, shared)
+            )
             for i, rows in enumerate(_groups(params, None))
         ]
         return _stack(outs)
@@ -119,9 +129,32 @@ def run_members(
     parts = []
     for start, group in zip(range(0, batch, chunk), _groups(params, chunk), strict=True):
         rows = slice(start, start + chunk)
-        x = _member_inputs(inputs, rows, shared)
-        parts.append(mapped(group, _rows(buffers, rows), *x))
+        x = member_inputs(inputs, rows, shared)
+        parts.append(mapped(group, member_rows(buffers, rows), *x))
     return _concat(parts)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # arrays: compared by identity
+class Run:
+    """One call of the members under one strategy: `run_members`'s arguments as one value.
+
+    What the work around a call takes (the probe, a timed step, the gradient layout); the
+    forward itself calls `run_members` with them unwrapped.
+    """
+
+    template: nn.Module
+    strategy: str
+    chunk: int | None
+    params: Tensors
+    buffers: Tensors
+    inputs: Sequence[Any]
+    shared: bool
+
+    def on(self, params: Tensors, buffers: Tensors, inputs: Sequence[Any]) -> Any:
+        """The members' outputs under this run's strategy for other values of the same kind."""
+        return run_members(
+            self.template, self.strategy, self.chunk, params, buffers, inputs, self.shared
+        )
 
 
 def _stack(outs: list[Any]) -> Any:
@@ -137,7 +170,8 @@ def _concat(parts: list[Any]) -> Any:
     return pytree.tree_unflatten(leaves, flat[0][1])
 
 
-def _float_leaves(out: Any) -> list[torch.Tensor]:
+def float_leaves(out: Any) -> list[torch.Tensor]:
+    """The float tensors of `out` that a backward reaches."""
     return [
         t
         for t in pytree.tree_leaves(out)
@@ -146,7 +180,7 @@ def _float_leaves(out: Any) -> list[torch.Tensor]:
 
 
 @contextlib.contextmanager
-def _fixed_rng(device: torch.device, seed: int = 0) -> Iterator[None]:
+def fixed_rng(device: torch.device, seed: int = 0) -> Iterator[None]:
     """Forks the RNG (so probing and timing leave the caller's draws alone) and seeds it."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -178,17 +212,17 @@ def timed_runs(
             k: v[:members].detach().requires_grad_(v.requires_grad) for k, v in params.items()
         }
         buffers = {k: v[:members] for k, v in buffers.items()}
-        inputs = _member_inputs(inputs, slice(0, members), shared)
+        inputs = member_inputs(inputs, slice(0, members), shared)
     device = next(iter(params.values())).device
     backward = torch.is_grad_enabled()
     plist = [p for p in params.values() if p.requires_grad]
 
     def make(strategy: str, chunk: int | None) -> Callable[[], None]:
         def run() -> None:
-            with _fixed_rng(device):
+            with fixed_rng(device):
                 copies = {k: v.clone() for k, v in buffers.items()}
                 out = run_members(template, strategy, chunk, params, copies, inputs, shared)
-                leaves = _float_leaves(out)
+                leaves = float_leaves(out)
                 if backward and leaves and plist:
                     total = cast(torch.Tensor, sum(t.sum() for t in leaves))
                     torch.autograd.grad(total, plist, allow_unused=True)
@@ -199,15 +233,7 @@ def timed_runs(
     return {name: make(name, chunk) for name, chunk in options.items()}
 
 
-def step_runs(
-    template: nn.Module,
-    strategy: str,
-    chunk: int | None,
-    params: Tensors,
-    buffers: Tensors,
-    inputs: Sequence[Any],
-    shared: bool,
-) -> dict[str, Callable[[], None]]:
+def step_runs(run: Run) -> dict[str, Callable[[], None]]:
     """A whole training step, batched and as one member alone, for `dispatch.decide`.
 
     "batched": every member's forward and backward under `strategy`, then
@@ -218,6 +244,7 @@ def step_runs(
     ``torch.optim.Adam(fused=True)``), as one of N separate trainings runs. Nothing the
     caller holds changes. Empty outside training (no gradients, or nothing trainable).
     """
+    params, buffers, inputs = run.params, run.buffers, run.inputs
     names = [k for k, p in params.items() if p.requires_grad]
     if not torch.is_grad_enabled() or not names:
         return {}
@@ -231,20 +258,19 @@ def step_runs(
     alone = [one[k] for k in names]
     alone_opt = _PlainAdam(alone)
     mine = dict(zip(names, alone, strict=True))
-    member_inputs = _member_inputs(inputs, 0, shared)
+    first = member_inputs(inputs, 0, run.shared)
 
     def batched() -> None:
-        with _fixed_rng(device):
+        with fixed_rng(device):
             copies = {k: v.clone() for k, v in buffers.items()}
             live = dict(params) | dict(zip(names, stacked, strict=True))
-            out = run_members(template, strategy, chunk, live, copies, inputs, shared)
-            _step(out, stacked, batched_opt.step)
+            _step(run.on(live, copies, inputs), stacked, batched_opt.step)
         _sync(device)
 
     def separate() -> None:
-        with _fixed_rng(device):
+        with fixed_rng(device):
             copies = {k: v[0].clone() for k, v in buffers.items()}
-            out = functional_call(template, (one | mine, copies), member_inputs)
+            out = functional_call(run.template, (one | mine, copies), first)
             _step(out, alone, alone_opt.step)
         _sync(device)
 
@@ -284,7 +310,7 @@ class _PlainAdam:
 
 
 def _step(out: Any, tensors: list[torch.Tensor], update: Callable[[], Any]) -> None:
-    leaves = _float_leaves(out)
+    leaves = float_leaves(out)
     if not leaves:
         return
     total = cast(torch.Tensor, sum(t.sum() for t in leaves))
@@ -307,13 +333,13 @@ def check_stacked(
     few = slice(0, 2)
     params = {k: v[few].detach().requires_grad_(v.requires_grad) for k, v in params.items()}
     buffers = {k: v[few] for k, v in buffers.items()}
-    inputs = _member_inputs(inputs, few, shared)
+    inputs = member_inputs(inputs, few, shared)
     device = next(iter(params.values())).device
     dropouts = [m for m in template.modules() if isinstance(m, nn.Dropout) and m.training]
     try:
         for m in dropouts:
             m.training = False
-        with _fixed_rng(device):
+        with fixed_rng(device):
 
             def compute(strategy: str) -> torch.Tensor:
                 copies = {k: v.clone() for k, v in buffers.items()}
@@ -332,15 +358,7 @@ def check_stacked(
             m.training = True
 
 
-def match_gradient_layout(
-    template: nn.Module,
-    strategy: str,
-    chunk: int | None,
-    params: Tensors,
-    buffers: Tensors,
-    inputs: Sequence[Any],
-    shared: bool,
-) -> list[str]:
+def match_gradient_layout(run: Run) -> list[str]:
     """Lays each parameter out in memory as its gradient under `strategy` comes out.
 
     Values are kept; only strides change (``p.data`` is replaced, so optimizers keep the
@@ -349,13 +367,12 @@ def match_gradient_layout(
     strided copy every step (measured: 32 MLPs 784-256-256-10, 116 -> 48 ms a step). A
     parameter laid out like its gradient takes it as it is. Returns the names changed.
     """
+    params = run.params
     device = next(iter(params.values())).device
     names = [k for k, p in params.items() if p.requires_grad]
-    with _fixed_rng(device):
-        copies = {k: v.clone() for k, v in buffers.items()}
-        leaves = _float_leaves(
-            run_members(template, strategy, chunk, params, copies, inputs, shared)
-        )
+    with fixed_rng(device):
+        copies = {k: v.clone() for k, v in run.buffers.items()}
+        leaves = float_leaves(run.on(params, copies, run.inputs))
         if not leaves or not names:
             return []
         total = cast(torch.Tensor, sum(t.sum() for t in leaves))
@@ -391,16 +408,16 @@ def member_bytes(
         return t
 
     one = slice(0, 1)
-    with _fixed_rng(next(iter(params.values())).device):
+    with fixed_rng(next(iter(params.values())).device):
         copies = {k: v[one].clone() for k, v in buffers.items()}
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = run_members(
                 template,
                 "loop",
                 None,
-                _rows(params, one),
+                member_rows(params, one),
                 copies,
-                _member_inputs(inputs, one, shared),
+                member_inputs(inputs, one, shared),
                 shared,
             )
     size = lambda ts: sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))  # noqa: E731
