@@ -23,23 +23,16 @@ import importlib
 import importlib.util
 import sys
 import threading
+from collections.abc import Iterator, Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import Any, cast
 
 from dualtrain.backend_contract import Backend, BackendTraits
 from dualtrain.errors import BackendError, bad_argument
 
-if TYPE_CHECKING:  # the seams sit beside their consumers, which import this module
-    from dualtrain.checkpoint.seams import CheckpointPart, TorchCheckpointPart
-    from dualtrain.cockpit.seams import CockpitPart
-    from dualtrain.craft.seams import CraftPart, LayersPart
-    from dualtrain.demo.seams import DemoPart
-    from dualtrain.embeddings.seams import EmbeddingsPart, TorchEmbeddingsPart
-    from dualtrain.fuel.seams import DataPart
-    from dualtrain.multiverse.seams import DistributedPart
-    from dualtrain.preload.seams import PreloadPart
-
 __all__ = [
+    "FRAMEWORKS",
+    "Declared",
     "NAMES",
     "PARTS",
     "Backend",
@@ -48,11 +41,14 @@ __all__ = [
     "backend_of",
     "load",
     "load_part",
+    "policy",
     "seam",
     "traits",
 ]
 
 NAMES = ("numpy", "torch", "jax", "cupy")
+# The backends with an adapter package of their own (parts, declared policy).
+FRAMEWORKS = ("torch", "jax")
 
 # Array types of each framework, as (module, attribute) pairs looked up in sys.modules.
 # JAX tracers are listed so that dispatch also works inside jit, grad and vmap.
@@ -126,34 +122,12 @@ def load(name: str) -> Backend:
     return _instances[name]
 
 
-@overload
-def load_part(name: str, part: Literal["layers"]) -> LayersPart: ...
-@overload
-def load_part(name: str, part: Literal["craft"]) -> CraftPart: ...
-@overload
-def load_part(name: Literal["torch"], part: Literal["checkpoint"]) -> TorchCheckpointPart: ...
-@overload
-def load_part(name: str, part: Literal["checkpoint"]) -> CheckpointPart: ...
-@overload
-def load_part(name: str, part: Literal["data"]) -> DataPart: ...
-@overload
-def load_part(name: Literal["torch"], part: Literal["embeddings"]) -> TorchEmbeddingsPart: ...
-@overload
-def load_part(name: str, part: Literal["embeddings"]) -> EmbeddingsPart: ...
-@overload
-def load_part(name: str, part: Literal["demo"]) -> DemoPart: ...
-@overload
-def load_part(name: str, part: Literal["preload"]) -> PreloadPart: ...
-@overload
-def load_part(name: str, part: Literal["distributed"]) -> DistributedPart: ...
-@overload
-def load_part(name: str, part: Literal["cockpit"]) -> CockpitPart: ...
-
-
 def load_part(name: str, part: str) -> Any:
     """The module `part` of backend `name`'s adapter (``load_part("torch", "demo")``).
 
-    Typed as the Protocol `PARTS` names for it (`seam`), which the module meets.
+    Untyped here, so this registry imports none of its consumers' contracts: each seam
+    module has a typed accessor (``fuel.seams.data_part(name) -> DataPart``) returning the
+    module as the Protocol `PARTS` names for it (`seam`), which the module meets.
 
     Raises:
         ArgumentError: for a backend other than torch or JAX, or a part not in `PARTS`.
@@ -175,6 +149,43 @@ def traits(name: str, part: str) -> Any:
     return importlib.import_module(f"dualtrain_{name}.{part}").TRAITS
 
 
+def policy(name: str) -> Any:
+    """Backend `name`'s declared policy (``dualtrain_<name>.policy``), its framework not imported.
+
+    What differs between frameworks is the adapter's to say, as data: the core reads the
+    compile ladder's rungs (``LADDER``) and model batching's strategies (``STRATEGIES``)
+    here instead of asking which framework it runs on.
+
+    Raises:
+        ArgumentError: for a backend other than torch or JAX.
+    """
+    if name not in FRAMEWORKS:
+        raise bad_argument("backend", name, "'torch' or 'jax'")
+    return importlib.import_module(f"dualtrain_{name}.policy")
+
+
+class Declared(Mapping[str, Any]):
+    """framework name -> what its adapter's policy declares as `name` (or its `field`).
+
+    Read on first use: a table by framework that the core holds without naming one.
+    """
+
+    def __init__(self, name: str, field: str | None = None) -> None:
+        self.name, self.field = name, field
+
+    def __getitem__(self, framework: str) -> Any:
+        if framework not in FRAMEWORKS:
+            raise KeyError(framework)
+        value = getattr(policy(framework), self.name)
+        return value if self.field is None else getattr(value, self.field)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FRAMEWORKS)
+
+    def __len__(self) -> int:
+        return len(FRAMEWORKS)
+
+
 def seam(name: str, part: str) -> type:
     """The Protocol that backend `name`'s module `part` meets (imports only the core's seams).
 
@@ -187,7 +198,7 @@ def seam(name: str, part: str) -> type:
 
 
 def _check_part(name: str, part: str) -> None:
-    if name not in ("torch", "jax"):
+    if name not in FRAMEWORKS:
         raise bad_argument("backend", name, "'torch' or 'jax'")
     if part not in PARTS:
         raise bad_argument("part", part, "one of " + ", ".join(map(repr, PARTS)))

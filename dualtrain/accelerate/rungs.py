@@ -8,41 +8,48 @@ resort: it is appended when a user leaves it out, so there is always something t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from dualtrain import backends
 from dualtrain.errors import bad_argument
 
-__all__ = ["DEFAULTS", "EAGER", "FOLLOWS", "PRIORS", "RUNGS", "STARTS", "parse_backends"]
+__all__ = [
+    "DEFAULTS",
+    "EAGER",
+    "FOLLOWS",
+    "PRIORS",
+    "RUNGS",
+    "STARTS",
+    "Ladder",
+    "parse_backends",
+]
 
-# rung -> what it is, per framework (the order is the documentation's order).
-RUNGS: dict[str, dict[str, str]] = {
-    "torch": {
-        "TORCH_COMPILE": "torch.compile (inductor) of the forward; backward through AOTAutograd",
-        "COMPILED_STEP": "the whole step (forward, loss, backward, the optimizer's update) under "
-        "torch.compile (TrainingLearner.step); backward() is a graph break",
-        "CHANNELS_LAST": "4-D inputs in NHWC memory format, for models with 2-D convolutions",
-        "CUDA_GRAPHS": "torch.compile mode 'reduce-overhead' (CUDA graphs; CUDA only)",
-        "ONNXRUNTIME": "ONNX Runtime: inference sessions in eval mode, ORTModule in training "
-        "(the onnxruntime-training package)",
-        "RAMMER": "Rammer (nnfusion): accepted for nebulgym scripts, never available",
-        "TORCHSCRIPT": "torch.jit.trace: accepted for nebulgym scripts, never tried (it froze "
-        "train/eval mode and data-dependent branches)",
-        "PYTORCH": "eager PyTorch, the reference",
-    },
-    "jax": {
-        "JIT_DONATE": "jax.jit with the arguments the function returns anew donated",
-        "JIT": "jax.jit",
-        "EAGER": "op-by-op JAX (jax.disable_jit), the reference",
-    },
-}
 
-EAGER = {"torch": "PYTORCH", "jax": "EAGER"}
+@dataclasses.dataclass(frozen=True)
+class Ladder:
+    """One framework's compile ladder, as its adapter declares it (``dualtrain_<name>.policy``).
 
-# The cheapest correct fast path a job starts on, before any candidate earns its trial
-# (`dualtrain.accelerate.payback`): eager torch; under JAX, jax.jit (verified against op-by-op
-# JAX on the first batch only), as a user would write it by hand.
-STARTS = {"torch": "PYTORCH", "jax": "JIT"}
+    Attributes:
+        rungs: rung -> what it is, in the documentation's order.
+        eager: the reference rung, the ladder's last resort.
+        start: the cheapest correct fast path a job starts on, before any candidate earns
+            its trial (`dualtrain.accelerate.payback`).
+        defaults: what ``backends=None`` tries.
+    """
+
+    rungs: dict[str, str]
+    eager: str
+    start: str
+    defaults: tuple[str, ...]
+
+
+# Each framework's ladder, by name (each adapter declares its own `Ladder`).
+RUNGS: Mapping[str, dict[str, str]] = backends.Declared("LADDER", "rungs")
+EAGER: Mapping[str, str] = backends.Declared("LADDER", "eager")
+STARTS: Mapping[str, str] = backends.Declared("LADDER", "start")
+DEFAULTS: Mapping[str, tuple[str, ...]] = backends.Declared("LADDER", "defaults")
 
 # rung -> (seconds to build it, speed-up over the start rung) assumed until this machine has
 # measured the rung's builds (`payback.CompileCosts`). From bench_accelerate on a CPU core:
@@ -83,13 +90,6 @@ FOLLOWS: dict[str, str] = {
     "EAGER": "everything: op by op",
 }
 
-# What `backends=None` tries. COMPILED_STEP needs a loss and an optimizer (TrainingLearner
-# adds it); ONNXRUNTIME applies to evaluation under no_grad, with the `onnx` extra.
-DEFAULTS = {
-    "torch": ("CHANNELS_LAST", "TORCH_COMPILE", "ONNXRUNTIME", "CUDA_GRAPHS", "PYTORCH"),
-    "jax": ("JIT_DONATE", "JIT", "EAGER"),
-}
-
 
 def _name(item: Any, known: dict[str, str]) -> str | None:
     # nebulgym's NebulgymBackend enum members and plain strings both name a rung; an enum
@@ -106,7 +106,7 @@ def parse_backends(backends: Iterable[Any] | str | None, framework: str) -> tupl
     Args:
         backends: rung names (strings, case-insensitive, or enum members whose name or value
             is one), a single name, or None for `DEFAULTS`.
-        framework: "torch" or "jax".
+        framework: a framework with an adapter (`backends.FRAMEWORKS`).
 
     Raises:
         ArgumentError: an unknown name (the message lists the known ones), or an empty list.

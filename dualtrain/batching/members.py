@@ -11,11 +11,12 @@ import dataclasses
 import enum
 import functools
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from dualtrain import backends
 from dualtrain.errors import ArgumentError, ShapeError, bad_argument
 from dualtrain.validate import check_int, check_seed
 
@@ -67,12 +68,9 @@ class Strategies:
 
 
 # The ways each adapter runs the members, by backend name ("auto" measures them and keeps
-# the fastest). Each adapter hands its own to the core; names reach these.
-DECLARED = {
-    "torch": Strategies(("vmap", "chunked", "loop", "stacked"), "chunked", even_chunks=True),
-    "jax": Strategies(("vmap", "map", "loop"), "map"),
-}
-STRATEGIES = {backend: declared.names for backend, declared in DECLARED.items()}
+# the fastest). Each adapter declares its own (``dualtrain_<name>.policy.STRATEGIES``).
+DECLARED: Mapping[str, Strategies] = backends.Declared("STRATEGIES")
+STRATEGIES: Mapping[str, tuple[str, ...]] = backends.Declared("STRATEGIES", "names")
 
 # One tensor of an architecture: (name, per-member shape, dtype name, trainable).
 Entry = tuple[str, tuple[int, ...], str, bool]
