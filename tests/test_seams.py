@@ -1,9 +1,10 @@
 """Every core -> adapter seam is a typed contract: each adapter part meets its Protocol.
 
 `backends.PARTS` lists every part the core may load and the Protocol (in the consumer's
-``seams`` module) each adapter's module must meet. mypy checks the types (the end of
-dualtrain/backends.py); these tests check, at run time, the names the core reaches and their
-signatures: parameter names, kinds and defaults. Annotations are left to mypy.
+``seams`` module) each adapter's module must meet. mypy checks the types (each seam's typed
+accessor, and the assignments at the end of each adapter's ``__init__``); these tests check,
+at run time, the names the core reaches and their signatures: parameter names, kinds and
+defaults. Annotations are left to mypy.
 """
 
 from __future__ import annotations
@@ -118,15 +119,26 @@ def test_load_part_refuses_a_part_without_a_protocol():
         backends.seam("jax", "transfer")
 
 
-def test_the_typed_overloads_and_the_table_agree():
-    """mypy reads the overloads, the tests read PARTS: each overload returns the table's."""
+def test_the_typed_accessors_and_the_table_agree():
+    """mypy reads the accessors, the tests read PARTS: each accessor returns the table's.
+
+    Each seam module has ``<part>_part(name)`` typed as the Protocol both adapters meet, and
+    ``torch_<part>_part()`` where torch's part meets a wider one; each returns the adapter's
+    module (the overloads of `load_part` did this before it was left untyped, so that the
+    registry imports none of its consumers' contracts).
+    """
     typed = {}
-    for overload in typing.get_overloads(backends.load_part):
-        hints = overload.__annotations__
-        (part,) = re.fullmatch(r"Literal\['(\w+)'\]", hints["part"]).groups()
-        names = ("torch",) if hints["name"] == "Literal['torch']" else ADAPTERS
-        for name in names:
-            typed.setdefault((name, part), hints["return"])
+    for part, protocols in backends.PARTS.items():
+        seams = importlib.import_module(protocols["jax"].partition(":")[0])
+        accessor = getattr(seams, f"{part}_part")
+        torch_accessor = getattr(seams, f"torch_{part}_part", None)
+        for name in ADAPTERS:
+            if name == "torch" and torch_accessor is not None:
+                returned, module = torch_accessor.__annotations__["return"], torch_accessor()
+            else:
+                returned, module = accessor.__annotations__["return"], accessor(name)
+            assert module is importlib.import_module(f"dualtrain_{name}.{part}"), (name, part)
+            typed[name, part] = returned
     assert set(typed) == set(CASES)
     for (name, part), returned in typed.items():
         assert backends.PARTS[part][name].rpartition(":")[2] == returned, (name, part)

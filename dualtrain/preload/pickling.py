@@ -12,7 +12,7 @@ import pickle
 import sys
 from typing import Any
 
-from dualtrain import backends
+from dualtrain.preload.seams import preload_part
 
 __all__ = ["dumps"]
 
@@ -30,7 +30,7 @@ class _Pickler(pickle.Pickler):
         if name is not None and name in sys.modules:  # its arrays exist: it is imported
             reduce = _reducers.get(name)
             if reduce is None:
-                reduce = _reducers[name] = backends.load_part(name, "preload").pickle_reduce
+                reduce = _reducers[name] = preload_part(name).pickle_reduce
             reduced = reduce(obj)
             if reduced is not None:
                 return reduced

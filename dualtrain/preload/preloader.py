@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from dualtrain import backends
 from dualtrain.errors import bad_argument
 from dualtrain.preload.cache import PreloadCache
 from dualtrain.preload.samplers import EpochOrder, PlannedSampler
+from dualtrain.preload.seams import preload_part
 from dualtrain.validate import check_seed
 
 __all__ = ["NebulDataset", "PlannedSampler", "Preloader", "index_key", "pinning"]
@@ -137,7 +137,7 @@ def pinning(pin_memory: bool | str) -> Callable[[Any], Any] | None:
             return None  # neither framework is in use: nothing to pin for
     if pin_memory not in ("torch", "jax"):
         raise bad_argument("pin_memory", pin_memory, "a bool, 'torch' or 'jax'")
-    pin: Callable[[Any], Any] = backends.load_part(pin_memory, "preload").pin
+    pin: Callable[[Any], Any] = preload_part(pin_memory).pin
     return pin
 
 
