@@ -35,7 +35,7 @@ from dualtrain.craft import Craft
 from dualtrain.errors import bad_argument
 from dualtrain_jax.compilation.cache import use_disk_cache
 from dualtrain_jax.compilation.keys import Layout, call_key, platform_parts
-from dualtrain_jax.compilation.module import AcceleratedModule, _ModuleAccelerator
+from dualtrain_jax.compilation.module import AcceleratedModule, ModuleAccelerator
 from dualtrain_jax.compilation.rungs import (
     JIT_DONATE,
     LAYOUTS_KEPT,
@@ -368,7 +368,7 @@ def _accelerate_module(
         module, _ = patch_dense(module)
     lines = [a.describe() for a in approximations(module)]  # patched here or before
     shell = module.replace(params={}, state={})
-    accelerator = _ModuleAccelerator(shell, backends, options, lines)
+    accelerator = ModuleAccelerator(shell, backends, options, lines)
     return AcceleratedModule(
         module.craft, module.params, module.state, train=module.train, accelerator=accelerator
     )

@@ -3,7 +3,7 @@
 `AcceleratedModule` is a `JaxModule` (same pytree leaves, params and state keys, picklable,
 ``replace``) whose ``apply`` is decided per mode (``train``) and input signature and
 verified on outputs, the new state and, in training mode, parameter gradients; every copy
-the pytree makes shares one `_ModuleAccelerator` (its decisions). `accelerate` makes one.
+the pytree makes shares one `ModuleAccelerator` (its decisions). `accelerate` makes one.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dualtrain_jax.craft import JaxModule
 __all__ = ["AcceleratedModule"]
 
 
-class _ModuleAccelerator:
+class ModuleAccelerator:
     """The decisions of one accelerated module, shared by every copy the pytree makes."""
 
     def __init__(
@@ -128,11 +128,11 @@ class AcceleratedModule(JaxModule):
         params: dict[str, Any],
         state: dict[str, Any],
         train: bool = False,
-        accelerator: _ModuleAccelerator | None = None,
+        accelerator: ModuleAccelerator | None = None,
     ) -> None:
         super().__init__(craft, params, state, train=train)
         if accelerator is None:  # built bare (e.g. by a JaxModule helper): the defaults
-            accelerator = _ModuleAccelerator(
+            accelerator = ModuleAccelerator(
                 JaxModule(craft, {}, {}), DEFAULTS["jax"], LadderOptions()
             )
         self.accelerator = accelerator
@@ -185,5 +185,5 @@ def _rebuild(
     craft: Craft, params: Any, state: Any, train: bool, recipe: tuple[Any, ...]
 ) -> AcceleratedModule:
     shell, backends, options, approximations = recipe
-    accelerator = _ModuleAccelerator(shell, backends, options, approximations)
+    accelerator = ModuleAccelerator(shell, backends, options, approximations)
     return AcceleratedModule(craft, params, state, train=train, accelerator=accelerator)
