@@ -418,7 +418,9 @@ class PreloadCache:
                     self.window.share(store)  # what does not fit is dropped
                     self.loader.share(store)
                     self._store = store
-                    self._finalizer = weakref.finalize(self, store.remove)
+                    # Tied to the loader, which each load ahead in flight holds: a cache
+                    # dropped mid-load keeps its folder until the last of them ends.
+                    self._finalizer = weakref.finalize(self.loader, store.remove)
         return self._store.path
 
     def _get_shared(self, key: Hashable) -> Any:

@@ -334,3 +334,30 @@ def test_counters_sum_each_readable_file_once_and_skip_the_unreadable(records, h
         assert list(store.counters().values()) == want
     finally:
         store.remove()
+
+
+def test_a_dropped_shared_cache_keeps_its_folder_until_its_loads_ahead_end():
+    """Loads ahead in flight keep a dropped cache's folder: it goes when the last one ends
+    (removed under a writer, a late item file kept the folder in /dev/shm for good)."""
+    import gc
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+
+    def load(key):
+        started.set()
+        release.wait(30)
+        return np.full(ITEM, key, dtype=np.float64)
+
+    cache = PreloadCache(load, max_memory_size=1 << 22, preloaded_data=2, threads=1)
+    path = cache.share()
+    cache.expect([0, 1])
+    assert started.wait(30)
+    pool = cache.loader.executor()
+    del cache
+    gc.collect()
+    assert os.path.isdir(path), "the folder went while a load ahead was writing to it"
+    release.set()
+    pool.shutdown(wait=True)
+    gc.collect()
+    assert not os.path.exists(path)
