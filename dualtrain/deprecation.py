@@ -13,10 +13,17 @@ import inspect
 import sys
 import types
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["SEED_SPELLINGS", "moved", "moved_attribute", "moved_modules", "positional_deprecated"]
+__all__ = [
+    "SEED_SPELLINGS",
+    "moved",
+    "moved_attribute",
+    "moved_modules",
+    "moved_names",
+    "positional_deprecated",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,11 +107,9 @@ class _MovedModules:
 
     def create_module(self, spec: Any) -> types.ModuleType:
         new = self.moves[spec.name]
-        # point the warning at the import statement, past the import system's own frames
-        frame, level = sys._getframe(1), 2
-        while frame.f_back is not None and frame.f_code.co_filename.startswith("<frozen"):
-            frame, level = frame.f_back, level + 1
-        moved(spec.name, new, stacklevel=level)
+        # moved -> this method -> the import statement: warnings skips the import system's
+        # own frames between them
+        moved(spec.name, new, stacklevel=3)
         module = importlib.import_module(new)
         self._specs[spec.name] = module.__spec__  # the import system sets the old one on it
         return module
@@ -122,6 +127,34 @@ def moved_modules(moves: Mapping[str, str]) -> None:
     """
     if not any(isinstance(f, _MovedModules) and f.moves == dict(moves) for f in sys.meta_path):
         sys.meta_path.append(_MovedModules(moves))
+
+
+def moved_names(package: str, home: str, *, current: Collection[str] = ()) -> Callable[[str], Any]:
+    """The ``__getattr__`` of a package that took the place of a flat module, now `home`.
+
+    The package exports what the module exported (its ``__all__``): those it imports itself,
+    and those in `current`, served from `home` on first use (a framework loaded only then).
+    This serves the rest of the module's names (helpers, constants, private names) at the
+    old path, each use with a DeprecationWarning naming `home`. A submodule's name is left to
+    the import system.
+    """
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 - the PEP 562 hook's own name
+        import importlib.util
+
+        if name in current:
+            return getattr(importlib.import_module(home), name)
+        if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is None:
+            value = getattr(importlib.import_module(home), name, _ABSENT)
+            if value is not _ABSENT:
+                moved(f"{package}.{name}", f"{home}.{name}")
+                return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+_ABSENT = object()
 
 
 # The seed tools' spellings that left the main packages (#31): name -> (the module that still

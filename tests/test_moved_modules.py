@@ -37,8 +37,10 @@ def test_every_moved_module_imports_by_its_old_name_with_a_warning(framework):
     assert len(moves) >= 12
     for old, new in moves.items():
         sys.modules.pop(old, None)
-        with pytest.warns(DeprecationWarning, match=f"{old} is deprecated.*use {new}"):
-            served = importlib.import_module(old)
+        with pytest.warns(DeprecationWarning, match=f"{old} is deprecated.*use {new}") as seen:
+            __import__(old)  # the import statement's own frame is this test's
+        served = sys.modules[old]
+        assert [w.filename for w in seen] == [__file__], old  # shown where the import is
         assert served is importlib.import_module(new), old
         assert served.__spec__.name == new, old  # the new module keeps its own spec
         sys.modules.pop(old, None)
@@ -56,3 +58,33 @@ def test_the_old_flat_modules_names_are_the_packages_with_their_old_exports(fram
         module = importlib.import_module(f"dualtrain_{framework}.{package}")
         for name in names:
             assert callable(getattr(module, name)), (package, name)
+
+
+HOMES = {"batching": "module", "compilation": "accelerated", "distributed": "runtime"}
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_the_old_flat_modules_other_names_are_served_with_a_warning(framework):
+    """What the old flat module held beyond its __all__ is still found at its old path."""
+    pytest.importorskip(framework)
+    for package, home in HOMES.items():
+        old = importlib.import_module(f"dualtrain_{framework}.{package}")
+        new = importlib.import_module(f"dualtrain_{framework}.{package}.{home}")
+        submodules = {p.stem for p in (ROOT / f"dualtrain_{framework}" / package).glob("*.py")}
+        names = [
+            name
+            for name, value in vars(new).items()
+            if not name.startswith("__")
+            and name not in submodules
+            and name not in vars(old)
+            and name not in old.__all__  # the package's own names, some loaded on first use
+            and not isinstance(value, type(sys))
+        ]
+        assert names, package
+        for name in names:
+            with pytest.warns(DeprecationWarning, match=f"use {new.__name__}.{name}"):
+                assert getattr(old, name) is getattr(new, name), (package, name)
+        for stem in submodules - {"__init__"}:  # a submodule's name still imports it
+            assert importlib.import_module(f"{old.__name__}.{stem}").__name__.endswith(stem)
+        with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+            old.not_a_name  # noqa: B018

@@ -5,6 +5,7 @@ realized-module form; `rungs` the rungs; `probe` the side-effect-free trials; `k
 signatures; `learner` the training learner; `cache` XLA's compiled programs on disk.
 """
 
+from dualtrain.deprecation import moved_names
 from dualtrain_jax.compilation.accelerated import (
     AcceleratedFunction,
     AcceleratedModule,
@@ -13,3 +14,6 @@ from dualtrain_jax.compilation.accelerated import (
 )
 
 __all__ = ["AcceleratedFunction", "AcceleratedModule", "accelerate", "accelerate_model"]
+
+# The rest of the old flat module's names, at its old path, with a DeprecationWarning.
+__getattr__ = moved_names(__name__, "dualtrain_jax.compilation.accelerated")

@@ -3,14 +3,15 @@
 `TRAITS` is what Multiverse reads before joining: importing this package imports no JAX
 (`join` and `JaxRuntime` load `runtime` on first use, which must come after the host devices
 are asked for). `runtime` joins the run and holds `JaxRuntime`; `learner` the data-parallel
-learner; `reduce` the metric and object collectives; `rows` the embedding rows' exchange.
+learner; `reduce` the metric and object collectives; `rows` a batch's rows in a step and the
+`Joined` protocol the parts annotate against.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dualtrain.deprecation import moved_names
 from dualtrain.multiverse.seams import DistributedTraits
 
 if TYPE_CHECKING:
@@ -30,7 +31,8 @@ TRAITS = DistributedTraits(
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("JaxRuntime", "join"):  # JAX itself, on first use
-        return getattr(importlib.import_module(f"{__name__}.runtime"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The framework loads with `runtime`, on first use of one of its names; the rest of the
+# old flat module's names are served at the old path with a DeprecationWarning.
+__getattr__ = moved_names(
+    __name__, "dualtrain_jax.distributed.runtime", current=("JaxRuntime", "join")
+)

@@ -5,6 +5,10 @@ the layer-by-layer one, `probe` the isolation probe, `members` the per-member st
 `member_optimizer`, `loss` `batch_loss` and `batch_topk` (docs/batching.md).
 """
 
+from dualtrain.deprecation import moved_names
 from dualtrain_torch.batching.module import BatchModule, batch_loss, batch_topk
 
 __all__ = ["BatchModule", "batch_loss", "batch_topk"]
+
+# The rest of the old flat module's names, at its old path, with a DeprecationWarning.
+__getattr__ = moved_names(__name__, "dualtrain_torch.batching.module")

@@ -5,6 +5,7 @@
 call signatures; `learner` the training learner.
 """
 
+from dualtrain.deprecation import moved_names
 from dualtrain_torch.compilation.accelerated import (
     AcceleratedForward,
     accelerate,
@@ -14,3 +15,6 @@ from dualtrain_torch.compilation.accelerated import (
 )
 
 __all__ = ["AcceleratedForward", "accelerate", "accelerate_model", "explain", "patch_torch_module"]
+
+# The rest of the old flat module's names, at its old path, with a DeprecationWarning.
+__getattr__ = moved_names(__name__, "dualtrain_torch.compilation.accelerated")

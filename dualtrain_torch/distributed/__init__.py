@@ -3,15 +3,16 @@
 `TRAITS` is what Multiverse reads before joining: importing this package imports no torch,
 its other names load `runtime` on first use. `runtime` joins the run and holds
 `TorchRuntime`; `learner` the data-parallel learner; `reduce` the metric and object
-collectives; `rows` the embedding rows' exchange; `exit` the process's orderly exit around
+collectives; `rows` a batch's rows in a step and the `Joined` protocol the parts annotate
+against; `exit` the process's orderly exit around
 gloo's threads.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from dualtrain.deprecation import moved_names
 from dualtrain.multiverse.seams import DistributedTraits
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ TRAITS = DistributedTraits(
 )
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module("dualtrain_torch.distributed.runtime"), name)
+# The framework loads with `runtime`, on first use of one of its names; the rest of the
+# old flat module's names are served at the old path with a DeprecationWarning.
+__getattr__ = moved_names(__name__, "dualtrain_torch.distributed.runtime", current=__all__)
