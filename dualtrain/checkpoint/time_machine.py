@@ -10,6 +10,7 @@ the whole file and how it fits the model before it changes anything. There is no
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,6 +68,18 @@ class TimeMachine:
         self.writer = AnchorWriter(save, max_anchors)
         self.reader = AnchorReader(ckpt, save)
         self.members = MemberSets(self.writer, self.reader)
+
+    def __copy__(self) -> TimeMachine:
+        """A TimeMachine with these settings, whose paths and limit change on their own.
+
+        (Its writer and reader are its own: a shallow copy of the attributes would share
+        them, and so the paths set on one copy.)
+        """
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.writer, new.reader = copy.copy(self.writer), copy.copy(self.reader)
+        new.members = MemberSets(new.writer, new.reader)
+        return new
 
     @property
     def ckpt_path(self) -> Path | None:

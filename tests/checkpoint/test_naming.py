@@ -133,3 +133,18 @@ def test_a_name_of_the_folder_itself_is_refused(tmp_path, trained, name):
         tm.drop_embeddings(object(), name)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
     assert list(folder.iterdir()) == []
+
+
+def test_a_copied_time_machine_keeps_its_settings_apart(tmp_path):
+    """copy.copy gives a TimeMachine whose paths and limit are its own, as when they were
+    plain attributes (they now live on the writer and reader it holds)."""
+    import copy
+
+    tm = TimeMachine(ckpt_path=tmp_path / "a", save_path=tmp_path / "b", max_anchors=3)
+    twin = copy.copy(tm)
+    twin.save_path, twin.ckpt_path, twin.max_anchors = tmp_path / "c", None, 1
+    assert (tm.ckpt_path, tm.save_path, tm.max_anchors) == (tmp_path / "a", tmp_path / "b", 3)
+    assert (twin.ckpt_path, twin.save_path, twin.max_anchors) == (None, tmp_path / "c", 1)
+    deep = copy.deepcopy(tm)
+    deep.save_path = tmp_path / "d"
+    assert tm.save_path == tmp_path / "b"
