@@ -185,6 +185,15 @@ class Declared(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(FRAMEWORKS)
 
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+    def __or__(self, other: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self, **other}
+
+    def __ror__(self, other: Mapping[str, Any]) -> dict[str, Any]:
+        return {**other, **self}
+
 
 def seam(name: str, part: str) -> type:
     """The Protocol that backend `name`'s module `part` meets (imports only the core's seams).

@@ -1,9 +1,10 @@
 """Foreign inputs to `convert`: any ``__dlpack__`` producer, raw DLPack capsules, refusals.
 
 A leaf that no backend claims is classified here (producer, capsule or neither); a capsule is
-wrapped as a producer after its device is read through ctypes, and `_ForeignInputs` (mixed
-into the conversion plan) imports either into NumPy or a framework without a copy where the
-producer allows. `refusal` words the error for a dtype or kind that `convert` does not carry.
+wrapped as a producer (`Capsule`) after its device is read through ctypes, so that the
+conversion plan (`dualtrain.interop`) imports either into NumPy or a framework without a copy
+where the producer allows. `refusal` words the error for a dtype or kind that `convert` does
+not carry.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ served each time with its DeprecationWarning, never cached.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,7 +22,6 @@ def lazy(
     homes: Mapping[str, str],
     *,
     moved: tuple[str, ...] = (),
-    submodules: bool = False,
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of the package `package`.
 
@@ -31,8 +29,6 @@ def lazy(
         package: the package's ``__name__`` (its module must be importing, or imported).
         homes: public name -> the module that defines it.
         moved: seed spellings this package used to export, served with a warning.
-        submodules: also answer a submodule's name (``dualtrain.fuel`` after
-            ``import dualtrain``), as when every part was imported up front.
     """
     namespace = sys.modules[package].__dict__
 
@@ -42,16 +38,9 @@ def lazy(
 
             return moved_attribute(package, name, moved)  # not cached: each use warns
         home = homes.get(name)
-        if home is not None:
-            value = getattr(importlib.import_module(home), name)
-        elif (
-            submodules
-            and not name.startswith("_")
-            and importlib.util.find_spec(f"{package}.{name}") is not None
-        ):
-            value = importlib.import_module(f"{package}.{name}")
-        else:
+        if home is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home), name)
         namespace[name] = value  # later look-ups skip this function
         return value
 

@@ -38,3 +38,30 @@ def test_available_lists_numpy_first():
 
 def test_the_numpy_backend_satisfies_the_protocol():
     assert isinstance(dualtrain.load("numpy"), dualtrain.Backend)
+
+
+def test_declared_tables_read_each_adapters_policy_without_its_framework():
+    """backends.Declared: a table by framework over what each adapter's policy declares,
+    behaving as the dict it replaced (equality, repr, `|`), and no framework imported."""
+    import subprocess
+    import sys
+
+    from dualtrain.accelerate import rungs
+    from dualtrain.batching import members
+
+    for framework in backends.FRAMEWORKS:
+        policy = backends.policy(framework)
+        assert rungs.RUNGS[framework] == policy.LADDER.rungs
+        assert rungs.DEFAULTS[framework] == policy.LADDER.defaults
+        assert members.STRATEGIES[framework] == policy.STRATEGIES.names
+    table = dict(rungs.EAGER)
+    assert table == rungs.EAGER and repr(rungs.EAGER) == repr(table)
+    assert {"x": "y", **table} == {"x": "y"} | rungs.EAGER
+    assert {**table, "x": "y"} == rungs.EAGER | {"x": "y"}
+    with pytest.raises(KeyError):
+        rungs.EAGER["numpy"]
+    code = (
+        "import sys; from dualtrain.accelerate import rungs; dict(rungs.RUNGS); "
+        "assert 'torch' not in sys.modules and 'jax' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
