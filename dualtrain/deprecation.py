@@ -132,29 +132,56 @@ def moved_modules(moves: Mapping[str, str]) -> None:
 def moved_names(package: str, home: str, *, current: Collection[str] = ()) -> Callable[[str], Any]:
     """The ``__getattr__`` of a package that took the place of a flat module, now `home`.
 
-    The package exports what the module exported (its ``__all__``): those it imports itself,
-    and those in `current`, served from `home` on first use (a framework loaded only then).
-    This serves the rest of the module's names (helpers, constants, private names) at the
-    old path, each use with a DeprecationWarning naming `home`. A submodule's name is left to
-    the import system.
+    The package exports what the module exported (its ``__all__``, in `current`), loading
+    `home` (and its framework) on first use of one of them. The rest of the module's names
+    (helpers, constants, private names) are served at the old path, each use with a
+    DeprecationWarning naming `home`. Which names `home` has is read from its source, so
+    asking for one it lacks imports nothing; a submodule's name is left to the import
+    system.
     """
+    namespace = sys.modules[package].__dict__
 
     def __getattr__(name: str) -> Any:  # noqa: N807 - the PEP 562 hook's own name
-        import importlib.util
-
         if name in current:
-            return getattr(importlib.import_module(home), name)
-        if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is None:
-            value = getattr(importlib.import_module(home), name, _ABSENT)
-            if value is not _ABSENT:
+            namespace[name] = value = getattr(importlib.import_module(home), name)
+            return value  # later look-ups skip this function
+        if name in _top_level_names(home) and not name.startswith("__"):
+            from importlib.util import find_spec
+
+            if find_spec(f"{package}.{name}") is None:
                 moved(f"{package}.{name}", f"{home}.{name}")
-                return value
+                return getattr(importlib.import_module(home), name)
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
 
 
-_ABSENT = object()
+@functools.cache
+def _top_level_names(module: str) -> frozenset[str]:
+    """The names `module` binds at its top level, read from its source (not imported)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return frozenset()
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    names: set[str] = set()
+    body = list(tree.body)
+    while body:  # the module's statements, and those under its if / try blocks
+        node = body.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try)):
+            body += node.body + node.orelse + getattr(node, "finalbody", [])
+            body += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return frozenset(names)
 
 
 # The seed tools' spellings that left the main packages (#31): name -> (the module that still

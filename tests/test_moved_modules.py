@@ -88,3 +88,23 @@ def test_the_old_flat_modules_other_names_are_served_with_a_warning(framework):
             assert importlib.import_module(f"{old.__name__}.{stem}").__name__.endswith(stem)
         with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
             old.not_a_name  # noqa: B018
+
+
+def test_a_capability_package_loads_nothing_until_a_name_is_used():
+    """Importing `batching`, `compilation` or `distributed` (or one module in them, e.g.
+    `batching.optim`) loads no other module of the package, and no framework: a probe for a
+    name the old module never had imports nothing either."""
+    import subprocess
+
+    code = """
+import sys
+import dualtrain_jax.batching, dualtrain_jax.compilation, dualtrain_jax.distributed
+import dualtrain_torch.batching, dualtrain_torch.compilation, dualtrain_torch.distributed
+for package in (dualtrain_jax.distributed, dualtrain_torch.compilation):
+    assert not hasattr(package, "_repr_html_") and not hasattr(package, "not_a_name")
+assert "jax" not in sys.modules and "torch" not in sys.modules, "a framework was imported"
+import dualtrain_torch.batching.optim
+loaded = sorted(m for m in sys.modules if m.startswith("dualtrain_torch.batching."))
+assert loaded == ["dualtrain_torch.batching.optim"], loaded
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

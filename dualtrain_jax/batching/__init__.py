@@ -5,10 +5,18 @@ isolation probe, `members` the per-member state, `optim` `member_optimizer`, `lo
 `batch_loss` and `batch_topk` (docs/batching.md).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from dualtrain.deprecation import moved_names
-from dualtrain_jax.batching.module import BatchModule, batch_loss, batch_topk
+
+if TYPE_CHECKING:
+    from dualtrain_jax.batching.module import BatchModule, batch_loss, batch_topk
 
 __all__ = ["BatchModule", "batch_loss", "batch_topk"]
 
-# The rest of the old flat module's names, at its old path, with a DeprecationWarning.
-__getattr__ = moved_names(__name__, "dualtrain_jax.batching.module")
+# Importing the package loads none of its modules (a submodule such as `optim` or `cache`
+# comes alone): its names load `module` on first use; the rest of the old flat module's
+# names are served at the old path with a DeprecationWarning.
+__getattr__ = moved_names(__name__, "dualtrain_jax.batching.module", current=__all__)

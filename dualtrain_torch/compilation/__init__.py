@@ -5,16 +5,24 @@
 call signatures; `learner` the training learner.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from dualtrain.deprecation import moved_names
-from dualtrain_torch.compilation.accelerated import (
-    AcceleratedForward,
-    accelerate,
-    accelerate_model,
-    explain,
-    patch_torch_module,
-)
+
+if TYPE_CHECKING:
+    from dualtrain_torch.compilation.accelerated import (
+        AcceleratedForward,
+        accelerate,
+        accelerate_model,
+        explain,
+        patch_torch_module,
+    )
 
 __all__ = ["AcceleratedForward", "accelerate", "accelerate_model", "explain", "patch_torch_module"]
 
-# The rest of the old flat module's names, at its old path, with a DeprecationWarning.
-__getattr__ = moved_names(__name__, "dualtrain_torch.compilation.accelerated")
+# Importing the package loads none of its modules (a submodule such as `optim` or `cache`
+# comes alone): its names load `accelerated` on first use; the rest of the old flat module's
+# names are served at the old path with a DeprecationWarning.
+__getattr__ = moved_names(__name__, "dualtrain_torch.compilation.accelerated", current=__all__)
