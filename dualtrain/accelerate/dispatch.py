@@ -165,7 +165,7 @@ class Probation:
                 if not self._climbing and not self.final and self.watching is None:
                     self._climbing = True
                     try:
-                        self.decider._advance(self)
+                        self.decider.advance_probation(self)
                     finally:
                         self._climbing = False
         self.calls += 1
@@ -181,7 +181,7 @@ class Probation:
                 self._intervals.append(max(now - self._last_call, 0.0))
             self._last_call = now
             if len(self._intervals) >= SKIP + WINDOW:
-                self.decider._watched(self, self._intervals)
+                self.decider.probation_watched(self, self._intervals)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.serving()(*args, **kwargs)
@@ -465,7 +465,7 @@ class Decider:
         probation.pending = []
         return False
 
-    def _advance(self, probation: Probation) -> None:
+    def advance_probation(self, probation: Probation) -> None:
         """Climbs the candidates of `probation` that are due, if any; schedules the rest."""
         options, clock = self.options, self.options.clock
         if probation.verifying is not None:
@@ -625,7 +625,7 @@ class Decider:
             timed.discard(self.eager)  # op by op is the reference, never a contender
         return [n for n in self.backends if n in timed]
 
-    def _watched(self, probation: Probation, intervals: list[float]) -> None:
+    def probation_watched(self, probation: Probation, intervals: list[float]) -> None:
         """Ends a watch: records the steady time, or checks it against the record.
 
         A check that contradicts the record beyond its margin puts the decision's rivals

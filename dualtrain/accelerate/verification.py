@@ -216,8 +216,8 @@ class Verification:
                 send(tid, stop)  # point between: no thread switch
             self._thread.join(0.02)
 
-    def _forked(self) -> None:
-        # In a forked child the thread does not exist: the start stays unverified there.
+    def forked(self) -> None:
+        """Marks the check unverified in a forked child, where its thread does not exist."""
         self.ok, self.verified, self.reason = True, False, "unverified: the process forked"
         self._left = self.done = True
 
@@ -238,7 +238,7 @@ def _abandon_verifications() -> None:
 
 def _after_fork_in_child() -> None:
     for verification in list(_verifying):
-        verification._forked()
+        verification.forked()
     _verifying.clear()
 
 

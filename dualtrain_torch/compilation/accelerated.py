@@ -76,13 +76,13 @@ def accelerate(
         current is not None
         and not options
         and current.backends == backends
-        and (not current._patched or patch_backprop == current.patch_backprop)
+        and (not current.patched or patch_backprop == current.patch_backprop)
     ):
         current.patch_backprop = patch_backprop  # the latest call's, applied at the next call
         return module
     # Validates backends before anything changes.
     forward = AcceleratedForward(module, backends, patch_backprop, settings)
-    if current is not None and current._patched and current.patch_backprop:
+    if current is not None and current.patched and current.patch_backprop:
         # The layers the previous settings made approximate: exact again, then the new
         # forward patches what its own settings say (and explain() reports that).
         from dualtrain_torch.sparse_backprop import unpatch_linears

@@ -59,7 +59,7 @@ class _StepTrial:
     def __init__(self, name: str, learner: TrainingLearner, inputs: tuple[Any, ...], targets: Any):
         self.name, self.learner = name, learner
         self.inputs, self.targets = inputs, targets
-        self.clock = learner._step_decider.options.clock  # what the ladder times with
+        self.clock = learner.step_decider.options.clock  # what the ladder times with
         self._runner: Callable[..., torch.Tensor] | None = None
         self._adopted = False
         self._snapshot = _StepSnapshot(learner, attributes=True)
@@ -71,7 +71,7 @@ class _StepTrial:
     def build(self) -> None:
         if self._adopted:
             return
-        plain = self.learner._plain_step
+        plain = self.learner.plain_step
         if self.name == "PYTORCH":
             self._runner = plain
         elif self.name == "COMPILED_STEP":
@@ -177,7 +177,7 @@ class TrainingLearner:
         self.optimizer = optimizer
         self.backends = names
         self._quick: dict[Any, str] = {}  # the forward's quick key -> the step's signature
-        self._step_decider = Decider("torch", step_names, settings)
+        self.step_decider = Decider("torch", step_names, settings)
 
     # -- the model ---------------------------------------------------------------------
 
@@ -204,7 +204,8 @@ class TrainingLearner:
 
     # -- the step ----------------------------------------------------------------------
 
-    def _plain_step(self, inputs: tuple[Any, ...], targets: Any) -> torch.Tensor:
+    def plain_step(self, inputs: tuple[Any, ...], targets: Any) -> torch.Tensor:
+        """One eager step: zero_grad, forward, loss, backward and the optimizer's step."""
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model(*inputs), targets)
@@ -226,7 +227,7 @@ class TrainingLearner:
         if not self.model.training:
             self.model.train()
         batch = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-        decider = self._step_decider
+        decider = self.step_decider
         # The forward's quick key (plain tensors by position) spares formatting the
         # signature on every step; other calls take the full signature.
         quick = self.forward._quick_key((*batch, targets), {})
@@ -255,21 +256,21 @@ class TrainingLearner:
             )
         if type(runner) is Probation:  # what this step runs, after any climb that is due
             runner = runner.serving()
-        if runner == self._plain_step or decider.serves_eager(runner):
+        if runner == self.plain_step or decider.serves_eager(runner):
             return runner(batch, targets)
         snapshot = _StepSnapshot(self, attributes=True)
         try:
             return runner(batch, targets)
         except Exception as error:
             snapshot.restore()
-            loss = self._plain_step(batch, targets)
+            loss = self.plain_step(batch, targets)
             decider.fall_back("step", key, error)
             return loss
 
     def explain(self) -> Explanation:
         """The forward's decisions and the step's, and what is approximate."""
         forward = self.forward.explain()
-        step = self._step_decider.explain()
+        step = self.step_decider.explain()
         return Explanation(
             self.backends, forward.decisions + step.decisions, forward.approximations
         )

@@ -116,7 +116,7 @@ class AcceleratedForward:
         self.module = module
         self.backends, self.patch_backprop, self.options = backends, patch_backprop, options
         self.decider = Decider("torch", backends, options)
-        self._patched = False
+        self.patched = False
         self._bound: Callable[..., Any] | None = None
         # quick key -> (mode, signature), or the bound forward itself once the decision for
         # that signature is eager for good (no decision leaves eager: it is the last rung).
@@ -153,7 +153,7 @@ class AcceleratedForward:
     def _patch(self) -> None:
         # At the first call, not at accelerate(): a decorated class's subclass finishes
         # building its layers after the decorated __init__ returns.
-        self._patched = True
+        self.patched = True
         from dualtrain_torch.sparse_backprop import approximations, patch_linears
 
         if self.patch_backprop:
@@ -251,7 +251,7 @@ class AcceleratedForward:
         runner = self.decider.known(mode, key)
         if runner is None:
             with self._lock:
-                if not self._patched:
+                if not self.patched:
                     self._patch()
                 runner = self.decider.known(mode, key)
                 if runner is None:

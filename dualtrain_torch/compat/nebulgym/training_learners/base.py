@@ -151,7 +151,7 @@ class TrainingLearner(_Learner):
         """`dualtrain_torch.TrainingLearner.step`; the step's decisions go to the logger too."""
         loss = super().step(inputs, targets)
         if self._reporter is not None:
-            self._reporter.report(self._step_decider)
+            self._reporter.report(self.step_decider)
         return loss
 
     def __getattr__(self, name: str) -> Any:
