@@ -2,7 +2,8 @@
 
 `accelerated` holds `accelerate` and `accelerate_model`; `module` the per-call dispatch
 (`AcceleratedForward`); `rungs` the rungs; `probe` the trial snapshot and undo; `keys` the
-call signatures; `learner` the training learner.
+call signatures; `learner` the training learner; `cache` TorchInductor's compiled programs
+kept beside the ladder's verdicts.
 """
 
 from __future__ import annotations

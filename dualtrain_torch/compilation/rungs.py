@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from dualtrain.accelerate.ladder import UnavailableError
+from dualtrain_torch.compilation.cache import use_disk_cache
 from dualtrain_torch.compilation.keys import mixed_modes, trains
 from dualtrain_torch.compilation.probe import (
     Frozen,
@@ -159,6 +160,7 @@ def compile_apart(fn: Callable[..., Any], options: dict[str, Any]) -> Callable[.
     every accelerated module shared one cache, and the 9th compile met its
     ``recompile_limit`` (8), ran eager under the rung's name and warned on stderr.
     """
+    use_disk_cache()  # before the first compile: its programs kept beside the verdicts
 
     def call(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
