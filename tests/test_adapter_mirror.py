@@ -17,17 +17,8 @@ TORCH_ONLY = {
         "model batching's layer-by-layer strategy: torch.func.vmap costs Python per layer and "
         "call, jax.vmap under jit does not (docs/batching.md, 'Why \"stacked\"')"
     ),
-    "distributed/exit.py": (
-        "gloo's worker threads take the GIL to drop a collective's tensors, and abort the "
-        "process if it is finalizing; JAX's collectives run inside compiled programs"
-    ),
 }
-JAX_ONLY = {
-    "compilation/cache.py": (
-        "XLA keeps compiled programs on disk only in a folder a process names; torch's "
-        "compiler (TorchInductor) keeps its own cache on disk by default"
-    ),
-}
+JAX_ONLY: dict[str, str] = {}
 
 
 def _entries(package: str, below: str = "") -> set[str]:

@@ -14,6 +14,7 @@ PACKAGES = ("batching", "compilation", "distributed")
 # the module that took the package's old flat module's place: its old name is the package's
 OWN = {"module", "accelerated", "runtime", "__init__"}
 RENAMED = {("jax", "compilation", "cache"): "dualtrain_jax.compile_cache"}
+NEW = {("torch", "compilation", "cache"), ("jax", "distributed", "exit")}  # no old name
 
 
 def _old_names(framework: str) -> dict[str, str]:
@@ -21,7 +22,7 @@ def _old_names(framework: str) -> dict[str, str]:
     moves = {}
     for package in PACKAGES:
         for path in sorted((ROOT / f"dualtrain_{framework}" / package).glob("*.py")):
-            if path.stem in OWN:
+            if path.stem in OWN or (framework, package, path.stem) in NEW:
                 continue
             new = f"dualtrain_{framework}.{package}.{path.stem}"
             old = RENAMED.get(

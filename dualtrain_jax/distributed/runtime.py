@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import World
+from dualtrain_jax.distributed.exit import release
 from dualtrain_jax.distributed.learner import DataParallelLearner
 from dualtrain_jax.distributed.reduce import local_value, reduce_value
 from dualtrain_jax.distributed.rows import AXIS
@@ -285,11 +286,13 @@ class JaxRuntime:
         return jax.random.key(seed)
 
     def leave(self) -> None:
-        """Leaves the run; JAX's runtime stays for the process (its exit shuts it down).
+        """Leaves the run once this process's dispatched work is done (`exit.release`).
 
-        ``jax.distributed`` cannot start again in a process whose backend runs, so a later
-        `join` of the same run reuses it.
+        JAX's runtime stays for the process (its exit shuts it down): ``jax.distributed``
+        cannot start again in a process whose backend runs, so a later `join` of the same
+        run reuses it.
         """
+        release()
         self.left = True
 
 

@@ -329,7 +329,7 @@ class TorchRuntime:
         """Every process's `obj` (picklable), in rank order.
 
         ``dist.all_gather_object``'s protocol (pickled bytes, their lengths gathered first),
-        on tensors registered with `distributed_exit.handed` so that leaving waits for them.
+        on tensors registered with `distributed.exit.handed` so that leaving waits for them.
         """
         if self.nworld == 1:
             return [pickle.loads(pickle.dumps(obj))]  # a copy, as from another process
@@ -419,7 +419,7 @@ class TorchRuntime:
             _retired.append(dist.group.WORLD)
             dist.destroy_process_group()
             # Before the interpreter can finalize: gloo's threads drop what the last
-            # collectives held (see distributed_exit; an abort otherwise, now and then).
+            # collectives held (see distributed.exit; an abort otherwise, now and then).
             release()
         _ours[0] = False
 

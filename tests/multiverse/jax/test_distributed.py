@@ -376,3 +376,18 @@ def test_pmap_compiles_its_step_once_and_steps_a_tank_batch_where_it_lies(pack):
     assert (jit_compiles, pmap_compiles) == (0, 0)
     np.testing.assert_allclose(losses, jit_losses, rtol=RTOL)
     assert_close(params, jit_params)
+
+
+def test_leaving_waits_for_the_work_this_process_dispatched():
+    """`leave` returns once every array dispatched is computed (the run's collectives in
+    them entered), as torch's leave waits for gloo's threads: a process that ended with a
+    step still queued left its peers waiting in a collective until the run's timeout."""
+    from dualtrain_jax.distributed import exit
+
+    runtime = join(World(local_devices=4), timeout=30, on_step=lambda: None)
+    x = jnp.ones((1500, 1500))
+    chain = jax.jit(lambda a: [a := jnp.tanh(a @ a) for _ in range(6)][-1])
+    out = chain(x)  # returns at once: dispatched, not yet computed
+    runtime.leave()
+    assert out.is_ready() and exit.pending() == 0
+    exit.release()  # idempotent, and nothing left to wait for
