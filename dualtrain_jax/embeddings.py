@@ -16,12 +16,12 @@ import jax
 import numpy as np
 import optax
 
-from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession
+from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession, ShardedAttachment
 from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
 from dualtrain_jax.embeddings_optimizers import plan
 from dualtrain_jax.transfer import Transfer
 
-__all__ = ["JaxRows", "attach"]
+__all__ = ["JaxRows", "ShardedJaxRows", "attach"]
 
 
 def attach(
@@ -29,7 +29,7 @@ def attach(
     transformation: optax.GradientTransformation,
     mode: str = "lazy",
     device: Any = None,
-) -> JaxRows:
+) -> JaxRows | ShardedJaxRows:
     """Trains `store` with an optax transformation, one batch of rows at a time.
 
     Args:
@@ -37,12 +37,15 @@ def attach(
         transformation: e.g. ``optax.adam(1e-3)``; must be row-wise (see the module doc).
         mode: "lazy" or "exact", as for ``dualtrain_torch.attach``.
         device: where rows are updated ("cpu", "gpu", "cuda:N", a jax.Device); default
-            the first device.
+            this process's first device.
 
     Returns:
         A `JaxRows`: ``emb = rows.fetch(ids)``; ``g = jax.grad(loss)(emb)``; ``rows.step(g)``.
+        For a store sharded by ``mv.sync(store)``, a `ShardedJaxRows` with the same calls:
+        each row's gradient is summed over the processes and stepped once by its owner.
     """
-    return JaxRows(store, transformation, mode, device)
+    rows = JaxRows(store, transformation, mode, device)
+    return rows if store.shard is None else ShardedJaxRows(rows, store.shard)
 
 
 def _pad(n: int) -> int:
@@ -75,7 +78,7 @@ class JaxRows(Attachment):
             )
         self.transformation = transformation
         # Rows reach the device through the adapter's one Transfer (a bad device fails here).
-        self.transfer = Transfer(device if device is not None else jax.devices()[0])
+        self.transfer = Transfer(device if device is not None else jax.local_devices()[0])
         self.device = self.transfer.device
         self.dim = store.dim
         self.plan = plan(transformation, store.dim, store.dtype)
@@ -160,3 +163,63 @@ class JaxRows(Attachment):
     def hyper(self) -> dict[str, Any]:
         """What is known of the transformation's settings (optax keeps them in closures)."""
         return {"transformation": repr(self.transformation)}
+
+
+class ShardedJaxRows(ShardedAttachment):
+    """A shard attached to an optax transformation (see `attach` and `ShardedAttachment`).
+
+    ``fetch`` takes ids of the whole table and returns their rows from their owners;
+    ``step(*grads)`` has each owner step its rows once with the sum of every process's
+    gradient. ``fetch``, ``prefetch`` and ``step`` are collectives. The exchange pads to
+    powers of two (``dualtrain_jax.distributed.exchange``); `fetch` returns arrays of the
+    ids' own shapes, so a model's jit sees what it would see unsharded.
+
+    Attributes:
+        local: the `JaxRows` training this process's rows.
+    """
+
+    def __init__(self, local: JaxRows, shard: Any) -> None:
+        super().__init__(local, shard)
+        self._shapes: list[tuple[int, ...]] = []
+        self._inverse = np.zeros(0, np.int64)
+
+    def fetch(self, *ids: Any) -> jax.Array | tuple[jax.Array, ...]:
+        """The rows of `ids` (ids of the whole table) as device arrays [*ids.shape, dim]."""
+        found, rows = self.exchange_rows(ids)
+        self._shapes = [(*shape, self.store.dim) for shape in found.shapes]
+        self._inverse = found.inverse
+        out = [self.local.transfer(rows[part]) for part in found.parts]
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def to_host(self, rows: Any) -> np.ndarray:
+        return np.asarray(rows)
+
+    def step(self, *grads: Any) -> None:
+        """Steps every fetched row once, with its gradient summed over the processes.
+
+        `grads` are the gradients of what `fetch` returned, in the same shapes.
+        """
+        if self._route is None:
+            raise ArgumentError("step() needs a batch: call rows.fetch(ids) first")
+        shapes = self._shapes
+        try:
+            if len(grads) != len(shapes):
+                raise ArgumentError(
+                    f"step got {len(grads)} gradient arrays; fetch returned {len(shapes)}"
+                )
+            for i, (g, shape) in enumerate(zip(grads, shapes, strict=False)):
+                if tuple(np.shape(g)) != shape:
+                    raise ShapeError(f"grads[{i}] has shape {tuple(np.shape(g))}; expected {shape}")
+            dim = self.store.dim
+            flat = [np.asarray(g).reshape(-1, dim) for g in grads]
+            joined = np.concatenate(flat) if flat else np.zeros((0, dim), np.float32)
+            unique = self._route.lookup.unique.size
+            summed = np.zeros((unique, dim), np.result_type(joined, np.float32))
+            np.add.at(summed, self._inverse, joined)  # repeated ids add up
+        except BaseException:
+            self.release()
+            raise
+        self.step_rows(summed)
+
+    def step_local(self, summed: np.ndarray) -> None:
+        self.local.step(summed)

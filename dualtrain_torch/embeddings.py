@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from dualtrain import convert
-from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession
+from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession, ShardedAttachment
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.embeddings_optimizers import (
     FROM_FIRST_GRAD,
@@ -29,7 +29,7 @@ from dualtrain_torch.embeddings_optimizers import (
 )
 from dualtrain_torch.transfer import Transfer, parse_device
 
-__all__ = ["SUPPORTED", "TorchRows", "attach", "pinned_empty", "probe_state"]
+__all__ = ["SUPPORTED", "ShardedTorchRows", "TorchRows", "attach", "pinned_empty", "probe_state"]
 
 # Kept under their old names: they moved to `dualtrain_torch.embeddings_optimizers`.
 _FROM_FIRST_GRAD = FROM_FIRST_GRAD
@@ -47,7 +47,7 @@ def attach(
     mode: str = "lazy",
     device: Any = None,
     **hyper: Any,
-) -> TorchRows:
+) -> TorchRows | ShardedTorchRows:
     """Trains `store` with ``optimizer(params, **hyper)``, one batch of rows at a time.
 
     Args:
@@ -62,9 +62,12 @@ def attach(
             the fused one is used.
 
     Returns:
-        A `TorchRows`: ``emb = rows.fetch(ids)``; ``loss.backward()``; ``rows.step()``.
+        A `TorchRows`: ``emb = rows.fetch(ids)``; ``loss.backward()``; ``rows.step()``. For
+        a store sharded by ``mv.sync(store)``, a `ShardedTorchRows` with the same calls:
+        each row's gradient is summed over the processes and stepped once by its owner.
     """
-    return TorchRows(store, optimizer, mode, device, hyper)
+    rows = TorchRows(store, optimizer, mode, device, hyper)
+    return rows if store.shard is None else ShardedTorchRows(rows, store.shard)
 
 
 class TorchRows(Attachment):
@@ -302,3 +305,76 @@ class TorchRows(Attachment):
         """The optimizer's hyper-parameters (its param group without the params)."""
         group = self.optimizer.param_groups[0]
         return {k: v for k, v in group.items() if k != "params"}
+
+
+class ShardedTorchRows(ShardedAttachment):
+    """A shard attached to a torch optimizer (see `attach` and `ShardedAttachment`).
+
+    ``fetch`` takes ids of the whole table and returns their rows from their owners;
+    after ``loss.backward()``, ``step()`` has each owner step its rows once with the sum
+    of every process's gradient. ``fetch``, ``prefetch`` and ``step`` are collectives.
+
+    Attributes:
+        local: the `TorchRows` training this process's rows.
+        param: the fetched rows as one leaf [U, dim] (U: the batch's unique ids).
+    """
+
+    def __init__(self, local: TorchRows, shard: Any) -> None:
+        super().__init__(local, shard)
+        self.param = torch.nn.Parameter(torch.zeros(0, local.store.dim, dtype=local.dtype))
+        self._served: torch.Tensor | None = None
+
+    def fetch(self, *ids: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The rows of `ids` (ids of the whole table), differentiable, [*ids.shape, dim]."""
+        found, rows = self.exchange_rows(ids)
+        local = self.local
+        self.param = torch.nn.Parameter(local.transfer.put(torch.from_numpy(rows)))
+        inverse = local.transfer.put(torch.from_numpy(found.inverse))
+        gathered = torch.index_select(self.param, 0, inverse)
+        out, start = [], 0
+        for shape in found.shapes:
+            count = int(np.prod(shape, dtype=np.int64))
+            out.append(gathered[start : start + count].view(*shape, self.store.dim))
+            start += count
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def to_host(self, rows: Any) -> np.ndarray:
+        self._served = rows
+        return rows.detach().cpu().numpy()
+
+    def step(self) -> None:
+        """Steps every fetched row once, with its gradient summed over the processes."""
+        grad = self.param.grad
+        if grad is None and self._route is not None and len(self.param) == 0:
+            grad = torch.zeros_like(self.param)  # no rows in this process's batch
+        if grad is None:
+            route = self._route
+            self.release()
+            raise ArgumentError(
+                "step() found no gradient: call loss.backward() after fetch"
+                if route is not None
+                else "step() needs a batch: call rows.fetch(ids) first"
+            )
+        self.step_rows(grad.detach().cpu().numpy())
+
+    def step_local(self, summed: np.ndarray) -> None:
+        served, self._served = self._served, None
+        assert served is not None
+        local = self.local
+        grad = local.transfer.put(torch.from_numpy(summed)).to(served.dtype)
+        served.backward(grad)
+        local.step()
+
+    def zero_grad(self) -> None:
+        """Clears the fetched rows' gradient (fetch starts a new leaf anyway)."""
+        self.param.grad = None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The real ``torch.optim`` instance stepping this process's rows."""
+        return self.local.optimizer
+
+    @property
+    def hyper(self) -> dict[str, Any]:
+        """The optimizer's hyper-parameters (its param group without the params)."""
+        return self.local.hyper

@@ -6,10 +6,11 @@ train the rows each batch touches with the framework's own optimizer.
 
 from __future__ import annotations
 
-from dualtrain.embeddings.attachment import Attachment
+from dualtrain.embeddings.attachment import Attachment, ShardedAttachment
 from dualtrain.embeddings.ids import Lookup, as_ids, lookup
 from dualtrain.embeddings.init import BLOCK, fill
 from dualtrain.embeddings.session import MODES, Batch, RowSession
+from dualtrain.embeddings.sharding import Exchange, Route, Shard, split
 from dualtrain.embeddings.store import EmbeddingStore, MemoryReport
 
 __all__ = [
@@ -18,10 +19,15 @@ __all__ = [
     "MODES",
     "Batch",
     "EmbeddingStore",
+    "Exchange",
     "Lookup",
     "MemoryReport",
+    "Route",
     "RowSession",
+    "Shard",
+    "ShardedAttachment",
     "as_ids",
     "fill",
     "lookup",
+    "split",
 ]

@@ -8,10 +8,15 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from dualtrain.embeddings.session import RowSession
-from dualtrain.embeddings.store import EmbeddingStore
+import numpy as np
 
-__all__ = ["Attachment"]
+from dualtrain.embeddings.ids import Lookup, lookup
+from dualtrain.embeddings.session import RowSession
+from dualtrain.embeddings.sharding import Route, Shard
+from dualtrain.embeddings.store import EmbeddingStore
+from dualtrain.errors import ArgumentError
+
+__all__ = ["Attachment", "ShardedAttachment"]
 
 
 class Attachment:
@@ -63,3 +68,85 @@ class Attachment:
     def steps(self) -> int:
         """Steps taken."""
         return self.session.t
+
+
+class ShardedAttachment(Attachment):
+    """The framework-neutral half of attaching a shard (a store after ``mv.sync(store)``).
+
+    `local` is the adapter's ordinary attachment over this process's rows; it trains them
+    with each row's gradient summed over the processes (see `dualtrain.embeddings.sharding`).
+    ``fetch``, ``prefetch`` and ``step`` are collectives: every process calls them in the
+    same order, with its own ids (any ids of the whole table; none is fine).
+
+    Attributes:
+        local: the attachment training this process's rows (local ids).
+        shard: the store's `Shard`.
+    """
+
+    def __init__(self, local: Any, shard: Shard) -> None:
+        self.local, self.shard = local, shard
+        self.store, self.mode, self.session = local.store, local.mode, local.session
+        self._route: Route | None = None  # the open batch's
+        self._ahead: Route | None = None  # a prefetched batch's
+
+    def exchange_rows(self, ids: tuple[Any, ...]) -> tuple[Lookup, np.ndarray]:
+        """Routes `ids` to their owners and brings their rows back (two exchanges).
+
+        Returns:
+            The batch's `Lookup` and its unique rows, [U, dim] host rows in its order.
+        """
+        found = lookup(ids, self.store.num_rows)
+        route, self._ahead = self._ahead, None
+        if route is None or not found.same_ids(route.lookup):
+            route = self.shard.route(found)
+        served = self.local.fetch(route.union)  # holds this process's attachment until step
+        try:
+            rows = self.shard.serve(route, self.to_host(served))
+        except BaseException:
+            self.local.release()
+            raise
+        self._route = route
+        return found, rows
+
+    def step_rows(self, grad: np.ndarray) -> None:
+        """Sends `grad` ([U, dim], the batch's unique rows) to the owners; steps this shard.
+
+        Raises:
+            ArgumentError: no batch fetched by this process.
+        """
+        route = self._route
+        if route is None:
+            raise ArgumentError("step() needs a batch: call rows.fetch(ids) first")
+        try:
+            summed = self.shard.collect(route, grad)
+        except BaseException:
+            self.release()
+            raise
+        self._route = None
+        self.step_local(summed)
+
+    def to_host(self, rows: Any) -> np.ndarray:
+        """The local attachment's fetched rows as a host array (the adapter's)."""
+        raise NotImplementedError
+
+    def step_local(self, summed: np.ndarray) -> None:
+        """Steps the local rows fetched last with their summed gradient [M, dim] (adapter)."""
+        raise NotImplementedError
+
+    def prefetch(self, *ids: Any) -> None:
+        """Routes the next batch's `ids` now (a collective) and gathers this shard's rows.
+
+        Its rows travel at the fetch: the step in between changes them.
+        """
+        route = self.shard.route(lookup(ids, self.store.num_rows))
+        self.local.prefetch(route.union)
+        self._ahead = route
+
+    def release(self) -> None:
+        """Gives up the fetched batch unstepped (every process must, as it is a collective)."""
+        self._route = None
+        self.local.release()
+
+    def settle(self) -> None:
+        """Exact mode: brings this process's rows up to the current step (not a collective)."""
+        self.local.settle()

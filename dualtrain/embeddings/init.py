@@ -36,9 +36,20 @@ def _draw(init: Init, rows: np.ndarray, dim: int, std: float, rng: np.random.Gen
 
 
 def fill(
-    table: np.ndarray, init: Init, std: float, seed: int, start: int = 0, stop: int | None = None
+    table: np.ndarray,
+    init: Init,
+    std: float,
+    seed: int,
+    start: int = 0,
+    stop: int | None = None,
+    *,
+    first: int = 0,
+    num_rows: int | None = None,
 ) -> None:
-    """Writes rows [start, stop) of `table` ([num_rows, dim]) from `init`, block by block.
+    """Writes rows [start, stop) of `table` ([n, dim]) from `init`, block by block.
+
+    `table` may hold a slice of a larger table (a shard): its row k is row ``first + k`` of a
+    table of `num_rows` rows, and each row gets the value it has in the whole table.
 
     Args:
         table: the host table, written in place.
@@ -47,14 +58,20 @@ def fill(
             generator keyed by (seed, block).
         std: standard deviation of "normal" and "uniform".
         seed: the table's seed.
-        start: the first row to write.
-        stop: one past the last row to write (default: all); whole blocks are drawn, rows
-            outside [start, stop) are not written.
+        start: the first row to write (an id of the whole table).
+        stop: one past the last row to write (default: the table's last); whole blocks are
+            drawn, rows outside [start, stop) are not written.
+        first: the id of `table`'s row 0 in the whole table.
+        num_rows: rows in the whole table (default ``first + len(table)``).
     """
-    num_rows, dim = table.shape
-    stop = num_rows if stop is None else stop
+    held, dim = table.shape
+    num_rows = first + held if num_rows is None else num_rows
+    start = max(start, first)
+    stop = first + held if stop is None else min(stop, first + held)
+    if stop <= start:
+        return
     if init == "zeros":
-        table[start:stop] = 0
+        table[start - first : stop - first] = 0
         return
     if not (init in INITS or callable(init)):
         raise bad_argument("init", init, f"one of {INITS} or a callable init(rows, rng)")
@@ -68,4 +85,4 @@ def fill(
                 f"({rows.size}, {dim})"
             )
         offset = block * BLOCK
-        table[lo:hi] = values[lo - offset : hi - offset]
+        table[lo - first : hi - first] = values[lo - offset : hi - offset]

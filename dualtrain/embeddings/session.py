@@ -211,7 +211,7 @@ class RowSession:
         The calling thread holds the session from here until `finish` or `abandon`; another
         thread's `begin` waits until then.
         """
-        found = lookup(ids, self.store.num_rows)
+        found = lookup(ids, len(self.store.rows))
         with self.owned():
             self.current = None  # a fetch again without step replaces the batch
             batch, self.prefetched = self.prefetched, None
@@ -228,7 +228,7 @@ class RowSession:
 
     def prefetch(self, ids: tuple[Any, ...]) -> None:
         """Starts gathering `ids` in the background for the next `begin` with equal ids."""
-        found = lookup(ids, self.store.num_rows)
+        found = lookup(ids, len(self.store.rows))
         with self.owned():
             slot, rows = self._buffers(found.unique.size)
             batch = Batch(found, rows, slot=slot)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import threading
 from typing import Any
 
 import numpy as np
 
 from dualtrain import backends, dtypes
 from dualtrain.embeddings.init import INITS, Init, fill
+from dualtrain.embeddings.sharding import Exchange, Shard, split
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.memory import aligned_empty
 from dualtrain.validate import check_finite, check_int, check_seed
@@ -34,7 +36,7 @@ class MemoryReport:
         state: bytes per optimizer-state table, by slot name.
         counters: bytes of the per-row step counters (exact mode), 0 without.
         total: all of the above.
-        per_row: `total` / num_rows.
+        per_row: `total` / the rows held (this process's range on a shard).
         pinned: whether the tables are page-locked (they cannot be swapped out).
     """
 
@@ -55,6 +57,9 @@ def _cuda_torch() -> bool:
 class EmbeddingStore:
     """A [num_rows, dim] table in host memory, trained row-wise by ``attach``.
 
+    The table is allocated and filled at its first use (a read, ``attach``), not here, so a
+    store made and then sharded by ``mv.sync(store)`` only ever holds its own range.
+
     Args:
         num_rows: rows in the table.
         dim: values per row.
@@ -72,9 +77,12 @@ class EmbeddingStore:
     change it (see docs/embeddings.md, "Reading the store").
 
     Attributes:
-        table: the host table, an ndarray [num_rows, dim].
-        state: optimizer-state tables by slot name, each [num_rows, dim], set by attach.
-        counters: exact mode's per-row step counters, int64 [num_rows], or None.
+        num_rows: rows in the whole table (ids are in [0, num_rows)).
+        rows: the ids this store holds: ``range(num_rows)``, or a shard's range.
+        shard: the `Shard` after ``mv.sync(store)`` in a run of several processes, or None.
+        table: the host table, an ndarray [len(rows), dim]: row k is id ``rows.start + k``.
+        state: optimizer-state tables by slot name, each [len(rows), dim], set by attach.
+        counters: exact mode's per-row step counters, int64 [len(rows)], or None.
     """
 
     def __init__(
@@ -104,10 +112,13 @@ class EmbeddingStore:
         self.dtype = str(dtype)
         self.seed = seed
         self.pinned = bool(pinned) if pinned is not None else _cuda_torch()
+        self.rows = range(num_rows)
+        self.shard: Shard | None = None
+        self._init, self._std = init, std  # drawn at the first use (`live`)
         # The live arrays. The attachment's worker writes them; public reads go through the
         # properties below, which wait for it first.
-        self._table = self.empty()
-        fill(self._table, init, std, self.seed)
+        self._table: np.ndarray | None = None
+        self._allocating = threading.Lock()
         self._state: dict[str, np.ndarray] = {}
         self._counters: np.ndarray | None = None
         self.session: Any = None  # the attachment training this store, if any
@@ -116,7 +127,7 @@ class EmbeddingStore:
     def table(self) -> np.ndarray:
         """The host table [num_rows, dim], with every step already returned written back."""
         self.flush()
-        return self._table
+        return self.live()[0]
 
     @property
     def state(self) -> dict[str, np.ndarray]:
@@ -133,17 +144,80 @@ class EmbeddingStore:
     def live(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
         """The table, state tables and counters without waiting: for the attachment itself.
 
-        Its worker thread writes them; a read from elsewhere must use the properties.
+        Its worker thread writes them; a read from elsewhere must use the properties. The
+        first call allocates the table and draws its rows.
         """
+        if self._table is None:
+            with self._allocating:
+                if self._table is None:
+                    table = self.empty()
+                    self._fill(table, self._init, self._std, self.seed)
+                    self._table = table
         return self._table, self._state, self._counters
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the table has been allocated (it is at its first use)."""
+        return self._table is not None
+
+    def _fill(self, table: np.ndarray, init: Init, std: float, seed: int) -> None:
+        fill(table, init, std, seed, first=self.rows.start, num_rows=self.num_rows)
+
+    def make_shard(self, rank: int, world: int, exchange: Exchange) -> None:
+        """Makes this store rank `rank`'s shard of `world` (what ``mv.sync(store)`` calls).
+
+        Keeps only ids ``split(num_rows, world)[rank:rank + 2]``; a table already allocated
+        is cut to them (each row keeps its value). Refused once attached: sync first.
+        """
+        if self.session is not None:
+            raise ArgumentError(
+                "sync the EmbeddingStore (mv.sync(store)) before attaching it to an optimizer; "
+                "this one is attached: call rows.detach() first"
+            )
+        if self.shard is not None or self.rows != range(self.num_rows):
+            raise ArgumentError(
+                f"this EmbeddingStore is already a shard (ids {self.rows.start}.."
+                f"{self.rows.stop - 1} of {self.num_rows}); sync each store once"
+            )
+        if world < 1 or not 0 <= rank < world:
+            raise bad_argument("rank", rank, f"a rank in [0, {world})")
+        shard = Shard(rank, world, split(self.num_rows, world), exchange)
+        if world == 1:
+            return
+        whole, self._table = self._table, None
+        self.rows, self.shard = shard.rows, shard
+        if whole is not None:  # allocated before the sync: keep this rank's rows
+            self._table = self.empty()
+            self._table[...] = whole[self.rows.start : self.rows.stop]
+
+    def stats(self) -> dict[str, Any]:
+        """What this store holds: ids, shape, bytes and steps taken (this process's shard).
+
+        Returns:
+            ``{"rows": (start, stop), "num_rows", "dim", "dtype", "bytes", "steps",
+            "rank", "world"}``; `bytes` as `memory` reports them.
+        """
+        return {
+            "rows": (self.rows.start, self.rows.stop),
+            "num_rows": self.num_rows,
+            "dim": self.dim,
+            "dtype": self.dtype,
+            "bytes": self.memory().total,
+            "steps": self.session.t if self.session is not None else 0,
+            "rank": self.shard.rank if self.shard is not None else 0,
+            "world": self.shard.world if self.shard is not None else 1,
+        }
 
     def held(self) -> contextlib.AbstractContextManager[None]:
         """Holds the attachment (no step runs) for the block; nothing to hold when detached."""
         return self.session.owned() if self.session is not None else contextlib.nullcontext()
 
     def empty(self, rows: int | None = None) -> np.ndarray:
-        """An uninitialized [rows, dim] host buffer like the table's (pinned if it is)."""
-        shape = (self.num_rows if rows is None else rows, self.dim)
+        """An uninitialized [rows, dim] host buffer like the table's (pinned if it is).
+
+        `rows` defaults to the rows this store holds (``len(self.rows)``).
+        """
+        shape = (len(self.rows) if rows is None else rows, self.dim)
         if self.pinned:
             return backends.load_part("torch", "embeddings").pinned_empty(shape, self.dtype)
         return aligned_empty(shape, _np_dtype(self.dtype))
@@ -161,7 +235,7 @@ class EmbeddingStore:
         seed = self.seed if seed is None else check_seed("seed", seed)
         with self.held():  # no step of another thread writes rows while they are refilled
             self.flush()
-            fill(self._table, init, std, seed)
+            self._fill(self.live()[0], init, std, seed)
 
     def allocate_state(self, slots: dict[str, np.ndarray], counters: bool) -> None:
         """Adds one table per slot, every row set to ``slots[name]`` ([dim] or a scalar).
@@ -178,7 +252,8 @@ class EmbeddingStore:
             table = self.empty()
             table[...] = np.broadcast_to(np.asarray(row), (self.dim,))
             self._state[name] = table
-        self._counters = np.zeros(self.num_rows, np.int64) if counters else None
+        self.live()  # the table first: an attached store has it
+        self._counters = np.zeros(len(self.rows), np.int64) if counters else None
 
     def flush(self) -> None:
         """Waits until every asynchronous write-back of the attachment has landed."""
@@ -188,20 +263,22 @@ class EmbeddingStore:
     def memory(self) -> MemoryReport:
         """Host bytes of the table, the state tables and the counters.
 
-        Sizes only, which no step changes: it does not wait for write-backs.
+        Sizes only, which no step changes: it does not wait for write-backs. What is
+        allocated now: a table not used yet counts 0 bytes.
         """
-        table, states, counters_table = self.live()
-        state = {k: int(v.nbytes) for k, v in states.items()}
-        counters = 0 if counters_table is None else int(counters_table.nbytes)
-        total = int(table.nbytes) + sum(state.values()) + counters
+        table = 0 if self._table is None else int(self._table.nbytes)
+        state = {k: int(v.nbytes) for k, v in self._state.items()}
+        counters = 0 if self._counters is None else int(self._counters.nbytes)
+        total = table + sum(state.values()) + counters
         return MemoryReport(
-            int(table.nbytes), state, counters, total, total / self.num_rows, self.pinned
+            table, state, counters, total, total / max(len(self.rows), 1), self.pinned
         )
 
     def __repr__(self) -> str:
         report = self.memory()
+        part = "" if self.shard is None else f", ids {self.rows.start}..{self.rows.stop - 1}"
         return (
-            f"EmbeddingStore({self.num_rows} x {self.dim} {self.dtype}, state="
+            f"EmbeddingStore({self.num_rows} x {self.dim} {self.dtype}{part}, state="
             f"{sorted(report.state)}, {report.total / 2**20:.1f} MiB"
             f"{', pinned' if self.pinned else ''})"
         )

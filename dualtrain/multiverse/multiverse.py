@@ -18,6 +18,7 @@ import numpy as np
 
 from dualtrain import backends
 from dualtrain.deprecation import moved
+from dualtrain.embeddings.store import EmbeddingStore
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.checks import check_divisible, is_number, is_tank, positive_count
 from dualtrain.multiverse.devices import host_devices
@@ -280,7 +281,11 @@ class Multiverse:
         Args:
             models: a model or a tuple or list of models: torch, realized Crafts or any
                 ``nn.Module`` (returned wrapped in DistributedDataParallel); JAX, realized
-                modules or pytrees of arrays (returned replicated over the mesh).
+                modules or pytrees of arrays (returned replicated over the mesh). An
+                `EmbeddingStore` among them becomes this process's shard, in place and
+                returned as it is: its ids split in `processes` contiguous ranges, this
+                process holding only its own (``store.rows``); attach it as before
+                (docs/embeddings.md, "Sharded across processes").
             data: a Tank or a tuple or list of Tanks, changed in place: each serves this
                 process's share of every epoch (``Tank.shard``) to the run's devices. Every
                 process must serve as many batches per epoch, else ArgumentError (a process
@@ -314,13 +319,30 @@ class Multiverse:
                     f"{counts} (by rank); every process must take as many steps: shard the "
                     "same pack, with drop_last=True or pad=True"
                 )
-        if isinstance(models, (tuple, list)):
-            synced = type(models)(runtime.sync_model(m, dict(self._sync_options)) for m in models)
-        else:
-            synced = runtime.sync_model(models, dict(self._sync_options))
+        many = isinstance(models, (tuple, list))
+        given = list(models) if many else [models]
+        for i, model in enumerate(given):
+            if isinstance(model, EmbeddingStore) and model.session is not None:
+                raise ArgumentError(
+                    f"models[{i}]: sync an EmbeddingStore before attaching it to an optimizer"
+                )
+            if isinstance(model, EmbeddingStore) and model.shard is not None:
+                raise ArgumentError(f"models[{i}]: this EmbeddingStore is already a shard")
+        synced_all = [
+            self._shard_store(m) if isinstance(m, EmbeddingStore)
+            else runtime.sync_model(m, dict(self._sync_options))
+            for m in given
+        ]  # fmt: skip
+        synced = type(models)(synced_all) if many else synced_all[0]
         for tank, share in zip(tanks, shares, strict=True):
             tank.apply_shard(share)
         return synced
+
+    def _shard_store(self, store: EmbeddingStore) -> EmbeddingStore:
+        """`store` made this process's shard (nothing to do in a run of one process)."""
+        if self.processes > 1:
+            store.make_shard(self.rank, self.processes, self.runtime.row_exchange())
+        return store
 
     def reduce(self, value: Any, aggregate: bool = False) -> Any:
         """`value` averaged (`aggregate`: summed) over the processes, in the kind it came in.

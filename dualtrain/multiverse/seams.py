@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dualtrain import backends
+from dualtrain.embeddings.sharding import Exchange
 from dualtrain.multiverse.world import World
 
 __all__ = [
@@ -123,6 +124,13 @@ class Runtime(Protocol):
         The loss is the mean over the global batch (every replica's rows; with `mask`, the
         rows it marks True), and one step equals a single-replica step on that batch.
         `engine` is one of the traits' `engines`.
+        """
+        ...
+
+    def row_exchange(self) -> Exchange:
+        """An all-to-all over the processes for a sharded EmbeddingStore.
+
+        Making it is a collective (every process makes one, in the same order).
         """
         ...
 

@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.world import World
+from dualtrain_jax.distributed.exchange import JaxExchange
 from dualtrain_jax.distributed.exit import release
 from dualtrain_jax.distributed.learner import DataParallelLearner
 from dualtrain_jax.distributed.reduce import local_value, reduce_value
@@ -275,6 +276,10 @@ class JaxRuntime:
         padded[: data.size] = data
         every = np.asarray(multihost_utils.process_allgather(padded))
         return [pickle.loads(every[r, : int(sizes[r, 0])].tobytes()) for r in range(len(every))]
+
+    def row_exchange(self) -> JaxExchange:
+        """An all-to-all of host rows over one device a process, for a sharded store."""
+        return JaxExchange()
 
     def barrier(self) -> None:
         """Waits until every process reaches it (``sync_global_devices``)."""

@@ -29,6 +29,7 @@ from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.seams import distributed_traits
 from dualtrain.multiverse.world import World
 from dualtrain.validate import check_seed
+from dualtrain_torch.distributed.exchange import TorchExchange
 from dualtrain_torch.distributed.exit import handed, release
 from dualtrain_torch.distributed.learner import DistributedLearner, carries_rows
 from dualtrain_torch.distributed.reduce import reduce_value
@@ -248,6 +249,10 @@ class TorchRuntime:
             self.backend = str(dist.get_backend())
         self._quiet = 0  # > 0 inside a learner step: it counts its own step
         self._left = False
+
+    def row_exchange(self) -> TorchExchange:
+        """A gloo all-to-all of host rows for a sharded store (makes its own group)."""
+        return TorchExchange()
 
     def scope(self) -> AbstractContextManager[Any]:
         """On CUDA, this process's device as the current one; on the CPU, nothing."""

@@ -1,0 +1,157 @@
+"""A store's rows split across the processes of a run, and a batch's trip to their owners.
+
+``mv.sync(store)`` makes a store one process's shard: the table's ids are cut into `world`
+contiguous ranges (`split`: the first ``num_rows % world`` ranges hold one row more), and a
+process allocates and trains only its own range. A batch then travels in three all-to-all
+exchanges over the run's engine (torch.distributed's gloo collectives; JAX's multi-process
+runtime), each of them a collective every process enters in the same order:
+
+1. `route`: each process sends the ids it needs to their owners. An owner takes the union
+   of what it was asked (its rows the whole run touches this step).
+2. `serve`: each owner sends those rows back; every process now has its batch's rows.
+3. `collect`: after backward, each process sends its gradient of every row back to the
+   row's owner, which adds up the gradients from all processes per row (TorchRec's rule:
+   what one process stepping the union of the batches with the sum of their losses does)
+   and steps each row once.
+
+The adapter's ordinary attachment trains the owner's rows (``local``), so every optimizer,
+both modes, the staging and the thread rules are those of an unsharded store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from dualtrain.embeddings.ids import Lookup
+from dualtrain.errors import bad_argument
+
+__all__ = ["Exchange", "Route", "Shard", "split"]
+
+
+def split(num_rows: int, world: int) -> np.ndarray:
+    """Where each process's range starts: int64 [world + 1], ``bounds[r]:bounds[r + 1]``.
+
+    Contiguous and as even as can be: the first ``num_rows % world`` ranges hold one more.
+    """
+    if world < 1:
+        raise bad_argument("world", world, "a positive number of processes")
+    base, extra = divmod(num_rows, world)
+    sizes = np.full(world, base, np.int64)
+    sizes[:extra] += 1
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+@runtime_checkable
+class Exchange(Protocol):
+    """An all-to-all over a run's processes (the adapter's, on its framework's engine).
+
+    Attributes:
+        rank: this process's rank.
+        world: processes in the run.
+    """
+
+    rank: int
+    world: int
+
+    def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
+        """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
+
+        Every part has the same dtype and trailing shape on every rank; lengths differ.
+        """
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """One batch's trip: what this process asked of whom, and what it was asked.
+
+    Attributes:
+        lookup: this process's ids: their sorted unique rows [U] and inverse.
+        cuts: int64 [world + 1]; ``lookup.unique[cuts[j]:cuts[j + 1]]`` are rank j's rows.
+        union: sorted unique rows the run asked of this process, as local indices [M].
+        asked: per requesting rank, how many rows it asked of this process.
+        back: per row asked (requesters in rank order), its position in `union` [sum(asked)].
+    """
+
+    lookup: Lookup
+    cuts: np.ndarray
+    union: np.ndarray
+    asked: list[int]
+    back: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """This process's part of a sharded store, and the exchange that joins the parts.
+
+    Attributes:
+        rank: this process's rank.
+        world: processes the table is split over.
+        bounds: int64 [world + 1] from `split`.
+        exchange: the run's all-to-all.
+    """
+
+    rank: int
+    world: int
+    bounds: np.ndarray
+    exchange: Exchange
+
+    @property
+    def rows(self) -> range:
+        """The ids this process owns."""
+        return range(int(self.bounds[self.rank]), int(self.bounds[self.rank + 1]))
+
+    def owner(self, ids: np.ndarray) -> np.ndarray:
+        """The rank that owns each id (int64, the shape of `ids`)."""
+        return np.searchsorted(self.bounds, ids, side="right").astype(np.int64) - 1
+
+    def route(self, found: Lookup) -> Route:
+        """Exchange 1 (a collective): tells each owner which of its rows this batch needs."""
+        unique = found.unique
+        inner = np.searchsorted(unique, self.bounds[1:-1], side="left")
+        cuts = np.concatenate([[0], inner, [unique.size]]).astype(np.int64)
+        parts = [unique[cuts[j] : cuts[j + 1]] for j in range(self.world)]
+        asked_of_me = self.exchange.all_to_all(parts)
+        requested = np.concatenate(asked_of_me) if asked_of_me else np.zeros(0, np.int64)
+        union, back = np.unique(requested - self.rows.start, return_inverse=True)
+        return Route(
+            found,
+            cuts,
+            union.astype(np.int64, copy=False),
+            [len(a) for a in asked_of_me],
+            back.astype(np.int64, copy=False).reshape(-1),
+        )
+
+    def serve(self, route: Route, rows: np.ndarray) -> np.ndarray:
+        """Exchange 2 (a collective): `rows` ([M, dim], `route.union`'s) to who asked.
+
+        Returns:
+            This process's batch rows [U, dim], in the order of ``route.lookup.unique``.
+        """
+        picked = rows[route.back]
+        ends = np.cumsum(route.asked)[:-1]
+        received = self.exchange.all_to_all(np.split(picked, ends))
+        return np.concatenate(received) if received else picked[:0]
+
+    def collect(self, route: Route, grad: np.ndarray) -> np.ndarray:
+        """Exchange 3 (a collective): each row's gradients, summed over the processes.
+
+        Args:
+            route: the batch's route.
+            grad: this process's gradient of its batch rows, [U, dim] in `route.lookup`'s
+                unique order (repeated ids already added up).
+
+        Returns:
+            The summed gradient of every row in `route.union`, [M, dim]: float32 for a
+            float16 or bfloat16 `grad` (rounded once, by the optimizer's cast), else in
+            `grad`'s dtype.
+        """
+        parts = [grad[route.cuts[j] : route.cuts[j + 1]] for j in range(self.world)]
+        received = self.exchange.all_to_all(parts)
+        flat = np.concatenate(received) if received else grad[:0]
+        total = np.zeros((route.union.size, *grad.shape[1:]), np.result_type(grad, np.float32))
+        np.add.at(total, route.back, flat)
+        return total

@@ -1,0 +1,83 @@
+"""The all-to-all a sharded EmbeddingStore's batches travel by, on JAX's multi-process runtime.
+
+One device of each process forms a one-axis mesh, and ``jax.lax.all_to_all`` inside
+``shard_map`` moves the rows (on the CPU, over the gloo collectives ``jax.distributed``
+starts). Shapes under ``jit`` are static, so each call first shares every process's
+lengths (``process_allgather``) and pads every part to one capacity, a power of two (at
+least 16 rows): one program is compiled per (capacity, bytes a row), so a run recompiles
+only when its largest part crosses a power of two, and ids, rows and gradients of any dtype
+share programs by their width in bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+__all__ = ["JaxExchange", "capacity"]
+
+_AXIS = "processes"
+
+
+def capacity(rows: int) -> int:
+    """The padded length of a part of `rows` rows: a power of two, at least 16."""
+    return max(16, 1 << max(rows - 1, 0).bit_length())
+
+
+class JaxExchange:
+    """``jax.lax.all_to_all`` over one device a process (`dualtrain.embeddings.Exchange`).
+
+    Each call is two collectives: the lengths (an all-gather), then the padded rows. Every
+    process must call it in the same order.
+
+    Attributes:
+        rank: this process's index.
+        world: processes in the run.
+        mesh: the one-axis mesh of each process's first device.
+        programs: the (capacity, bytes a row) pairs compiled so far.
+    """
+
+    def __init__(self) -> None:
+        self.rank, self.world = jax.process_index(), jax.process_count()
+        firsts = [
+            min(jax.local_devices(process_index=p), key=lambda d: d.id) for p in range(self.world)
+        ]
+        self.mesh = Mesh(np.array(firsts), (_AXIS,))
+        self.programs: set[tuple[int, int]] = set()
+
+    def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
+        """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank."""
+        first = parts[0]
+        dtype, trail = first.dtype, first.shape[1:]
+        width = dtype.itemsize * math.prod(trail)  # bytes a row
+        lengths = np.array([len(p) for p in parts], np.int64)
+        every = np.asarray(multihost_utils.process_allgather(lengths)).reshape(self.world, -1)
+        cap = capacity(int(every.max()))
+        local = np.zeros((self.world, cap, width), np.uint8)
+        for j, part in enumerate(parts):
+            local[j, : len(part)] = np.ascontiguousarray(part).view(np.uint8).reshape(-1, width)
+        sharding = NamedSharding(self.mesh, P(_AXIS))
+        shape = (self.world * self.world, cap, width)
+        sent = jax.make_array_from_process_local_data(sharding, local, shape)
+        self.programs.add((cap, width))
+        moved = _program(self.mesh)(sent)
+        mine = np.asarray(moved.addressable_shards[0].data)
+        return [
+            mine[j, : every[j, self.rank]].view(dtype).reshape(-1, *trail)
+            for j in range(self.world)
+        ]
+
+
+@functools.lru_cache(maxsize=8)
+def _program(mesh: Mesh) -> Any:
+    def swap(block: jax.Array) -> jax.Array:
+        return jax.lax.all_to_all(block, _AXIS, 0, 0, tiled=True)
+
+    spec = P(_AXIS)
+    return jax.jit(jax.shard_map(swap, mesh=mesh, in_specs=spec, out_specs=spec))

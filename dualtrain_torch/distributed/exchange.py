@@ -1,0 +1,57 @@
+"""The all-to-all a sharded EmbeddingStore's batches travel by, on torch.distributed.
+
+Rows live in host memory, so they travel over a gloo group of their own (made by every
+process at once, when ``mv.sync(store)`` shards a store): a run on nccl keeps its device
+collectives, and a rows exchange never waits behind DDP's buckets in flight on the default
+group. Any dtype travels (bfloat16 included) as the bytes of its rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["TorchExchange"]
+
+
+class TorchExchange:
+    """``dist.all_to_all_single`` over a gloo group (`dualtrain.embeddings.Exchange`).
+
+    Each call is two collectives: the lengths, then the rows. Every process must call it in
+    the same order.
+
+    Attributes:
+        rank: this process's rank.
+        world: processes in the run.
+        group: the gloo group it runs on.
+    """
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo")  # a collective: every rank makes it
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
+        """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank."""
+        first = parts[0]
+        dtype, trail = first.dtype, first.shape[1:]
+        width = dtype.itemsize * math.prod(trail)  # bytes a row
+        sent = torch.tensor([len(p) for p in parts], dtype=torch.int64)
+        got = torch.empty_like(sent)
+        dist.all_to_all_single(got, sent, group=self.group)
+        send = np.concatenate(
+            [np.ascontiguousarray(p).view(np.uint8).reshape(len(p), width) for p in parts]
+        )
+        counts = got.tolist()
+        recv = np.empty((sum(counts), width), np.uint8)
+        dist.all_to_all_single(
+            torch.from_numpy(recv),
+            torch.from_numpy(send),
+            output_split_sizes=counts,
+            input_split_sizes=sent.tolist(),
+            group=self.group,
+        )
+        rows = recv.view(dtype).reshape(-1, *trail)
+        return np.split(rows, np.cumsum(counts)[:-1])
