@@ -48,6 +48,15 @@ def attach(
     return rows if store.shard is None else ShardedJaxRows(rows, store.shard)
 
 
+def check_grads(grads: tuple[Any, ...], shapes: list[tuple[int, ...]]) -> None:
+    """Refuses gradients that are not one array per fetched array, in its shape."""
+    if len(grads) != len(shapes):
+        raise ArgumentError(f"step got {len(grads)} gradient arrays; fetch returned {len(shapes)}")
+    for i, (g, shape) in enumerate(zip(grads, shapes, strict=True)):
+        if tuple(np.shape(g)) != shape:
+            raise ShapeError(f"grads[{i}] has shape {tuple(np.shape(g))}; expected {shape}")
+
+
 def _pad(n: int) -> int:
     return max(16, 1 << max(n - 1, 0).bit_length())
 
@@ -114,14 +123,7 @@ class JaxRows(Attachment):
         """
         batch = self.session.require_current()
         try:
-            shapes = [(*s, self.dim) for s in batch.lookup.shapes]
-            if len(grads) != len(shapes):
-                raise ArgumentError(
-                    f"step got {len(grads)} gradient arrays; fetch returned {len(shapes)}"
-                )
-            for i, (g, shape) in enumerate(zip(grads, shapes, strict=False)):
-                if tuple(np.shape(g)) != shape:
-                    raise ShapeError(f"grads[{i}] has shape {tuple(np.shape(g))}; expected {shape}")
+            check_grads(grads, [(*s, self.dim) for s in batch.lookup.shapes])
             w = self._dev["weight"]
             slots = tuple(self._dev[k] for k in self.slots)
             w, slots = self.plan.update(w, slots, self.session.t, tuple(grads), self._inverse)
@@ -203,13 +205,7 @@ class ShardedJaxRows(ShardedAttachment):
             raise ArgumentError("step() needs a batch: call rows.fetch(ids) first")
         shapes = self._shapes
         try:
-            if len(grads) != len(shapes):
-                raise ArgumentError(
-                    f"step got {len(grads)} gradient arrays; fetch returned {len(shapes)}"
-                )
-            for i, (g, shape) in enumerate(zip(grads, shapes, strict=False)):
-                if tuple(np.shape(g)) != shape:
-                    raise ShapeError(f"grads[{i}] has shape {tuple(np.shape(g))}; expected {shape}")
+            check_grads(grads, shapes)
             dim = self.store.dim
             flat = [np.asarray(g).reshape(-1, dim) for g in grads]
             joined = np.concatenate(flat) if flat else np.zeros((0, dim), np.float32)

@@ -1,0 +1,179 @@
+"""Laws of a sharded store, over thread ranks (tests.embeddings.ranks), under both frameworks.
+
+K steps on a store sharded over W processes equal K steps of one process on the union of
+their batches with the sum of their losses; rows no rank touched never change; every row
+starts as the unsharded store's row. Batches differ in size between ranks and may be empty.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import dualtrain
+from dualtrain.embeddings import split
+from tests.embeddings.ranks import OPTIMIZERS, attach, gathered, losses, run_ranks, shard, union
+from tests.embeddings.runs import DIM, ROWS, SEED, store
+from tests.embeddings.sharded_universes import step
+
+
+def ids_of(size: int) -> st.SearchStrategy:
+    return st.lists(st.integers(0, ROWS - 1), min_size=0, max_size=size).map(
+        lambda v: np.array(v, np.int64)
+    )
+
+
+@st.composite
+def sharded_steps(draw: st.DrawFn) -> tuple[int, list[list[np.ndarray]]]:
+    """A world size and, per step, each rank's ids (any sizes, empty included)."""
+    world = draw(st.integers(1, 3))
+    count = draw(st.integers(1, 4))
+    steps = [[draw(ids_of(9)) for _ in range(world)] for _ in range(count)]
+    return world, steps
+
+
+def train(framework, rows, batches):
+    """Steps `rows` through `batches` [(ids, weights)]; settles and flushes."""
+    for ids, weights in batches:
+        step(framework, rows, ids, weights)
+    rows.settle()
+    rows.flush()
+
+
+def sharded(framework, name, mode, world, steps, prefetch=False):
+    def body(rank, exchange):
+        s = shard(rank, exchange)
+        rows = attach(framework, name, mode, s)
+        mine = [steps[k][rank] for k in range(len(steps))]
+        for k, ids in enumerate(mine):
+            ahead = mine[k + 1] if prefetch and k + 1 < len(mine) else None
+            step(framework, rows, ids, losses(k, rank, len(ids)), ahead)
+        rows.settle()
+        rows.flush()
+        return s
+
+    return gathered(run_ranks(world, body))
+
+
+def single(framework, name, mode, world, steps):
+    s = store()
+    rows = attach(framework, name, mode, s)
+    ids, weights = union(steps, world)
+    train(framework, rows, zip(ids, weights, strict=True))
+    return {"weight": s.table, **s.state}
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("mode", ["lazy", "exact"])
+@settings(max_examples=8, deadline=None)
+@given(case=sharded_steps())
+def test_sharded_steps_equal_one_process_on_the_union_with_the_summed_loss(
+    framework, name, mode, case
+):
+    world, steps = case
+    got = sharded(framework, name, mode, world, steps)
+    want = single(framework, name, mode, world, steps)
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    touched = np.zeros(ROWS, bool)
+    for per_rank in steps:
+        for ids in per_rank:
+            touched[ids] = True
+    if mode == "lazy":  # rows no rank touched are the initial table's, bit for bit
+        np.testing.assert_array_equal(got["weight"][~touched], store().table[~touched])
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@settings(max_examples=6, deadline=None)
+@given(case=sharded_steps())
+def test_prefetch_changes_nothing(framework, case):
+    world, steps = case
+    plain = sharded(framework, "adam", "lazy", world, steps)
+    ahead = sharded(framework, "adam", "lazy", world, steps, prefetch=True)
+    for key in plain:
+        np.testing.assert_array_equal(ahead[key], plain[key], err_msg=key)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    num_rows=st.integers(1, 3 * 4096 + 7),
+    world=st.integers(1, 5),
+    init=st.sampled_from(["normal", "uniform", "zeros"]),
+)
+def test_every_row_starts_as_the_unsharded_stores_row(num_rows, world, init):
+    whole = dualtrain.EmbeddingStore(num_rows, 2, init=init, std=0.3, seed=SEED).table
+    bounds = split(num_rows, world)
+    assert bounds[0] == 0 and bounds[-1] == num_rows
+    assert np.all(np.diff(bounds) >= num_rows // world)
+    assert np.all(np.diff(bounds) <= -(-num_rows // world))
+
+    class Quiet:  # making a shard exchanges nothing
+        rank, world = 0, 1
+
+        def all_to_all(self, parts):
+            raise AssertionError("no exchange at sharding")
+
+    parts = []
+    for rank in range(world):
+        s = dualtrain.EmbeddingStore(num_rows, 2, init=init, std=0.3, seed=SEED)
+        s.make_shard(rank, world, Quiet())
+        assert not s.allocated  # sharding allocates nothing
+        assert s.rows == range(int(bounds[rank]), int(bounds[rank + 1]))
+        parts.append(s.table)
+        assert s.memory().table == len(s.rows) * 2 * 4
+    np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_a_callable_init_sees_global_ids():
+    def init(rows, rng):
+        return np.repeat(rows[:, None].astype(np.float64), DIM, axis=1)
+
+    def body(rank, exchange):
+        s = dualtrain.EmbeddingStore(ROWS, DIM, init=init)
+        s.make_shard(rank, exchange.world, exchange)
+        return s.table[:, 0]
+
+    got = np.concatenate(run_ranks(3, body))
+    np.testing.assert_array_equal(got, np.arange(ROWS))
+
+
+def test_a_table_allocated_before_the_sync_keeps_its_rows():
+    def body(rank, exchange):
+        s = store()
+        before = s.table.copy()
+        s.make_shard(rank, exchange.world, exchange)
+        return before, s
+
+    (before, first), (_, second) = run_ranks(2, body)
+    np.testing.assert_array_equal(np.concatenate([first.table, second.table]), before)
+    assert first.stats()["rows"] == (0, ROWS // 2) and second.stats()["world"] == 2
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_an_attached_or_sharded_store_is_refused(framework):
+    def body(rank, exchange):
+        s = shard(rank, exchange)
+        with pytest.raises(dualtrain.ArgumentError, match="already a shard"):
+            s.make_shard(rank, exchange.world, exchange)
+        t = store()
+        attach(framework, "sgd", "lazy", t)
+        with pytest.raises(dualtrain.ArgumentError, match="before attaching"):
+            t.make_shard(rank, exchange.world, exchange)
+        return True
+
+    assert run_ranks(2, body) == [True, True]
+
+
+def test_ids_outside_the_table_are_refused_before_any_exchange():
+    def body(rank, exchange):
+        rows = attach("torch", "sgd", "lazy", shard(rank, exchange))
+        calls = exchange.calls
+        with pytest.raises(dualtrain.ArgumentError, match=f"row id {ROWS}"):
+            rows.fetch(np.array([0, ROWS]))
+        assert exchange.calls == calls
+        return True
+
+    assert run_ranks(2, body) == [True, True]
