@@ -17,7 +17,10 @@ are pinned (``pinned=True``: rows staged in page-locked memory and trained on th
 the baseline is nn.Embedding(sparse) + SparseAdam with the whole table on the GPU; each
 step ends with a device synchronisation.
 
-    ./dev bench embeddings [--threads 1] [--quick] [--device cpu|cuda]
+With ``--world N`` it measures instead one store sharded over 1, 2, 4 ... N processes of
+this host (``embeddings_world``: steps/s, memory a rank, the exchange's cost and bytes).
+
+    ./dev bench embeddings [--threads 1] [--quick] [--device cpu|cuda] [--world N]
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ import harness
 
 _own = argparse.ArgumentParser(add_help=False)
 _own.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+_own.add_argument("--world", type=int, default=0, help="shard over 1, 2, 4 ... N processes")
 OWN, _rest = _own.parse_known_args()
+if OWN.world < 0:
+    _own.error(f"--world must be a positive number of processes; got {OWN.world}")
 args = harness.parse_args("embeddings", _rest)
 
 import statistics  # noqa: E402
@@ -170,7 +176,28 @@ def adam_steps(rows: int, batch: int, ids: np.ndarray) -> tuple[list[harness.Row
     return out, memory
 
 
+def world_main() -> None:
+    """--world N: the sharded store over 1, 2, 4 ... N processes (see embeddings_world)."""
+    import embeddings_world as world
+
+    if args.json == harness.RESULTS / "embeddings.json":  # not named: its own file
+        args.json = harness.RESULTS / "embeddings_world.json"
+    config = {"rows": 200_000 if args.quick else 1_000_000, "dim": 64, "batch": 8_192,
+              "warmup": 3, "steps": 10 if args.quick else 30}  # fmt: skip
+    rounds = 2 if args.quick else 3
+    worlds = world.worlds_up_to(OWN.world)
+    results = world.measure(worlds, rounds, config)
+    rows_out = world.summarize(results, config, _timing, harness.Row)
+    harness.report(
+        "embeddings_world", rows_out, args, config=config, rounds=rounds, worlds=worlds,
+        cores=world.cores(), torch=torch.__version__, jax=jax.__version__,
+    )  # fmt: skip
+
+
 def main() -> None:
+    if OWN.world:
+        world_main()
+        return
     rows_out, memory = [], []
     for rows, batch in CONFIGS:
         ids = np.random.default_rng(0).integers(0, rows, batch)

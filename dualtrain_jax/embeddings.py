@@ -16,7 +16,13 @@ import jax
 import numpy as np
 import optax
 
-from dualtrain.embeddings import Attachment, EmbeddingStore, RowSession, ShardedAttachment
+from dualtrain.embeddings import (
+    Attachment,
+    EmbeddingStore,
+    RowSession,
+    ShardedAttachment,
+    sum_rows,
+)
 from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
 from dualtrain_jax.embeddings_optimizers import plan
 from dualtrain_jax.transfer import Transfer
@@ -184,6 +190,7 @@ class ShardedJaxRows(ShardedAttachment):
         super().__init__(local, shard)
         self._shapes: list[tuple[int, ...]] = []
         self._inverse = np.zeros(0, np.int64)
+        self._served = 0  # this shard's rows fetched for the open batch
 
     def fetch(self, *ids: Any) -> jax.Array | tuple[jax.Array, ...]:
         """The rows of `ids` (ids of the whole table) as device arrays [*ids.shape, dim]."""
@@ -193,8 +200,15 @@ class ShardedJaxRows(ShardedAttachment):
         out = [self.local.transfer(rows[part]) for part in found.parts]
         return out[0] if len(out) == 1 else tuple(out)
 
-    def to_host(self, rows: Any) -> np.ndarray:
-        return np.asarray(rows)
+    def fetch_local(self, union: np.ndarray) -> np.ndarray:
+        # The union's length changes every step; padded (with its first id, whose padding
+        # rows get a zero gradient) to the local attachment's own sizes, so its jitted
+        # update sees as few shapes as an unsharded store's.
+        self._served = union.size
+        ids = union
+        if union.size:
+            ids = np.concatenate([union, np.full(_pad(union.size) - union.size, union[0])])
+        return np.asarray(self.local.fetch(ids))[: union.size]
 
     def step(self, *grads: Any) -> None:
         """Steps every fetched row once, with its gradient summed over the processes.
@@ -209,13 +223,15 @@ class ShardedJaxRows(ShardedAttachment):
             dim = self.store.dim
             flat = [np.asarray(g).reshape(-1, dim) for g in grads]
             joined = np.concatenate(flat) if flat else np.zeros((0, dim), np.float32)
-            unique = self._route.lookup.unique.size
-            summed = np.zeros((unique, dim), np.result_type(joined, np.float32))
-            np.add.at(summed, self._inverse, joined)  # repeated ids add up
+            # repeated ids add up
+            summed = sum_rows(joined, self._inverse, self._route.lookup.unique.size)
         except BaseException:
             self.release()
             raise
         self.step_rows(summed)
 
     def step_local(self, summed: np.ndarray) -> None:
-        self.local.step(summed)
+        served = self._served
+        padded = np.zeros((_pad(served) if served else 0, self.store.dim), summed.dtype)
+        padded[:served] = summed
+        self.local.step(padded)

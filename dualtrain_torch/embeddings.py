@@ -338,9 +338,11 @@ class ShardedTorchRows(ShardedAttachment):
             start += count
         return out[0] if len(out) == 1 else tuple(out)
 
-    def to_host(self, rows: Any) -> np.ndarray:
-        self._served = rows
-        return rows.detach().cpu().numpy()
+    def fetch_local(self, union: np.ndarray) -> np.ndarray:
+        served = self.local.fetch(union)
+        assert isinstance(served, torch.Tensor)
+        self._served = served
+        return served.detach().cpu().numpy()
 
     def step(self) -> None:
         """Steps every fetched row once, with its gradient summed over the processes."""

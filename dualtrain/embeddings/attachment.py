@@ -99,9 +99,9 @@ class ShardedAttachment(Attachment):
         route, self._ahead = self._ahead, None
         if route is None or not found.same_ids(route.lookup):
             route = self.shard.route(found)
-        served = self.local.fetch(route.union)  # holds this process's attachment until step
+        served = self.fetch_local(route.union)  # holds this process's attachment until step
         try:
-            rows = self.shard.serve(route, self.to_host(served))
+            rows = self.shard.serve(route, served)
         except BaseException:
             self.local.release()
             raise
@@ -125,8 +125,11 @@ class ShardedAttachment(Attachment):
         self._route = None
         self.step_local(summed)
 
-    def to_host(self, rows: Any) -> np.ndarray:
-        """The local attachment's fetched rows as a host array (the adapter's)."""
+    def fetch_local(self, union: np.ndarray) -> np.ndarray:
+        """Fetches this shard's rows `union` (local ids) from `local`; host rows [M, dim].
+
+        The adapter's: it keeps what it needs to step them (`step_local`).
+        """
         raise NotImplementedError
 
     def step_local(self, summed: np.ndarray) -> None:

@@ -195,7 +195,8 @@ class EmbeddingStore:
 
         Returns:
             ``{"rows": (start, stop), "num_rows", "dim", "dtype", "bytes", "steps",
-            "rank", "world"}``; `bytes` as `memory` reports them.
+            "rank", "world", "traffic"}``; `bytes` as `memory` reports them; `traffic` what
+            the shard's exchanges moved (``sharding.Traffic`` as a dict), None unsharded.
         """
         return {
             "rows": (self.rows.start, self.rows.stop),
@@ -206,6 +207,7 @@ class EmbeddingStore:
             "steps": self.session.t if self.session is not None else 0,
             "rank": self.shard.rank if self.shard is not None else 0,
             "world": self.shard.world if self.shard is not None else 1,
+            "traffic": None if self.shard is None else dataclasses.asdict(self.shard.traffic),
         }
 
     def held(self) -> contextlib.AbstractContextManager[None]:
