@@ -9,6 +9,7 @@ import numpy as np
 import optax
 
 from dualtrain import Craft, EmbeddingStore, convert
+from dualtrain.demo.loops import held_out_accuracy, learner_losses
 from dualtrain_jax.batching import BatchModule, batch_loss
 from dualtrain_jax.batching.optim import member_optimizer
 from dualtrain_jax.compilation import accelerate_model
@@ -115,9 +116,7 @@ def fit(
                        samples=len(batch["label"]))  # fmt: skip
         module.params, module.state = params, state
         if test is not None:
-            logits, labels = evaluate(module, test)
-            accuracies.append(float((logits.argmax(1) == labels).mean()))
-            dash.gauge({"accuracy": accuracies[-1]}, 1, epoch, 1, "test")
+            accuracies.append(held_out_accuracy(*evaluate(module, test), dash, epoch))
     return module, accuracies, step.explain().summary()
 
 
@@ -142,11 +141,7 @@ def train_parallel(
 ) -> list[float]:
     """Data-parallel SGD under Multiverse `mv`: parameters replicated, batches split, jit."""
     learner = mv.learner(mv.sync(realize(craft, seed=seed), tank), optax.sgd(lr))
-    losses = []
-    for _ in range(steps):
-        batch = tank.next()
-        losses.append(float(learner.step(batch["image"], batch["label"])))
-    return losses
+    return learner_losses(learner, tank, steps)
 
 
 def train_embeddings(

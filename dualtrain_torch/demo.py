@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from dualtrain import Craft, EmbeddingStore, convert
+from dualtrain.demo.loops import held_out_accuracy, learner_losses
 from dualtrain_torch.batching import BatchModule, batch_loss
 from dualtrain_torch.batching.optim import member_optimizer
 from dualtrain_torch.compilation import accelerate, explain
@@ -86,9 +87,7 @@ def fit(
                 dash.gauge({"loss": loss.detach()}, mile, epoch, train.batches_per_epoch, "train",
                            interval=5, samples=len(batch["label"]))  # fmt: skip
         if test is not None:
-            logits, labels = evaluate(module, test)
-            accuracies.append(float((logits.argmax(1) == labels).mean()))
-            dash.gauge({"accuracy": accuracies[-1]}, 1, epoch, 1, "test")
+            accuracies.append(held_out_accuracy(*evaluate(module, test), dash, epoch))
     return module, accuracies, explain(module).summary()
 
 
@@ -110,11 +109,7 @@ def train_parallel(
     module = realize(craft, seed=seed)
     optimizer = torch.optim.SGD(module.parameters(), lr=lr)
     learner = mv.learner(mv.sync(module, tank), optimizer)
-    losses = []
-    for _ in range(steps):
-        batch = tank.next()
-        losses.append(float(learner.step(batch["image"], batch["label"])))
-    return losses
+    return learner_losses(learner, tank, steps)
 
 
 def train_embeddings(

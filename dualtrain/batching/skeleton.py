@@ -20,7 +20,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, cast, runtime_checkable
+from typing import (
+    Any,
+    ClassVar,
+    Generic,
+    Protocol,
+    Self,
+    TypeVar,
+    cast,
+    overload,
+    runtime_checkable,
+)
 
 from dualtrain.batching import dispatch, members
 from dualtrain.batching.dispatch import Decision
@@ -33,6 +43,7 @@ __all__ = [
     "FrameworkHooks",
     "MemberBatch",
     "MemberBatchModule",
+    "Setting",
 ]
 
 
@@ -119,6 +130,43 @@ class BatchSettings:
     strategy: str
     memory_budget: int | None
     check_isolation: bool
+
+
+T = TypeVar("T")
+
+
+class Setting(Generic[T]):
+    """A BatchModule attribute that is the `BatchSettings` field of the same name.
+
+    The value lives once, in the skeleton's settings (``_core.settings``); `writable`
+    lets a user assign it there (else assigning raises AttributeError, as a property
+    without a setter does).
+    """
+
+    def __init__(self, writable: bool = False) -> None:
+        self.writable = writable
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, module: None, owner: type | None = None) -> Self: ...
+
+    @overload
+    def __get__(self, module: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, module: object, owner: type | None = None) -> Any:
+        if module is None:
+            return self
+        return getattr(cast(Any, module)._core.settings, self.name)
+
+    def __set__(self, module: object, value: T) -> None:
+        if not self.writable:
+            raise AttributeError(
+                f"property {self.name!r} of {type(module).__name__!r} object has no setter"
+            )
+        setattr(cast(Any, module)._core.settings, self.name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,12 +396,19 @@ class MemberBatchModule:
     """What both BatchModules share over their `MemberBatch`: a template method base.
 
     A subclass sets `_framework` (its declared `Framework`), keeps its skeleton as `_core`,
-    takes the constructor arguments ``from_modules`` passes, and overrides `_write`; it
-    exposes the settings it lets a user read (or change) itself.
+    takes the constructor arguments ``from_modules`` passes, and overrides `_write`. The
+    settings both expose are read here; a subclass makes one writable, or exposes more,
+    with its own `Setting`.
     """
 
     _framework: ClassVar[Framework]
     _core: MemberBatch[Any]
+
+    batch = Setting[int]()
+    init = Setting[str]()
+    seeds = Setting[list[int]]()
+    shared_input = Setting[bool]()
+    strategy = Setting[str]()
 
     @classmethod
     def from_modules(

@@ -147,26 +147,6 @@ class BatchModule(MemberBatchModule):
         return out
 
     @property
-    def batch(self) -> int:
-        return self._core.batch
-
-    @property
-    def shared_input(self) -> bool:
-        return self._core.shared_input
-
-    @property
-    def strategy(self) -> str:
-        return self._core.strategy
-
-    @property
-    def seeds(self) -> list[int]:
-        return self._core.settings.seeds
-
-    @property
-    def init(self) -> str:
-        return self._core.settings.init
-
-    @property
     def _spec(self) -> Spec:
         """How one member runs (its function, Craft or apply_fn, architecture)."""
         return self._core.hooks.spec

@@ -19,7 +19,13 @@ from torch.utils import _pytree as pytree
 
 from dualtrain.accelerate.decisions import code_digest
 from dualtrain.batching import dispatch, isolation, members
-from dualtrain.batching.skeleton import BatchSettings, Framework, MemberBatch, MemberBatchModule
+from dualtrain.batching.skeleton import (
+    BatchSettings,
+    Framework,
+    MemberBatch,
+    MemberBatchModule,
+    Setting,
+)
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain_torch.batching import probe as batching_probe, run as batching_run
 from dualtrain_torch.batching.loss import batch_loss, batch_topk
@@ -142,49 +148,10 @@ class BatchModule(nn.Module, MemberBatchModule):
 
     # -- settings (the skeleton's) -----------------------------------------------------------
 
-    @property
-    def batch(self) -> int:
-        return self._core.batch
-
-    @property
-    def init(self) -> str:
-        return self._core.settings.init
-
-    @property
-    def seeds(self) -> list[int]:
-        return self._core.settings.seeds
-
-    @property
-    def shared_input(self) -> bool:
-        return self._core.settings.shared_input
-
-    @shared_input.setter
-    def shared_input(self, value: bool) -> None:
-        self._core.settings.shared_input = value
-
-    @property
-    def strategy(self) -> str:
-        return self._core.settings.strategy
-
-    @strategy.setter
-    def strategy(self, value: str) -> None:
-        self._core.settings.strategy = value
-
-    @property
-    def memory_budget(self) -> int | None:
-        return self._core.settings.memory_budget
-
-    @memory_budget.setter
-    def memory_budget(self, value: int | None) -> None:
-        self._core.settings.memory_budget = value
-
-    @property
-    def check_isolation(self) -> bool:
-        return self._core.settings.check_isolation
-
-    @check_isolation.setter
-    def check_isolation(self, value: bool) -> None:
-        self._core.settings.check_isolation = value
+    shared_input = Setting[bool](writable=True)
+    strategy = Setting[str](writable=True)
+    memory_budget = Setting[int | None](writable=True)
+    check_isolation = Setting[bool](writable=True)
 
     @property
     def _decision(self) -> dispatch.Decision | None:

@@ -308,6 +308,13 @@ def _kernel(kernel: Any) -> tuple[int, ...]:
     return tuple(kernel)
 
 
+def _initialize(layer: Any, w_init: Any, b_init: Any) -> None:
+    """Nebulae's initializers on a realized layer: `w_init` its weight, `b_init` its bias."""
+    w_init(layer.weight)
+    if layer.bias is not None:
+        b_init(layer.bias)
+
+
 class Conv(Craft):
     """Nebulae's Conv: ``dock.Conv`` after zero padding (an int, or autoPad's flat list)."""
 
@@ -334,10 +341,7 @@ class Conv(Craft):
         )  # fmt: skip
 
     def initialize(self, module: CraftModule) -> None:
-        conv: Any = module.conv
-        self.w_init(conv.weight)
-        if conv.bias is not None:
-            self.b_init(conv.bias)
+        _initialize(module.conv, self.w_init, self.b_init)
 
     def run(self, x: Any) -> Any:
         return self.conv(x)
@@ -362,10 +366,7 @@ class Dense(Craft):
         self.fc = _dock.Dense(in_chs, out_chs, bias=_has_bias(b_init))
 
     def initialize(self, module: CraftModule) -> None:
-        fc: Any = module.fc
-        self.w_init(fc.weight)
-        if fc.bias is not None:
-            self.b_init(fc.bias)
+        _initialize(module.fc, self.w_init, self.b_init)
 
     def run(self, x: Any) -> Any:
         if self.axis in (-1, x.ndim - 1):

@@ -12,7 +12,7 @@ allocate the matrix. The CuPy ones hold a NumPy array (``CUPYCom``, or ``CUPYmem
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +23,8 @@ from dualtrain_torch.compat.speedtorch_files import save_npy, save_tensors
 from dualtrain_torch.compat.speedtorch_rows import check_flag, free_name, transfer_to
 
 __all__ = ["COM", "COMMM", "CPUPytorchCOM", "GPUPytorchCOM", "PytorchCOM"]
+
+M = TypeVar("M", np.ndarray, torch.Tensor)  # a matrix: a CuPy class's array, a torch one's tensor
 
 
 def _numpy_dtype(datatype: Any) -> np.dtype:
@@ -35,6 +37,13 @@ def _numpy_dtype(datatype: Any) -> np.dtype:
     if dtype.kind not in "iuf":
         raise bad_argument("datatype", datatype, "an int or float dtype for counts")
     return dtype
+
+
+def _made(matrix: M | None) -> M:
+    """`matrix`, once ``comInit()`` made it."""
+    if matrix is None:
+        raise ArgumentError("call comInit() before reading or saving the matrix")
+    return matrix
 
 
 class COM:
@@ -61,18 +70,13 @@ class COM:
         n = self.total_classes
         self.CUPYCom = np.zeros((n, n), self.datatype)
 
-    def _matrix(self) -> np.ndarray:
-        if self.CUPYCom is None:
-            raise ArgumentError("call comInit() before reading or saving the matrix")
-        return self.CUPYCom
-
     def getNumpyVersion(self) -> np.ndarray:
         """The matrix (live, not a copy)."""
-        return self._matrix()
+        return _made(self.CUPYCom)
 
     def saveCupy(self, saveFileName: str) -> None:
         """Saves the matrix as ``cupy.save`` does: a .npy file (``.npy`` appended if missing)."""
-        save_npy(saveFileName, self._matrix())
+        save_npy(saveFileName, _made(self.CUPYCom))
 
 
 class COMMM(COM):
@@ -143,22 +147,17 @@ class PytorchCOM:
         device = transfer_to(self._device).device
         self.pytorchGPUVar = torch.zeros((n, n), dtype=self.dtype, device=device)
 
-    def _matrix(self) -> torch.Tensor:
-        if self.pytorchGPUVar is None:
-            raise ArgumentError("call comInit() before reading or saving the matrix")
-        return self.pytorchGPUVar
-
     def getTorchVar(self) -> torch.Tensor:
         """The matrix tensor."""
-        return self._matrix()
+        return _made(self.pytorchGPUVar)
 
     def getNumpyVersion(self) -> np.ndarray:
         """The matrix as a NumPy array (a copy when it is on a GPU)."""
-        return self._matrix().cpu().numpy()
+        return _made(self.pytorchGPUVar).cpu().numpy()
 
     def saveTorch(self, saveFileName: str) -> None:
         """Saves the matrix with ``torch.save`` to exactly `saveFileName`."""
-        save_tensors(saveFileName, self._matrix())
+        save_tensors(saveFileName, _made(self.pytorchGPUVar))
 
 
 class GPUPytorchCOM(PytorchCOM):

@@ -18,7 +18,7 @@ makes one a fast path there, checked against the generic path on its first call.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, TypeVar, cast
+from typing import Any, Self, cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -69,13 +69,25 @@ def _tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     yield from module.buffers()
 
 
-M = TypeVar("M", bound=nn.Module)
+class _CopiedLayer(AbstractBatchModule):
+    """A batched torch layer whose ``from_module`` copies one layer into every member.
 
+    Each subclass names the layer's constructor arguments (`_arguments`), read off a
+    `base_class` instance, in its own constructor's order (`batch` comes last).
+    """
 
-def _check_module(module: object, base: type[M]) -> M:
-    if not isinstance(module, base):
-        raise bad_argument("module", module, f"an nn.{base.__name__}")
-    return module
+    @staticmethod
+    def _arguments(layer: Any) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_module(cls, module: nn.Module, batch: int) -> Self:
+        """`batch` copies of the `base_class` layer `module` (its tensors in every member)."""
+        if not isinstance(module, cls.base_class):
+            raise bad_argument("module", module, f"an nn.{cls.base_class.__name__}")
+        out = cls(*cls._arguments(module), batch)  # type: ignore[call-arg]  # a subclass's own
+        _copy_into_every_member(out, module)
+        return out
 
 
 def _channels_side_by_side(
@@ -96,7 +108,7 @@ def _channels_side_by_side(
     return x.reshape(b, batch * channels, *x.shape[2:])
 
 
-class BatchLinear(AbstractBatchModule):
+class BatchLinear(_CopiedLayer):
     """`batch` ``nn.Linear`` layers: ``weight [batch, out, in]``, ``bias [batch, out]``.
 
     Each member starts as torch's initializer draws it (torchmb left the memory
@@ -111,13 +123,9 @@ class BatchLinear(AbstractBatchModule):
     weight: nn.Parameter
     bias: nn.Parameter | None
 
-    @classmethod
-    def from_module(cls, module: nn.Module, batch: int) -> BatchLinear:
-        """`batch` copies of the ``nn.Linear`` `module` (its weights in every member)."""
-        linear = _check_module(module, nn.Linear)
-        out = cls(linear.in_features, linear.out_features, linear.bias is not None, batch)
-        _copy_into_every_member(out, linear)
-        return out
+    @staticmethod
+    def _arguments(linear: Any) -> tuple[Any, ...]:
+        return linear.in_features, linear.out_features, linear.bias is not None
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = True, batch: int = 1
@@ -166,7 +174,7 @@ class BatchLinear(AbstractBatchModule):
         )
 
 
-class BatchConv2d(AbstractBatchModule):
+class BatchConv2d(_CopiedLayer):
     """`batch` ``nn.Conv2d`` layers, run as one convolution with ``batch * groups`` groups.
 
     The weight is ``[batch, out, in / groups, kh, kw]`` (``nn.Conv2d``'s per member; torchmb
@@ -187,11 +195,9 @@ class BatchConv2d(AbstractBatchModule):
     weight: nn.Parameter
     bias: nn.Parameter | None
 
-    @classmethod
-    def from_module(cls, module: nn.Module, batch: int) -> BatchConv2d:
-        """`batch` copies of the ``nn.Conv2d`` `module` (its weights in every member)."""
-        conv = _check_module(module, nn.Conv2d)
-        out = cls(
+    @staticmethod
+    def _arguments(conv: Any) -> tuple[Any, ...]:
+        return (
             conv.in_channels,
             conv.out_channels,
             conv.kernel_size,
@@ -201,10 +207,7 @@ class BatchConv2d(AbstractBatchModule):
             conv.groups,
             conv.bias is not None,
             conv.padding_mode,
-            batch,
         )
-        _copy_into_every_member(out, conv)
-        return out
 
     def __init__(
         self,
@@ -323,7 +326,7 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
-class BatchBatchNorm2d(AbstractBatchModule):
+class BatchBatchNorm2d(_CopiedLayer):
     """`batch` ``nn.BatchNorm2d`` layers, as one batch norm over ``batch * C`` channels.
 
     Tensors as ``nn.BatchNorm2d``'s, each ``[batch, ...]``: ``weight``, ``bias``,
@@ -348,13 +351,9 @@ class BatchBatchNorm2d(AbstractBatchModule):
     running_var: torch.Tensor | None
     num_batches_tracked: torch.Tensor | None
 
-    @classmethod
-    def from_module(cls, module: nn.Module, batch: int) -> BatchBatchNorm2d:
-        """`batch` copies of the ``nn.BatchNorm2d`` `module` (weights and statistics)."""
-        bn = _check_module(module, nn.BatchNorm2d)
-        out = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, batch)
-        _copy_into_every_member(out, bn)
-        return out
+    @staticmethod
+    def _arguments(bn: Any) -> tuple[Any, ...]:
+        return bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats
 
     def __init__(
         self,
@@ -451,7 +450,7 @@ class BatchBatchNorm2d(AbstractBatchModule):
         )
 
 
-class BatchGroupNorm(AbstractBatchModule):
+class BatchGroupNorm(_CopiedLayer):
     """`batch` ``nn.GroupNorm`` layers, as one group norm over ``batch * num_groups`` groups.
 
     ``weight`` and ``bias`` are ``[batch, C]``. Inputs are merged rows ``[(B*batch), C, ...]``
@@ -466,13 +465,9 @@ class BatchGroupNorm(AbstractBatchModule):
     weight: nn.Parameter | None
     bias: nn.Parameter | None
 
-    @classmethod
-    def from_module(cls, module: nn.Module, batch: int) -> BatchGroupNorm:
-        """`batch` copies of the ``nn.GroupNorm`` `module` (its weights in every member)."""
-        gn = _check_module(module, nn.GroupNorm)
-        out = cls(gn.num_groups, gn.num_channels, gn.eps, gn.affine, batch)
-        _copy_into_every_member(out, gn)
-        return out
+    @staticmethod
+    def _arguments(gn: Any) -> tuple[Any, ...]:
+        return gn.num_groups, gn.num_channels, gn.eps, gn.affine
 
     def __init__(
         self,

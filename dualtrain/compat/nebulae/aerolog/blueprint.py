@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dualtrain.compat.nebulae.config import from_config
 from dualtrain.errors import ArgumentError, bad_argument
 
 __all__ = ["BluePrint"]
@@ -30,11 +31,8 @@ class BluePrint:
         verbose: bool = True,
         hidden: Sequence[str] = (),
     ) -> None:
-        if config is not None:
-            if not isinstance(config, Mapping):
-                raise bad_argument("config", config, "None or a dict of BluePrint's arguments")
-            verbose = config.get("verbose", verbose)
-            hidden = config.get("hidden", hidden)
+        given = from_config(config, "BluePrint", {"verbose": verbose, "hidden": hidden})
+        verbose, hidden = given["verbose"], given["hidden"]
         if not isinstance(verbose, bool):
             raise bad_argument("verbose", verbose, "a bool")
         if isinstance(hidden, str) or not all(isinstance(h, str) for h in hidden):

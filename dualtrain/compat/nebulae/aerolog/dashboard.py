@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dualtrain.aerolog.dashboard import DashBoard as _DashBoard
+from dualtrain.compat.nebulae.config import from_config
 from dualtrain.errors import ArgumentError, bad_argument
 
 __all__ = ["DashBoard"]
@@ -46,15 +47,12 @@ class DashBoard(_DashBoard):
         format: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> None:
-        given: dict[str, Any] = {"log_path": log_path, "window": window, "divisor": divisor,
-                                 "span": span, "format": format}  # fmt: skip
+        given = from_config(config, "DashBoard", {"log_path": log_path, "window": window,
+                            "divisor": divisor, "span": span, "format": format})  # fmt: skip
         if config is not None:
-            if not isinstance(config, Mapping):
-                raise bad_argument("config", config, "None or a dict of DashBoard's arguments")
             unknown = sorted(set(config) - set(_KEYS) - {"rank"})
             if unknown:
                 raise bad_argument("config", dict(config), f"keys among {_KEYS}; not {unknown}")
-            given.update({k: v for k, v in config.items() if k in _KEYS})
             rank = config.get("rank")
             if rank is not None and rank >= 0 and "rank" not in options:
                 options["rank"] = rank  # Nebulae's config rank: who draws (-1: the launcher's)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dualtrain.cockpit.engine import Engine as _Engine
+from dualtrain.compat.nebulae.config import from_config
 from dualtrain.errors import ArgumentError, bad_argument
 
 __all__ = ["Engine", "latest"]
@@ -44,21 +45,19 @@ class Engine(_Engine):
         avail_gpus: tuple[int, ...] = (),
         multi_piston: bool = False,
     ) -> None:
+        given = from_config(config, "Engine", {"device": device, "ngpus": ngpus,
+                            "least_mem": least_mem, "avail_gpus": avail_gpus,
+                            "multi_piston": multi_piston})  # fmt: skip
+        rank = None
         if config is not None:
-            if not isinstance(config, Mapping):
-                raise bad_argument("config", config, "None or a dict of Engine's arguments")
-            unknown = set(config) - {"device", "ngpus", "least_mem", "avail_gpus",
-                                     "multi_piston", "rank"}  # fmt: skip
+            unknown = set(config) - set(given) - {"rank"}
             if unknown:
                 raise bad_argument(
                     "config", dict(config), f"Engine's keys; {sorted(unknown)} are not"
                 )
-            device = config.get("device", device)
-            ngpus = config.get("ngpus", ngpus)
-            least_mem = config.get("least_mem", least_mem)
-            avail_gpus = config.get("avail_gpus", avail_gpus)
-            multi_piston = config.get("multi_piston", multi_piston)
-        rank = config.get("rank") if config is not None else None
+            rank = config.get("rank")
+        device, ngpus, least_mem = given["device"], given["ngpus"], given["least_mem"]
+        avail_gpus, multi_piston = given["avail_gpus"], given["multi_piston"]
         if not isinstance(device, str) or device.lower() not in ("gpu", "cpu"):
             raise bad_argument("device", device, "'gpu' or 'cpu'")
         if multi_piston:

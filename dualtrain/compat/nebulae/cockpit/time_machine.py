@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from dualtrain.checkpoint.time_machine import TimeMachine as _TimeMachine
+from dualtrain.compat.nebulae.config import from_config
 from dualtrain.craft.craft import Craft
-from dualtrain.errors import bad_argument
 from dualtrain.multiverse.world import from_environment
 
 __all__ = ["TimeMachine"]
@@ -40,13 +40,8 @@ class TimeMachine(_TimeMachine):
         save_path: str | os.PathLike[str] | None = None,
         max_anchors: int = -1,
     ) -> None:
-        if config is not None:
-            if not isinstance(config, Mapping):
-                raise bad_argument("config", config, "None or a dict of TimeMachine's arguments")
-            ckpt_path = config.get("ckpt_path", ckpt_path)
-            save_path = config.get("save_path", save_path)
-            max_anchors = config.get("max_anchors", max_anchors)
-        super().__init__(ckpt_path, save_path, max_anchors)
+        given = {"ckpt_path": ckpt_path, "save_path": save_path, "max_anchors": max_anchors}
+        super().__init__(**from_config(config, "TimeMachine", given))
 
     def drop(  # type: ignore[override]
         self,
