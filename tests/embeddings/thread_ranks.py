@@ -3,20 +3,22 @@
 `run_ranks(world, fn)` runs ``fn(rank, exchange)`` on `world` threads whose exchange is a
 real all-to-all between them (a `threading.Barrier` and a shared board): sharded writes and
 reads at world sizes 1..4 without spawning processes. A thread that raises breaks the
-barrier, so the others fail instead of waiting for good; `run_ranks` returns every rank's
-result or exception.
+barrier (after a grace period), so the others fail instead of waiting for good;
+`run_ranks` returns every rank's result or exception.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 TIMEOUT = 60.0
+GRACE = 2.0  # seconds the other ranks get to leave an exchange after one rank failed
 
 
 class Board:
@@ -63,18 +65,29 @@ def run_ranks(
     board = Board(world)
     out: list[Any] = [None] * world
 
+    failed = threading.Event()
+
     def one(rank: int) -> None:
         try:
             out[rank] = fn(rank, ThreadExchange(rank, board, die_after))
         except BaseException as err:  # reported to the test
             out[rank] = err
-            board.barrier.abort()
+            failed.set()
 
     threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
+    # A rank that failed may have left the others waiting for it in an exchange: they are
+    # released (BrokenBarrierError) after a grace period, not at once, since a rank that
+    # raises just after an exchange must not break the others' way out of that exchange.
+    deadline = time.monotonic() + TIMEOUT * 4
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        if failed.wait(0.05):
+            for t in threads:
+                t.join(GRACE)
+            board.barrier.abort()
     for t in threads:
-        t.join(TIMEOUT * 4)
+        t.join(TIMEOUT)
     return out
 
 
