@@ -69,6 +69,7 @@ __all__ = [
     "PART_FORMAT",
     "SET_FORMAT",
     "Piece",
+    "drop_parts",
     "gather",
     "load_any",
     "part_files",
@@ -272,9 +273,16 @@ def save_set(
         _remove(final)
         raise
     if rank == 0:  # committed: what no manifest names is an older set's, or a killed write's
-        named = {r["file"] for r in records}
-        _remove(*(p for p in part_files(path) if p.name not in named))
+        drop_parts(path, keep={r["file"] for r in records})
     return path
+
+
+def drop_parts(path: Path, keep: set[str] | frozenset[str] = frozenset()) -> None:
+    """Deletes the part files beside `path` but those named `keep` (best effort).
+
+    Called once a new anchor is in place at `path`: the parts no manifest names any more.
+    """
+    _remove(*(p for p in part_files(path) if p.name not in keep))
 
 
 def _shape(rows: Any, chunk: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 from dualtrain.checkpoint.anchor_names import absent, anchor_stem
 from dualtrain.checkpoint.anchor_reader import AnchorReader
 from dualtrain.checkpoint.anchor_writer import AnchorWriter, check_max_anchors
-from dualtrain.checkpoint.embedding_sets import load_any, save_set, unfinished
+from dualtrain.checkpoint.embedding_sets import drop_parts, load_any, save_set, unfinished
 from dualtrain.checkpoint.embeddings import save_rows
 from dualtrain.checkpoint.fit import BOOKKEEPING, Restored
 from dualtrain.checkpoint.manifest import FORMAT, LEGACY_FORMATS, OLDER_FORMATS  # re-exported
@@ -237,7 +237,9 @@ class TimeMachine:
         path, _ = self._target(None, file)
         if getattr(getattr(rows, "store", None), "shard", None) is not None:
             return save_set(rows, path, extra).absolute()
-        return save_rows(rows, path, extra).absolute()
+        save_rows(rows, path, extra)
+        drop_parts(path)  # of a set this file replaced: no manifest names them any more
+        return path.absolute()
 
     # ---- reading ---------------------------------------------------------------------
 

@@ -148,6 +148,7 @@ def test_a_new_set_replaces_the_old_one_and_removes_its_parts(tmp_path):
     assert len(new) == 4 and not set(new) & (set(old) - {"emb.safetensors"})
     check_loaded(read(tmp_path, 2, 7, "exact"), second, "exact", "exact")
     unwrap(write(tmp_path, 1, first, "exact"))  # a single file over the set: parts go too
+    assert listing(tmp_path) == ["emb.safetensors"]
     check_loaded(read(tmp_path, 3, 7, "exact"), first, "exact", "exact")
 
 
