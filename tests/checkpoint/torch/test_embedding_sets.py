@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dualtrain import ArgumentError, CheckpointError, EmbeddingStore, TimeMachine, atomic
+from dualtrain.checkpoint.anchor_file import Anchor
 from dualtrain.checkpoint.embedding_sets import part_files, save_set
 from tests.embeddings.thread_ranks import run_ranks, unwrap
 
@@ -259,3 +260,19 @@ def test_a_write_killed_mid_way_leaves_the_older_set_loading_whole(tmp_path):
     check_loaded(read(tmp_path, 1, 7, "exact"), whole, "exact", "exact")
     unwrap(write(tmp_path, 3, whole, "exact"))
     assert len(listing(tmp_path)) == 4  # the manifest and its 3 parts: the rest swept
+
+
+def test_each_rank_reads_only_the_chunks_over_its_own_ids(tmp_path):
+    """Parts [0, 4) and [4, 8) in chunks of 2 rows, read by 3 ranks ([0, 3), [3, 6), [6, 8)):
+    a damaged chunk of ids 6..7 fails rank 2 alone; ranks 0 and 1 never read it, so they
+    fail only because rank 2 did (no rank writes a row unless every rank can)."""
+    unwrap(write(tmp_path, 2, truth(8, 13), "exact", chunk=2))
+    last = part_files(tmp_path / "emb.safetensors")[1]
+    entry = Anchor(last).entries["weight.1"]  # ids 6..7
+    data = bytearray(last.read_bytes())
+    data[entry.begin] ^= 0xFF
+    last.write_bytes(bytes(data))
+    out = read(tmp_path, 3, 8, "exact")
+    assert "tensor 'weight.1' fails its CRC-32C check" in str(out[2])
+    for other in out[:2]:
+        assert isinstance(other, CheckpointError) and "rank 2 failed to load" in str(other)
