@@ -50,13 +50,7 @@ class AnchorReader:
         """
         ckpt_path, save_path = self.ckpt_path, self.save_path
         if not absent(file):
-            base = ckpt_path if ckpt_path is not None else save_path
-            if base is not None and base.is_file():
-                base = base.parent
-            named = inside(base, file)
-            path = with_suffix(named)
-            if not path.is_file() and named.is_file():  # a file named without the suffix
-                path = named
+            path = self.named(file)
         elif ckpt_path is not None and ckpt_path.is_file():
             path = ckpt_path
         elif ckpt_path is not None and ckpt_path.name.endswith(SUFFIX) and not ckpt_path.exists():
@@ -75,6 +69,22 @@ class AnchorReader:
         if not path.is_file():
             what = "is a folder, not an anchor file" if path.is_dir() else "does not exist"
             raise CheckpointError(f"no checkpoint at {path}: it {what}")
+        return path
+
+    def named(self, file: str | os.PathLike) -> Path:
+        """The path `file` names (relative to `ckpt_path`'s folder, else `save_path`).
+
+        With ``.safetensors`` appended unless only the name as given is a file; it may not
+        exist (`source` checks).
+        """
+        ckpt_path, save_path = self.ckpt_path, self.save_path
+        base = ckpt_path if ckpt_path is not None else save_path
+        if base is not None and base.is_file():
+            base = base.parent
+        named = inside(base, file)
+        path = with_suffix(named)
+        if not path.is_file() and named.is_file():  # a file named without the suffix
+            path = named
         return path
 
     def load(

@@ -39,8 +39,14 @@ __all__ = [
     "FORMAT",
     "LEGACY_FORMATS",
     "OLDER_FORMATS",
+    "backend_of",
+    "check_chunks",
+    "check_fit",
+    "checked_manifest",
     "load_rows",
+    "optimizer_name",
     "save_rows",
+    "session_of",
 ]
 
 FORMAT = EMBEDDINGS_FORMAT
@@ -56,7 +62,8 @@ def _chunks(name: str, table: np.ndarray) -> dict[str, np.ndarray]:
     return {f"{name}.{i // CHUNK}": table[i : i + CHUNK] for i in range(0, len(table), CHUNK)}
 
 
-def _session(rows: Any) -> Any:
+def session_of(rows: Any) -> Any:
+    """The RowSession of `rows`, an attachment (ArgumentError naming `rows` otherwise)."""
     session = getattr(rows, "session", None)
     if session is None or not hasattr(rows, "store"):
         raise bad_argument(
@@ -67,17 +74,18 @@ def _session(rows: Any) -> Any:
     return session
 
 
-def _backend(rows: Any) -> str:
+def backend_of(rows: Any) -> str:
     """The registry's name of the framework that trains `rows`: ``"torch"`` or ``"jax"``."""
     return str(backend_name(type(rows).__module__.split(".")[0]))
 
 
-def _optimizer_name(rows: Any) -> str:
+def optimizer_name(rows: Any) -> str:
     """What optimizer trains `rows`: torch's class, or the structure of optax's state.
 
     Two optimizers with the same slot names (RMSprop's and SGD's ``momentum_buffer``) keep
     different things in them; the name tells them apart at load.
     """
+    rows = getattr(rows, "local", rows)  # a shard's: the attachment over its own rows
     optimizer = getattr(rows, "optimizer", None)
     if optimizer is not None:
         return f"torch.optim.{type(optimizer).__name__}"
@@ -90,7 +98,7 @@ def _optimizer_name(rows: Any) -> str:
 
 def save_rows(rows: Any, path: Path, extra: dict[str, Any] | None = None) -> Path:
     """Writes the store behind `rows` (an attachment) with its optimizer state to `path`."""
-    session = _session(rows)
+    session = session_of(rows)
     # What TimeMachine.drop refuses (non-str keys, values JSON cannot hold), refused here
     # too before anything is written: a repr stored in their place would load as a string.
     check_extra(extra, numpy_scalars)
@@ -111,7 +119,7 @@ def _write_rows(rows: Any, session: Any, path: Path, extra: dict[str, Any] | Non
         tensors.update(_chunks("counters", counters))
     manifest = {
         "format": FORMAT,
-        "backend": _backend(rows),
+        "backend": backend_of(rows),
         "num_rows": store.num_rows,
         "dim": store.dim,
         "dtype": store.dtype,
@@ -120,7 +128,7 @@ def _write_rows(rows: Any, session: Any, path: Path, extra: dict[str, Any] | Non
         "mode": session.mode,
         "step": session.t,
         "hyper": rows.hyper,
-        "optimizer": _optimizer_name(rows),
+        "optimizer": optimizer_name(rows),
         "extra": extra or {},
     }
     # Hyper-parameters JSON cannot hold (a tensor lr, a schedule) are recorded by repr;
@@ -134,9 +142,18 @@ def _is_count(value: Any, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _checked(anchor: Anchor) -> dict[str, Any]:
-    """The manifest, each key of the type and range `save_rows` writes, in today's words."""
-    manifest = upgrade(anchor.manifest(FORMAT, LEGACY_FORMATS, OLDER_FORMATS))
+def checked_manifest(
+    anchor: Anchor,
+    expected: str = FORMAT,
+    legacy: tuple[str, ...] = LEGACY_FORMATS,
+    older: tuple[str, ...] = OLDER_FORMATS,
+) -> dict[str, Any]:
+    """The manifest, each key of the type and range `save_rows` writes, in today's words.
+
+    Of format `expected` (or a `legacy` or `older` one): an anchor's by default; a sharded
+    set's manifest and its parts (``checkpoint.embedding_sets``) carry the same keys.
+    """
+    manifest = upgrade(anchor.manifest(expected, legacy, older))
     checks = {
         "num_rows": (lambda v: _is_count(v, 1), "a positive int"),
         "dim": (lambda v: _is_count(v, 1), "a positive int"),
@@ -159,7 +176,7 @@ def _checked(anchor: Anchor) -> dict[str, Any]:
     return manifest
 
 
-def _check_chunks(
+def check_chunks(
     anchor: Anchor, manifest: dict[str, Any], targets: dict[str, np.ndarray]
 ) -> list[tuple[str, np.ndarray, int]]:
     """Every chunk of every table `load_rows` would write, checked against the file's header.
@@ -210,6 +227,35 @@ def _check_chunks(
     return plan
 
 
+def check_fit(rows: Any, anchor: Anchor, manifest: dict[str, Any]) -> None:
+    """Refuses an anchor whose optimizer state `rows`' optimizer cannot resume from.
+
+    The same optimizer (when the same framework wrote it) and the same state slots; the
+    table's shape is the caller's check.
+    """
+    store, path = rows.store, anchor.path
+    recorded = manifest.get("optimizer")
+    if recorded is not None:  # anchors of the older format do not say
+        backend = backend_of(rows)
+        if not isinstance(recorded, str):
+            raise anchor.error(f"has a malformed manifest: 'optimizer' is {recorded!r}")
+        if manifest.get("backend") == backend and recorded != optimizer_name(rows):
+            raise CheckpointError(
+                f"{path} holds the state of {recorded}; these rows are trained by "
+                f"{optimizer_name(rows)} (resume with the optimizer that wrote it)"
+            )
+        if set(store.state) != set(manifest["slots"]):
+            raise CheckpointError(
+                f"{path} holds the state {manifest['slots']} of {recorded}; this optimizer "
+                f"({optimizer_name(rows)}) keeps {sorted(store.state)}"
+            )
+    missing = sorted(set(store.state) - set(manifest["slots"]))
+    if missing:
+        raise CheckpointError(
+            f"{path} has no state {missing} for this optimizer; it holds {manifest['slots']}"
+        )
+
+
 def load_rows(rows: Any, path: Path) -> dict[str, Any]:
     """Loads an anchor written by `save_rows` (under either framework) into `rows`' store.
 
@@ -219,40 +265,21 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
     Returns the manifest. Raises CheckpointError when the table's shape differs, the
     attachment's optimizer keeps a state table the anchor lacks, or the file is damaged.
     """
-    session = _session(rows)
+    session = session_of(rows)
     store = rows.store
     anchor = Anchor(path)
-    manifest = _checked(anchor)
+    manifest = checked_manifest(anchor)
     if (manifest["num_rows"], manifest["dim"]) != (store.num_rows, store.dim):
         raise CheckpointError(
             f"{path} holds a {manifest['num_rows']} x {manifest['dim']} table; this store is "
             f"{store.num_rows} x {store.dim}"
         )
-    recorded = manifest.get("optimizer")
-    if recorded is not None:  # anchors of the older format do not say
-        backend = _backend(rows)
-        if not isinstance(recorded, str):
-            raise anchor.error(f"has a malformed manifest: 'optimizer' is {recorded!r}")
-        if manifest.get("backend") == backend and recorded != _optimizer_name(rows):
-            raise CheckpointError(
-                f"{path} holds the state of {recorded}; these rows are trained by "
-                f"{_optimizer_name(rows)} (resume with the optimizer that wrote it)"
-            )
-        if set(store.state) != set(manifest["slots"]):
-            raise CheckpointError(
-                f"{path} holds the state {manifest['slots']} of {recorded}; this optimizer "
-                f"({_optimizer_name(rows)}) keeps {sorted(store.state)}"
-            )
-    missing = sorted(set(store.state) - set(manifest["slots"]))
-    if missing:
-        raise CheckpointError(
-            f"{path} has no state {missing} for this optimizer; it holds {manifest['slots']}"
-        )
+    check_fit(rows, anchor, manifest)
     targets = {"weight": store.table, **{f"state.{k}": v for k, v in store.state.items()}}
     saved_counters = manifest["mode"] == "exact"
     if store.counters is not None and saved_counters:
         targets["counters"] = store.counters
-    plan = _check_chunks(anchor, manifest, targets)
+    plan = check_chunks(anchor, manifest, targets)
     anchor.verify()  # every chunk's CRC-32, before the first row is written
     chunks = [(anchor.array(key), table, start) for key, table, start in plan]
     # Held while rows are written: no step of another thread lands in the middle, and the

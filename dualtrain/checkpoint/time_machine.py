@@ -19,7 +19,8 @@ from typing import Any
 from dualtrain.checkpoint.anchor_names import absent, anchor_stem
 from dualtrain.checkpoint.anchor_reader import AnchorReader
 from dualtrain.checkpoint.anchor_writer import AnchorWriter, check_max_anchors
-from dualtrain.checkpoint.embeddings import load_rows, save_rows
+from dualtrain.checkpoint.embedding_sets import drop_parts, load_any, save_set, unfinished
+from dualtrain.checkpoint.embeddings import save_rows
 from dualtrain.checkpoint.fit import BOOKKEEPING, Restored
 from dualtrain.checkpoint.manifest import FORMAT, LEGACY_FORMATS, OLDER_FORMATS  # re-exported
 from dualtrain.checkpoint.member_anchors import craft_scope, member_index, member_of
@@ -217,18 +218,28 @@ class TimeMachine:
     ) -> Path:
         """Writes an embedding store with its optimizer state (see ``checkpoint.embeddings``).
 
+        A store sharded by ``mv.sync(store)`` is written by every process at once (call it
+        on every rank, directly or through ``mv.time_machine(tm)``): each rank writes its
+        rows as a part file beside `file`, and rank 0 writes `file` last, the manifest that
+        names the parts and commits the set (``checkpoint.embedding_sets``). An error on any
+        rank is raised on every rank.
+
         Args:
             rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
             file: the anchor's name or path, as for `drop`.
             extra: JSON-serializable data to record.
 
         Returns:
-            The anchor's absolute path.
+            The anchor's absolute path (a sharded store's: the set's manifest).
         """
         if absent(file):
             raise bad_argument("file", file, "the embedding anchor's name or path")
         path, _ = self._target(None, file)
-        return save_rows(rows, path, extra).absolute()
+        if getattr(getattr(rows, "store", None), "shard", None) is not None:
+            return save_set(rows, path, extra).absolute()
+        save_rows(rows, path, extra)
+        drop_parts(path)  # of a set this file replaced: no manifest names them any more
+        return path.absolute()
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -326,6 +337,12 @@ class TimeMachine:
     def to_embeddings(self, rows: Any, file: str | os.PathLike = "") -> dict[str, Any]:
         """Loads an embedding anchor, written under either framework, into `rows`' store.
 
+        Any anchor loads into a store of any world size: a single file or a sharded store's
+        set (written by any number of processes), into an unsharded store or a shard, whose
+        rank then reads only the parts and chunks that hold its rows. A shard's load is a
+        collective (every rank calls it): every rank checks what it reads first, and the
+        rows change on every rank or on none.
+
         Args:
             rows: what ``dualtrain_torch.attach`` or ``dualtrain_jax.attach`` returned.
             file: the anchor, named as for `to`; may be left out when `ckpt_path` is the file.
@@ -333,7 +350,14 @@ class TimeMachine:
         Returns:
             The anchor's manifest (step, mode, hyper-parameters, extra).
         """
-        return load_rows(rows, self.reader.source(None, file))
+        try:
+            path = self.reader.source(None, file)
+        except CheckpointError as err:
+            cut_short = None if absent(file) else unfinished(self.reader.named(file))
+            if cut_short is not None:
+                raise cut_short from err
+            raise
+        return load_any(rows, path)
 
 
 def _unwrapped(craft: Any) -> Any:

@@ -4,7 +4,8 @@ One vocabulary for both kinds of anchor (a Craft's, an embedding store's), and t
 translation of what older formats said into it, so that the readers see one language:
 
 - **format**: every manifest carries ``format``, ``<kind>/<version>``. This version writes
-  `CRAFT_FORMAT` and `EMBEDDINGS_FORMAT`; it reads the formats of `CRAFT_READS` and
+  `CRAFT_FORMAT` and `EMBEDDINGS_FORMAT` (a sharded store: `EMBEDDINGS_SET_FORMAT` and
+  `EMBEDDINGS_PART_FORMAT`); it reads the formats of `CRAFT_READS` and
   `EMBEDDINGS_READS`, those in `WITHOUT_CRC` without the CRC-32s they predate.
 - **backend**: the registry's names, ``"torch"`` and ``"jax"`` (``dualtrain.backends``), in
   the manifest's ``backend`` and the optimizer entry's ``framework``. Embedding anchors
@@ -26,6 +27,8 @@ __all__ = [
     "CRAFT_READS",
     "EMBEDDINGS_FORMAT",
     "EMBEDDINGS_READS",
+    "EMBEDDINGS_SET_FORMAT",
+    "EMBEDDINGS_PART_FORMAT",
     "SLOT_ALIASES",
     "WITHOUT_CRC",
     "backend_name",
@@ -35,6 +38,12 @@ __all__ = [
 
 CRAFT_FORMAT = "dualtrain-checkpoint/4"
 EMBEDDINGS_FORMAT = "dualtrain-embeddings/4"
+# A store sharded across a run's processes is written as a set: one part file a process
+# (`EMBEDDINGS_PART_FORMAT`, its range of rows) and the set's manifest (`EMBEDDINGS_SET_FORMAT`,
+# no tensors), written last, which names every part and commits the set
+# (``checkpoint.embedding_sets``). The single-file anchor stays `EMBEDDINGS_FORMAT`.
+EMBEDDINGS_SET_FORMAT = "dualtrain-embeddings-set/1"
+EMBEDDINGS_PART_FORMAT = "dualtrain-embeddings-part/1"
 # Every format this version reads, the newest first. /2 added the CRC-32s (header and
 # tensors); /3 named the backend in embedding anchors as Craft anchors do; /4 checks the
 # tensors by CRC-32C (in hardware) per 32 MiB chunk, so one large tensor is checked on
@@ -49,7 +58,9 @@ EMBEDDINGS_READS = (
 # Formats written before the CRC-32s: read with every check but those.
 WITHOUT_CRC = frozenset({"dualtrain-checkpoint/1", "dualtrain-embeddings/1"})
 # Formats whose tensors carry chunked CRC-32Cs (`crc32c`); the others with CRCs, `crc32`.
-CHUNKED_CRC32C = frozenset({CRAFT_FORMAT, EMBEDDINGS_FORMAT})
+CHUNKED_CRC32C = frozenset(
+    {CRAFT_FORMAT, EMBEDDINGS_FORMAT, EMBEDDINGS_SET_FORMAT, EMBEDDINGS_PART_FORMAT}
+)
 
 BACKENDS = ("torch", "jax")
 # What embedding anchors before /3 wrote for the backend: the adapter's package.

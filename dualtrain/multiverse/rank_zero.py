@@ -2,7 +2,10 @@
 
 Writing (``drop``, ``drop_members``, ``drop_embeddings``) runs on rank 0 alone, retention
 included, and the other ranks wait for it: every rank returns the same path, or raises the
-same error when rank 0's write failed (nothing is half-written: TimeMachine writes to a
+same error when rank 0's write failed. The one exception is ``drop_embeddings`` of a store
+sharded by ``mv.sync(store)``: each rank holds only its rows, so every rank writes its part
+and rank 0 the manifest that commits them (``checkpoint.embedding_sets``, a collective that
+raises any rank's error on every rank) (nothing is half-written: TimeMachine writes to a
 temporary name and renames). Reading (``to``, ``to_members``, ``to_embeddings``) waits
 until every rank has arrived and again until every rank has read, and a write waits until
 every rank has arrived, so no rank reads an anchor while rank 0 replaces it or retention
@@ -52,7 +55,11 @@ class RankZeroTimeMachine:
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.machine, name)
         if name in _WRITES:
-            return lambda model, *args, **kw: self._write(name, model, args, kw)
+            return lambda model, *args, **kw: (
+                self._write_every(name, model, args, kw)
+                if _sharded(model)
+                else self._write(name, model, args, kw)
+            )
         if name in _READS:
             return lambda model, *args, **kw: self._read(name, model, args, kw)
         return value
@@ -76,12 +83,22 @@ class RankZeroTimeMachine:
             raise CheckpointError(f"rank 0 failed to write the anchor ({name}): {value}")
         return value
 
+    def _write_every(self, name: str, rows: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        """A sharded store's anchor: every rank writes its part (the machine's collective)."""
+        self._mv.barrier()  # no rank still reads what this write may replace
+        return getattr(self.machine, name)(rows, *args, **kw)
+
     def _read(self, name: str, model: Any, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
         self._mv.barrier()  # every rank is here: no write is under way
         try:
             return getattr(self.machine, name)(_unwrap(self._mv, model), *args, **kw)
         finally:
             self._mv.barrier()  # and no later write starts before every rank has read
+
+
+def _sharded(model: Any) -> bool:
+    """Whether `model` is the attachment of a store sharded across the run's processes."""
+    return getattr(getattr(model, "store", None), "shard", None) is not None
 
 
 def _unwrap(mv: Run, model: Any) -> Any:
