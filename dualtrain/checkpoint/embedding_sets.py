@@ -61,6 +61,7 @@ from dualtrain.checkpoint.embeddings import (
     load_rows,
     optimizer_name,
     session_of,
+    write_loaded,
 )
 from dualtrain.checkpoint.vocabulary import EMBEDDINGS_PART_FORMAT, EMBEDDINGS_SET_FORMAT
 from dualtrain.errors import CheckpointError
@@ -450,16 +451,5 @@ def load_any(rows: Any, path: Path) -> dict[str, Any]:
         error = err
     if shard is not None:
         _agree(shard.exchange, error, f"load the embedding anchor {path}")
-    # Held while rows are written: no step of another thread lands in the middle, and the
-    # batch that thread has open (fetched before the load) is stepped or released first.
-    with session.owned():
-        session.flush()
-        # This thread's own open or prefetched batch holds rows from before the load.
-        session.prefetched = session.current = None
-        for values, table, at in copies:
-            table[at : at + len(values)] = values
-        counters = store.live()[2]
-        if counters is not None and manifest["mode"] != "exact":
-            counters[...] = manifest["step"]  # a lazy run's rows count as current
-        session.t = manifest["step"]
+    write_loaded(session, copies, manifest)
     return manifest

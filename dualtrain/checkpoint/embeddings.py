@@ -282,8 +282,18 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
     plan = check_chunks(anchor, manifest, targets)
     anchor.verify()  # every chunk's CRC-32, before the first row is written
     chunks = [(anchor.array(key), table, start) for key, table, start in plan]
-    # Held while rows are written: no step of another thread lands in the middle, and the
-    # batch that thread has open (fetched before the load) is stepped or released first.
+    write_loaded(session, chunks, manifest)
+    return manifest
+
+
+def write_loaded(session: Any, chunks: list[tuple[Any, np.ndarray, int]], manifest: dict) -> None:
+    """Copies checked chunks ``(values, table, first row)`` into a store and sets its step.
+
+    Held while rows are written: no step of another thread lands in the middle, and the
+    batch that thread has open (fetched before the load) is stepped or released first. A
+    lazy run's rows count as current (their counters are set to the step).
+    """
+    store = session.store
     with session.owned():
         session.flush()
         # This thread's own open or prefetched batch holds rows from before the load.
@@ -291,7 +301,6 @@ def load_rows(rows: Any, path: Path) -> dict[str, Any]:
         for values, table, start in chunks:
             table[start : start + len(values)] = values
         counters = store.live()[2]
-        if counters is not None and not saved_counters:
-            counters[...] = manifest["step"]  # a lazy run's rows count as current
+        if counters is not None and manifest["mode"] != "exact":
+            counters[...] = manifest["step"]
         session.t = manifest["step"]
-    return manifest

@@ -405,7 +405,9 @@ class Multiverse:
 
         Anchors are written once, by rank 0, and every rank waits until the file is there;
         reading waits until every rank has arrived, so no rank loads an anchor being
-        replaced or deleted by retention. Synced models are unwrapped for it.
+        replaced or deleted by retention. Synced models are unwrapped for it. A sharded
+        EmbeddingStore's rows are the exception: every rank writes its part and rank 0 the
+        manifest (``drop_embeddings``; docs/embeddings.md).
         """
         return RankZeroTimeMachine(machine, self)
 

@@ -1,61 +1,28 @@
-"""Several ranks of a sharded store as threads of one process, joined by a real all-to-all.
+"""The sharded store's laws over thread ranks (`tests.embeddings.thread_ranks`).
 
-`ThreadExchange` meets `dualtrain.embeddings.Exchange` with a `threading.Barrier`: each rank
-posts its parts, every rank takes its own, and a second barrier keeps a fast rank's next
-call from overwriting what a slow one has not taken. The laws of sharding (routing, summing,
-owners stepping once) then run under Hypothesis in milliseconds; the engines' own exchanges
-(gloo, JAX's runtime) are tested by the spawned runs in tests/embeddings/{torch,jax}.
+Several ranks as threads of one process, joined by a real all-to-all: the laws of sharding
+(routing, summing, owners stepping once) run under Hypothesis in milliseconds; the engines'
+own exchanges (gloo, JAX's runtime) are tested by the spawned runs in
+tests/embeddings/{torch,jax}.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 import dualtrain
+from tests.embeddings import thread_ranks
 from tests.embeddings.runs import DIM, ROWS, SEED, coef
-
-
-class Hub:
-    """The shared post of `world` thread ranks."""
-
-    def __init__(self, world: int) -> None:
-        self.world = world
-        self.posted: list[Any] = [None] * world
-        self.barrier = threading.Barrier(world, timeout=60)
-
-
-class ThreadExchange:
-    """One thread rank's all-to-all over a `Hub`."""
-
-    def __init__(self, hub: Hub, rank: int) -> None:
-        self.hub, self.rank, self.world = hub, rank, hub.world
-        self.calls = 0
-
-    def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
-        assert len(parts) == self.world
-        self.calls += 1
-        self.hub.posted[self.rank] = [np.array(p, copy=True) for p in parts]
-        self.hub.barrier.wait()
-        mine = [self.hub.posted[j][self.rank] for j in range(self.world)]
-        self.hub.barrier.wait()
-        return mine
+from tests.embeddings.thread_ranks import ThreadExchange, unwrap
 
 
 def run_ranks(world: int, body: Callable[[int, ThreadExchange], Any]) -> list[Any]:
-    """``body(rank, exchange)`` on `world` threads at once; their results by rank."""
-    hub = Hub(world)
-    with ThreadPoolExecutor(world) as pool:
-        futures = [pool.submit(body, r, ThreadExchange(hub, r)) for r in range(world)]
-        try:
-            return [f.result(timeout=120) for f in futures]
-        except BaseException:
-            hub.barrier.abort()  # the others stop waiting for a rank that failed
-            raise
+    """``body(rank, exchange)`` on `world` thread ranks; their results by rank (or the
+    first rank's own error, raised)."""
+    return unwrap(thread_ranks.run_ranks(world, body))
 
 
 def shard(rank: int, exchange: ThreadExchange, pinned: bool = False) -> dualtrain.EmbeddingStore:
