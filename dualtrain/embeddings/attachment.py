@@ -6,6 +6,7 @@ An attachment is safe to share between threads: see `dualtrain.embeddings.sessio
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,8 @@ class ShardedAttachment(Attachment):
         self.local, self.shard = local, shard
         self.store, self.mode, self.session = local.store, local.mode, local.session
         self._route: Route | None = None  # the open batch's
-        self._ahead: Route | None = None  # a prefetched batch's
+        self._ahead: Future[Route] | None = None  # a prefetched batch's route
+        self._router: ThreadPoolExecutor | None = None  # routes prefetches on `shard.ahead`
 
     def exchange_rows(self, ids: tuple[Any, ...]) -> tuple[Lookup, np.ndarray]:
         """Routes `ids` to their owners and brings their rows back (two exchanges).
@@ -96,7 +98,8 @@ class ShardedAttachment(Attachment):
             The batch's `Lookup` and its unique rows, [U, dim] host rows in its order.
         """
         found = lookup(ids, self.store.num_rows)
-        route, self._ahead = self._ahead, None
+        ahead, self._ahead = self._ahead, None
+        route = None if ahead is None else ahead.result()  # a failed route raises here
         if route is None or not found.same_ids(route.lookup):
             route = self.shard.route(found)
         served = self.fetch_local(route.union)  # holds this process's attachment until step
@@ -137,13 +140,34 @@ class ShardedAttachment(Attachment):
         raise NotImplementedError
 
     def prefetch(self, *ids: Any) -> None:
-        """Routes the next batch's `ids` now (a collective) and gathers this shard's rows.
+        """Routes the next batch's `ids` ahead of its fetch (a collective).
 
-        Its rows travel at the fetch: the step in between changes them.
+        Where the exchange has a channel of its own for it (``exchange.ahead``: torch's
+        second gloo group), the ids travel on a background thread while this one computes;
+        else (JAX, whose collectives are ordered by the one thread that issues them) they
+        travel now and this shard's rows of the batch are gathered in the background. The
+        rows themselves travel at the fetch: the step in between changes some of them.
         """
-        route = self.shard.route(lookup(ids, self.store.num_rows))
-        self.local.prefetch(route.union)
-        self._ahead = route
+        found = lookup(ids, self.store.num_rows)
+        if self._ahead is not None:
+            self._ahead.result()  # one prefetch at a time, in order on every process
+        channel = getattr(self.shard.exchange, "ahead", None)
+        if channel is None:
+            route = self.shard.route(found)
+            self.local.prefetch(route.union)
+            self._ahead = Future()
+            self._ahead.set_result(route)
+            return
+        if self._router is None:
+            self._router = ThreadPoolExecutor(1, thread_name_prefix="dualtrain-route")
+        self._ahead = self._router.submit(self.shard.route, found, channel)
+
+    def detach(self) -> None:
+        """Flushes and frees the store for another attachment (its tables stay)."""
+        if self._router is not None:
+            self._router.shutdown(wait=True)
+            self._router = None
+        super().detach()
 
     def release(self) -> None:
         """Gives up the fetched batch unstepped (every process must, as it is a collective)."""

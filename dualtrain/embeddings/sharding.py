@@ -21,6 +21,7 @@ both modes, the staging and the thread rules are those of an unsharded store.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from typing import Protocol, runtime_checkable
 
@@ -30,6 +31,8 @@ from dualtrain.embeddings.ids import Lookup
 from dualtrain.errors import bad_argument
 
 __all__ = ["Exchange", "Route", "Shard", "Traffic", "split", "sum_rows"]
+
+_COUNTING = threading.Lock()
 
 
 def split(num_rows: int, world: int) -> np.ndarray:
@@ -66,6 +69,15 @@ class Exchange(Protocol):
 
     rank: int
     world: int
+
+    @property
+    def ahead(self) -> Exchange | None:
+        """A second exchange on a channel of its own, or None.
+
+        A second thread may use it while this one's exchanges run (prefetches route on
+        it); None where every exchange must come from one thread.
+        """
+        ...
 
     def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
@@ -130,15 +142,19 @@ class Shard:
     exchange: Exchange
     traffic: Traffic = dataclasses.field(default_factory=Traffic)
 
-    def swap(self, parts: list[np.ndarray]) -> list[np.ndarray]:
-        """One all-to-all (a collective), counted in `traffic`."""
+    def swap(self, parts: list[np.ndarray], channel: Exchange | None = None) -> list[np.ndarray]:
+        """One all-to-all (a collective) on `channel` (default `exchange`), counted."""
         start = time.perf_counter()
-        received = self.exchange.all_to_all(parts)
-        traffic = self.traffic
-        traffic.seconds += time.perf_counter() - start
-        traffic.calls += 1
-        traffic.sent += sum(p.nbytes for j, p in enumerate(parts) if j != self.rank)
-        traffic.received += sum(p.nbytes for j, p in enumerate(received) if j != self.rank)
+        received = (channel or self.exchange).all_to_all(parts)
+        seconds = time.perf_counter() - start
+        sent = sum(p.nbytes for j, p in enumerate(parts) if j != self.rank)
+        got = sum(p.nbytes for j, p in enumerate(received) if j != self.rank)
+        with _COUNTING:  # a prefetch's route counts from its own thread
+            traffic = self.traffic
+            traffic.seconds += seconds
+            traffic.calls += 1
+            traffic.sent += sent
+            traffic.received += got
         return received
 
     @property
@@ -150,13 +166,16 @@ class Shard:
         """The rank that owns each id (int64, the shape of `ids`)."""
         return np.searchsorted(self.bounds, ids, side="right").astype(np.int64) - 1
 
-    def route(self, found: Lookup) -> Route:
-        """Exchange 1 (a collective): tells each owner which of its rows this batch needs."""
+    def route(self, found: Lookup, channel: Exchange | None = None) -> Route:
+        """Exchange 1 (a collective): tells each owner which of its rows this batch needs.
+
+        `channel`: the exchange to use (a prefetch's own), default `exchange`.
+        """
         unique = found.unique
         inner = np.searchsorted(unique, self.bounds[1:-1], side="left")
         cuts = np.concatenate([[0], inner, [unique.size]]).astype(np.int64)
         parts = [unique[cuts[j] : cuts[j + 1]] for j in range(self.world)]
-        asked_of_me = self.swap(parts)
+        asked_of_me = self.swap(parts, channel)
         requested = np.concatenate(asked_of_me) if asked_of_me else np.zeros(0, np.int64)
         union, back = np.unique(requested - self.rows.start, return_inverse=True)
         return Route(

@@ -20,6 +20,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from dualtrain.embeddings.sharding import Exchange
+
 __all__ = ["JaxExchange", "capacity"]
 
 _AXIS = "processes"
@@ -41,9 +43,12 @@ class JaxExchange:
         world: processes in the run.
         mesh: the one-axis mesh of each process's first device.
         programs: the (capacity, bytes a row) pairs compiled so far.
+        ahead: None: JAX's multi-process collectives must come from one thread in the same
+            order on every process, so a prefetch routes on this exchange, at its call.
     """
 
     def __init__(self) -> None:
+        self.ahead: Exchange | None = None
         self.rank, self.world = jax.process_index(), jax.process_count()
         firsts = [
             min(jax.local_devices(process_index=p), key=lambda d: d.id) for p in range(self.world)

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dualtrain.embeddings.sharding import Exchange
+
 __all__ = ["TorchExchange"]
 
 
@@ -27,11 +29,17 @@ class TorchExchange:
         rank: this process's rank.
         world: processes in the run.
         group: the gloo group it runs on.
+        ahead: a second exchange on a gloo group of its own, for a prefetch's thread (its
+            collectives then never interleave with this one's), or None in that one.
+
+    Args:
+        ahead: whether to make the second exchange.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, ahead: bool = True) -> None:
         self.group = dist.new_group(backend="gloo")  # a collective: every rank makes it
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.ahead: Exchange | None = TorchExchange(ahead=False) if ahead else None
 
     def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank."""

@@ -19,10 +19,12 @@ from tests.embeddings.runs import DIM, ROWS, SEED, coef
 from tests.embeddings.thread_ranks import ThreadExchange, unwrap
 
 
-def run_ranks(world: int, body: Callable[[int, ThreadExchange], Any]) -> list[Any]:
+def run_ranks(
+    world: int, body: Callable[[int, ThreadExchange], Any], ahead: bool = False
+) -> list[Any]:
     """``body(rank, exchange)`` on `world` thread ranks; their results by rank (or the
-    first rank's own error, raised)."""
-    return unwrap(thread_ranks.run_ranks(world, body))
+    first rank's own error, raised). `ahead`: exchanges with a second channel."""
+    return unwrap(thread_ranks.run_ranks(world, body, ahead=ahead))
 
 
 def shard(rank: int, exchange: ThreadExchange, pinned: bool = False) -> dualtrain.EmbeddingStore:

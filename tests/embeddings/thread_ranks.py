@@ -40,9 +40,16 @@ class ThreadExchange:
             n-th all-to-all returns: for tests of a write cut short in a child process.
     """
 
-    def __init__(self, rank: int, board: Board, die_after: int | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        board: Board,
+        die_after: int | None = None,
+        ahead: ThreadExchange | None = None,
+    ) -> None:
         self.rank, self.world, self.board = rank, board.world, board
         self.calls, self.die_after = 0, die_after
+        self.ahead = ahead  # a second exchange on a board of its own (prefetch routes)
 
     def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank."""
@@ -59,17 +66,26 @@ class ThreadExchange:
 
 
 def run_ranks(
-    world: int, fn: Callable[[int, ThreadExchange], Any], die_after: int | None = None
+    world: int,
+    fn: Callable[[int, ThreadExchange], Any],
+    die_after: int | None = None,
+    ahead: bool = False,
 ) -> list[Any]:
-    """``fn(rank, exchange)`` on `world` threads; each rank's result, or its exception."""
+    """``fn(rank, exchange)`` on `world` threads; each rank's result, or its exception.
+
+    With `ahead`, each exchange has a second one on a board of its own (``exchange.ahead``),
+    as torch's has a second gloo group.
+    """
     board = Board(world)
+    second = Board(world) if ahead else None
     out: list[Any] = [None] * world
 
     failed = threading.Event()
 
     def one(rank: int) -> None:
         try:
-            out[rank] = fn(rank, ThreadExchange(rank, board, die_after))
+            extra = ThreadExchange(rank, second) if second is not None else None
+            out[rank] = fn(rank, ThreadExchange(rank, board, die_after, extra))
         except BaseException as err:  # reported to the test
             out[rank] = err
             failed.set()
@@ -86,6 +102,8 @@ def run_ranks(
             for t in threads:
                 t.join(GRACE)
             board.barrier.abort()
+            if second is not None:
+                second.barrier.abort()
     for t in threads:
         t.join(TIMEOUT)
     return out

@@ -41,7 +41,7 @@ def train(framework, rows, batches):
     rows.flush()
 
 
-def sharded(framework, name, mode, world, steps, prefetch=False):
+def sharded(framework, name, mode, world, steps, prefetch=False, ahead=False):
     def body(rank, exchange):
         s = shard(rank, exchange)
         rows = attach(framework, name, mode, s)
@@ -53,7 +53,7 @@ def sharded(framework, name, mode, world, steps, prefetch=False):
         rows.flush()
         return s
 
-    return gathered(run_ranks(world, body))
+    return gathered(run_ranks(world, body, ahead=ahead))
 
 
 def single(framework, name, mode, world, steps):
@@ -87,12 +87,16 @@ def test_sharded_steps_equal_one_process_on_the_union_with_the_summed_loss(
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("channel", ["own channel", "one channel"])
 @settings(max_examples=6, deadline=None)
-@given(case=sharded_steps())
-def test_prefetch_changes_nothing(framework, case):
+@given(case=sharded_steps(), mode=st.sampled_from(["lazy", "exact"]))
+def test_prefetch_changes_nothing(framework, channel, case, mode):
+    """Routed ahead on a second channel from a thread (torch's way) or at the call (JAX's)."""
     world, steps = case
-    plain = sharded(framework, "adam", "lazy", world, steps)
-    ahead = sharded(framework, "adam", "lazy", world, steps, prefetch=True)
+    plain = sharded(framework, "adam", mode, world, steps)
+    ahead = sharded(
+        framework, "adam", mode, world, steps, prefetch=True, ahead=channel == "own channel"
+    )
     for key in plain:
         np.testing.assert_array_equal(ahead[key], plain[key], err_msg=key)
 
