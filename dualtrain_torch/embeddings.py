@@ -328,7 +328,8 @@ class ShardedTorchRows(ShardedAttachment):
         """The rows of `ids` (ids of the whole table), differentiable, [*ids.shape, dim]."""
         found, rows = self.exchange_rows(ids)
         local = self.local
-        self.param = torch.nn.Parameter(local.transfer.put(torch.from_numpy(rows)))
+        # convert, not torch.from_numpy: a bfloat16 table's rows are ml_dtypes arrays
+        self.param = torch.nn.Parameter(local.transfer.put(convert(rows, to="torch")))
         inverse = local.transfer.put(torch.from_numpy(found.inverse))
         gathered = torch.index_select(self.param, 0, inverse)
         out, start = [], 0
@@ -342,7 +343,7 @@ class ShardedTorchRows(ShardedAttachment):
         served = self.local.fetch(union)
         assert isinstance(served, torch.Tensor)
         self._served = served
-        return served.detach().cpu().numpy()
+        return convert(served.detach(), to="numpy")
 
     def step(self) -> None:
         """Steps every fetched row once, with its gradient summed over the processes."""
@@ -357,13 +358,13 @@ class ShardedTorchRows(ShardedAttachment):
                 if route is not None
                 else "step() needs a batch: call rows.fetch(ids) first"
             )
-        self.step_rows(grad.detach().cpu().numpy())
+        self.step_rows(convert(grad.detach(), to="numpy"))
 
     def step_local(self, summed: np.ndarray) -> None:
         served, self._served = self._served, None
         assert served is not None
         local = self.local
-        grad = local.transfer.put(torch.from_numpy(summed)).to(served.dtype)
+        grad = local.transfer.put(convert(summed, to="torch")).to(served.dtype)
         served.backward(grad)
         local.step()
 

@@ -181,3 +181,56 @@ def test_ids_outside_the_table_are_refused_before_any_exchange():
         return True
 
     assert run_ranks(2, body) == [True, True]
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_shard_trains_as_one_process(framework, dtype):
+    """Rows travel as their bytes; each owner adds the ranks' gradients in float32."""
+    steps = [[np.array([1, 3, 3]), np.array([3, 2])], [np.array([0]), np.array([], np.int64)]]
+
+    def run(world):
+        def body(rank, exchange):
+            s = dualtrain.EmbeddingStore(4, DIM, dtype=dtype, std=0.5, seed=SEED)
+            if world > 1:
+                s.make_shard(rank, world, exchange)
+            rows = attach(framework, "sgd", "lazy", s)
+            for k, per_rank in enumerate(steps):
+                ids = per_rank[rank] if world > 1 else np.concatenate(per_rank)
+                w = (
+                    losses(k, rank, len(ids))
+                    if world > 1
+                    else np.concatenate([losses(k, r, len(per_rank[r])) for r in range(2)])
+                )
+                step(framework, rows, ids, w)
+            rows.flush()
+            return s
+
+        return gathered(run_ranks(world, body))["weight"].astype(np.float32)
+
+    np.testing.assert_allclose(run(2), run(1), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_more_ranks_than_rows(framework):
+    """A rank whose range is empty holds no rows and still takes part in every step."""
+
+    def body(rank, exchange):
+        s = dualtrain.EmbeddingStore(2, DIM, std=0.5, seed=SEED)
+        s.make_shard(rank, exchange.world, exchange)
+        rows = attach(framework, "adam", "exact", s)
+        for k in range(2):
+            ids = np.array([1, 0, 1]) if rank == 2 else np.array([], np.int64)
+            step(framework, rows, ids, losses(k, rank, len(ids)))
+        rows.settle()
+        rows.flush()
+        return s
+
+    stores = run_ranks(3, body)
+    assert [len(s.rows) for s in stores] == [1, 1, 0]
+    single = dualtrain.EmbeddingStore(2, DIM, std=0.5, seed=SEED)
+    rows = attach(framework, "adam", "exact", single)
+    for k in range(2):
+        step(framework, rows, np.array([1, 0, 1]), losses(k, 2, 3))
+    rows.flush()
+    np.testing.assert_allclose(gathered(stores)["weight"], single.table, rtol=1e-5, atol=1e-6)
