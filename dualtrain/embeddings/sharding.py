@@ -79,10 +79,14 @@ class Exchange(Protocol):
         """
         ...
 
-    def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
+    def all_to_all(
+        self, parts: list[np.ndarray], /, receive: list[int] | None = None
+    ) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
 
         Every part has the same dtype and trailing shape on every rank; lengths differ.
+        `receive`, when the caller knows them, are the lengths each rank sends here (an
+        exchange may then skip sharing the lengths).
         """
         ...
 
@@ -142,10 +146,18 @@ class Shard:
     exchange: Exchange
     traffic: Traffic = dataclasses.field(default_factory=Traffic)
 
-    def swap(self, parts: list[np.ndarray], channel: Exchange | None = None) -> list[np.ndarray]:
-        """One all-to-all (a collective) on `channel` (default `exchange`), counted."""
+    def swap(
+        self,
+        parts: list[np.ndarray],
+        channel: Exchange | None = None,
+        receive: list[int] | None = None,
+    ) -> list[np.ndarray]:
+        """One all-to-all (a collective) on `channel` (default `exchange`), counted.
+
+        `receive`: the lengths each rank sends here, when the route already says.
+        """
         start = time.perf_counter()
-        received = (channel or self.exchange).all_to_all(parts)
+        received = (channel or self.exchange).all_to_all(parts, receive=receive)
         seconds = time.perf_counter() - start
         sent = sum(p.nbytes for j, p in enumerate(parts) if j != self.rank)
         got = sum(p.nbytes for j, p in enumerate(received) if j != self.rank)
@@ -194,7 +206,7 @@ class Shard:
         """
         picked = rows[route.back]
         ends = np.cumsum(route.asked)[:-1]
-        received = self.swap(np.split(picked, ends))
+        received = self.swap(np.split(picked, ends), receive=np.diff(route.cuts).tolist())
         return np.concatenate(received) if received else picked[:0]
 
     def collect(self, route: Route, grad: np.ndarray) -> np.ndarray:
@@ -211,7 +223,7 @@ class Shard:
             `grad`'s dtype.
         """
         parts = [grad[route.cuts[j] : route.cuts[j + 1]] for j in range(self.world)]
-        received = self.swap(parts)
+        received = self.swap(parts, receive=route.asked)
         total = np.zeros((route.union.size, *grad.shape[1:]), np.result_type(grad, np.float32))
         start = 0
         for part in received:

@@ -56,8 +56,14 @@ class JaxExchange:
         self.mesh = Mesh(np.array(firsts), (_AXIS,))
         self.programs: set[tuple[int, int]] = set()
 
-    def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
-        """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank."""
+    def all_to_all(
+        self, parts: list[np.ndarray], /, receive: list[int] | None = None
+    ) -> list[np.ndarray]:
+        """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
+
+        The lengths are shared even when `receive` gives this process's: the padded
+        capacity must be the same on every process, so it needs every process's.
+        """
         first = parts[0]
         dtype, trail = first.dtype, first.shape[1:]
         width = dtype.itemsize * math.prod(trail)  # bytes a row

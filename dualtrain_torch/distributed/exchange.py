@@ -22,8 +22,9 @@ __all__ = ["TorchExchange"]
 class TorchExchange:
     """``dist.all_to_all_single`` over a gloo group (`dualtrain.embeddings.Exchange`).
 
-    Each call is two collectives: the lengths, then the rows. Every process must call it in
-    the same order.
+    Each call is one collective, the rows, when the caller knows what it will receive (a
+    batch's rows and gradients), else two: the lengths first (its ids). Every process must
+    call it in the same order.
 
     Attributes:
         rank: this process's rank.
@@ -41,24 +42,32 @@ class TorchExchange:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.ahead: Exchange | None = TorchExchange(ahead=False) if ahead else None
 
-    def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
-        """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank."""
+    def all_to_all(
+        self, parts: list[np.ndarray], /, receive: list[int] | None = None
+    ) -> list[np.ndarray]:
+        """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
+
+        `receive`: the lengths each rank sends here, when known; else they are exchanged
+        first (one more collective).
+        """
         first = parts[0]
         dtype, trail = first.dtype, first.shape[1:]
         width = dtype.itemsize * math.prod(trail)  # bytes a row
-        sent = torch.tensor([len(p) for p in parts], dtype=torch.int64)
-        got = torch.empty_like(sent)
-        dist.all_to_all_single(got, sent, group=self.group)
+        sent = [len(p) for p in parts]
+        if receive is None:
+            got = torch.empty(self.world, dtype=torch.int64)
+            dist.all_to_all_single(got, torch.tensor(sent, dtype=torch.int64), group=self.group)
+            receive = got.tolist()
         send = np.concatenate(
             [np.ascontiguousarray(p).view(np.uint8).reshape(len(p), width) for p in parts]
         )
-        counts = got.tolist()
+        counts = list(receive)
         recv = np.empty((sum(counts), width), np.uint8)
         dist.all_to_all_single(
             torch.from_numpy(recv),
             torch.from_numpy(send),
             output_split_sizes=counts,
-            input_split_sizes=sent.tolist(),
+            input_split_sizes=sent,
             group=self.group,
         )
         rows = recv.view(dtype).reshape(-1, *trail)

@@ -51,14 +51,22 @@ class ThreadExchange:
         self.calls, self.die_after = 0, die_after
         self.ahead = ahead  # a second exchange on a board of its own (prefetch routes)
 
-    def all_to_all(self, parts: list[np.ndarray], /) -> list[np.ndarray]:
-        """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank."""
+    def all_to_all(
+        self, parts: list[np.ndarray], /, receive: list[int] | None = None
+    ) -> list[np.ndarray]:
+        """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
+
+        `receive`, when given, must be what arrives (checked: the engines' exchanges trust
+        it).
+        """
         assert len(parts) == self.world
         board = self.board
         board.posted[self.rank] = [np.array(p, copy=True) for p in parts]
         board.barrier.wait()
         got = [board.posted[j][self.rank] for j in range(self.world)]  # type: ignore[index]
         board.barrier.wait()  # every rank has read before the board is used again
+        if receive is not None:
+            assert [len(g) for g in got] == list(receive), (receive, [len(g) for g in got])
         self.calls += 1
         if self.die_after is not None and self.calls >= self.die_after:
             os._exit(9)
