@@ -88,3 +88,32 @@ def gathered(stores: list[dualtrain.EmbeddingStore]) -> dict[str, np.ndarray]:
     for slot in stores[0].state:
         out[slot] = np.concatenate([s.state[slot] for s in stores])
     return out
+
+
+def shard_against_one(
+    framework: str, attach_to: Callable[[dualtrain.EmbeddingStore], Any]
+) -> tuple[dict[str, np.ndarray], dualtrain.EmbeddingStore]:
+    """The fixed batches of `sharded_universes.STEPS` on 2 thread ranks and on one process.
+
+    `attach_to(store)` attaches a store under `framework`. Returns the ranks' gathered
+    tables and the single process's store (its union batch, summed loss).
+    """
+    from tests.embeddings.runs import store
+    from tests.embeddings.sharded_universes import STEPS, step
+
+    def body(rank: int, exchange: ThreadExchange) -> dualtrain.EmbeddingStore:
+        rows = attach_to(shard(rank, exchange))
+        for k, per_rank in enumerate(STEPS):
+            step(framework, rows, per_rank[rank], losses(k, rank, len(per_rank[rank])))
+        rows.settle()
+        rows.flush()
+        return rows.store
+
+    got = gathered(run_ranks(2, body))
+    single = store()
+    rows = attach_to(single)
+    for ids, weights in zip(*union(STEPS, 2), strict=True):
+        step(framework, rows, ids, weights)
+    rows.settle()
+    rows.flush()
+    return got, single

@@ -96,3 +96,15 @@ def test_step_is_one_compiled_function_per_padded_size():
         e = rows.fetch(np.arange(12) % n)
         rows.step(jax.numpy.ones_like(e))
     assert rows.plan.update._cache_size() == 1
+
+
+@pytest.mark.parametrize("mode", ["lazy", "exact"])
+@pytest.mark.parametrize("name", sorted(TRANSFORMS))
+def test_every_transformation_trains_a_shard_as_one_process(mode, name):
+    """Sharded over 2 thread ranks == one process on the union batch with the summed loss."""
+    from tests.embeddings.ranks import shard_against_one
+
+    got, single = shard_against_one("jax", lambda s: attach(s, TRANSFORMS[name], mode=mode))
+    np.testing.assert_allclose(got["weight"], single.table, **TOL)
+    for slot, table in single.state.items():
+        np.testing.assert_allclose(got[slot], table, **TOL, err_msg=slot)

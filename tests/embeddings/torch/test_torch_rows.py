@@ -173,3 +173,15 @@ def test_lazy_adam_and_sparse_adam_place_eps_as_documented(cls):
     rows.step()
     eps = 1e-8 if cls is torch.optim.Adam else 1e-8 / np.sqrt(1 - 0.999)
     np.testing.assert_allclose(s.table[:, 0], -1e-3 * g / (np.abs(g) + eps), rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["lazy", "exact"])
+@pytest.mark.parametrize(("cls", "kw"), OPTIMIZERS, ids=IDS)
+def test_every_optimizer_trains_a_shard_as_one_process(mode, cls, kw):
+    """Sharded over 2 thread ranks == one process on the union batch with the summed loss."""
+    from tests.embeddings.ranks import shard_against_one
+
+    got, single = shard_against_one("torch", lambda s: attach(s, cls, mode=mode, **kw))
+    np.testing.assert_allclose(got["weight"], single.table, **TOL)
+    for slot, table in single.state.items():
+        np.testing.assert_allclose(got[slot], table, **TOL, err_msg=slot)
