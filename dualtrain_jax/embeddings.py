@@ -215,8 +215,7 @@ class ShardedJaxRows(ShardedAttachment):
 
         `grads` are the gradients of what `fetch` returned, in the same shapes.
         """
-        if self._route is None:
-            raise ArgumentError("step() needs a batch: call rows.fetch(ids) first")
+        route = self.require_route()  # this thread's batch, before any exchange
         shapes = self._shapes
         try:
             check_grads(grads, shapes)
@@ -224,7 +223,7 @@ class ShardedJaxRows(ShardedAttachment):
             flat = [np.asarray(g).reshape(-1, dim) for g in grads]
             joined = np.concatenate(flat) if flat else np.zeros((0, dim), np.float32)
             # repeated ids add up
-            summed = sum_rows(joined, self._inverse, self._route.lookup.unique.size)
+            summed = sum_rows(joined, self._inverse, route.lookup.unique.size)
         except BaseException:
             self.release()
             raise

@@ -347,17 +347,13 @@ class ShardedTorchRows(ShardedAttachment):
 
     def step(self) -> None:
         """Steps every fetched row once, with its gradient summed over the processes."""
+        self.require_route()  # this thread's batch, before any exchange
         grad = self.param.grad
-        if grad is None and self._route is not None and len(self.param) == 0:
+        if grad is None and len(self.param) == 0:
             grad = torch.zeros_like(self.param)  # no rows in this process's batch
         if grad is None:
-            route = self._route
             self.release()
-            raise ArgumentError(
-                "step() found no gradient: call loss.backward() after fetch"
-                if route is not None
-                else "step() needs a batch: call rows.fetch(ids) first"
-            )
+            raise ArgumentError("step() found no gradient: call loss.backward() after fetch")
         self.step_rows(convert(grad.detach(), to="numpy"))
 
     def step_local(self, summed: np.ndarray) -> None:

@@ -15,7 +15,6 @@ from dualtrain.embeddings.ids import Lookup, lookup
 from dualtrain.embeddings.session import RowSession
 from dualtrain.embeddings.sharding import Route, Shard
 from dualtrain.embeddings.store import EmbeddingStore
-from dualtrain.errors import ArgumentError
 
 __all__ = ["Attachment", "ShardedAttachment"]
 
@@ -98,18 +97,30 @@ class ShardedAttachment(Attachment):
             The batch's `Lookup` and its unique rows, [U, dim] host rows in its order.
         """
         found = lookup(ids, self.store.num_rows)
-        ahead, self._ahead = self._ahead, None
-        route = None if ahead is None else ahead.result()  # a failed route raises here
-        if route is None or not found.same_ids(route.lookup):
-            route = self.shard.route(found)
-        served = self.fetch_local(route.union)  # holds this process's attachment until step
-        try:
-            rows = self.shard.serve(route, served)
-        except BaseException:
-            self.local.release()
-            raise
-        self._route = route
+        # Held from here to the step (the local fetch keeps the hold): another thread of
+        # this process waits, so its exchanges never interleave with this batch's.
+        with self.session.owned():
+            ahead, self._ahead = self._ahead, None
+            route = None if ahead is None else ahead.result()  # a failed route raises here
+            if route is None or not found.same_ids(route.lookup):
+                route = self.shard.route(found)
+            served = self.fetch_local(route.union)
+            try:
+                rows = self.shard.serve(route, served)
+            except BaseException:
+                self.local.release()
+                raise
+            self._route = route
         return found, rows
+
+    def require_route(self) -> Route:
+        """The route of the batch this thread fetched; ArgumentError when it has none.
+
+        Checked before any exchange: a thread without a batch must not enter a collective.
+        """
+        self.session.require_current()
+        assert self._route is not None
+        return self._route
 
     def step_rows(self, grad: np.ndarray) -> None:
         """Sends `grad` ([U, dim], the batch's unique rows) to the owners; steps this shard.
@@ -117,9 +128,7 @@ class ShardedAttachment(Attachment):
         Raises:
             ArgumentError: no batch fetched by this process.
         """
-        route = self._route
-        if route is None:
-            raise ArgumentError("step() needs a batch: call rows.fetch(ids) first")
+        route = self.require_route()
         try:
             summed = self.shard.collect(route, grad)
         except BaseException:
@@ -149,18 +158,19 @@ class ShardedAttachment(Attachment):
         rows themselves travel at the fetch: the step in between changes some of them.
         """
         found = lookup(ids, self.store.num_rows)
-        if self._ahead is not None:
-            self._ahead.result()  # one prefetch at a time, in order on every process
-        channel = getattr(self.shard.exchange, "ahead", None)
-        if channel is None:
-            route = self.shard.route(found)
-            self.local.prefetch(route.union)
-            self._ahead = Future()
-            self._ahead.set_result(route)
-            return
-        if self._router is None:
-            self._router = ThreadPoolExecutor(1, thread_name_prefix="dualtrain-route")
-        self._ahead = self._router.submit(self.shard.route, found, channel)
+        with self.session.owned():  # one thread's exchanges at a time, as for fetch
+            if self._ahead is not None:
+                self._ahead.result()  # one prefetch at a time, in order on every process
+            channel = getattr(self.shard.exchange, "ahead", None)
+            if channel is None:
+                route = self.shard.route(found)
+                self.local.prefetch(route.union)
+                self._ahead = Future()
+                self._ahead.set_result(route)
+                return
+            if self._router is None:
+                self._router = ThreadPoolExecutor(1, thread_name_prefix="dualtrain-route")
+            self._ahead = self._router.submit(self.shard.route, found, channel)
 
     def detach(self) -> None:
         """Flushes and frees the store for another attachment (its tables stay)."""
@@ -170,9 +180,13 @@ class ShardedAttachment(Attachment):
         super().detach()
 
     def release(self) -> None:
-        """Gives up the fetched batch unstepped (every process must, as it is a collective)."""
-        self._route = None
-        self.local.release()
+        """Gives up this thread's fetched batch unstepped (every process must: a collective).
+
+        A thread without an open batch changes nothing.
+        """
+        if self.session.holds():
+            self._route = None
+            self.local.release()
 
     def settle(self) -> None:
         """Exact mode: brings this process's rows up to the current step (not a collective)."""

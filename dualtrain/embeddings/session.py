@@ -235,6 +235,11 @@ class RowSession:
             batch.ready = self._submit(self._gather, batch)
             self.prefetched = batch
 
+    def holds(self) -> bool:
+        """Whether this thread has the open batch (fetched, not yet stepped)."""
+        with self._free:
+            return self.current is not None and self._owner is threading.current_thread()
+
     def require_current(self) -> Batch:
         """The batch this thread fetched; ArgumentError when it has none open."""
         with self._free:

@@ -7,8 +7,12 @@ starts as the unsharded store's row. Batches differ in size between ranks and ma
 
 from __future__ import annotations
 
+import threading
+
+import jax
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 import dualtrain
@@ -234,3 +238,56 @@ def test_more_ranks_than_rows(framework):
         step(framework, rows, np.array([1, 0, 1]), losses(k, 2, 3))
     rows.flush()
     np.testing.assert_allclose(gathered(stores)["weight"], single.table, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_threads_of_each_rank_lose_no_update(framework):
+    """Two threads a rank train one shard: fetch to step is one unit a process.
+
+    The loss is linear in the rows, so SGD's result is the initial table minus lr times
+    every gradient of every thread of every rank, whatever order the units ran in.
+    """
+    threads, per_thread, world = 2, 3, 2
+    rng = np.random.default_rng(5)
+    batches = rng.integers(0, ROWS, (world, threads, per_thread, 6))
+
+    def body(rank, exchange):
+        rows = attach(framework, "sgd", "lazy", shard(rank, exchange))
+
+        def worker(t):
+            for k in range(per_thread):
+                ids = batches[rank, t, k]
+                w = np.ones((len(ids), DIM), np.float32)
+                e = rows.fetch(ids)
+                if framework == "torch":
+                    (e * torch.from_numpy(w)).sum().backward()
+                    rows.step()
+                else:
+                    rows.step(jax.grad(lambda e, w=w: (e * w).sum())(e))
+
+        pool = [threading.Thread(target=worker, args=(t,)) for t in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        rows.flush()
+        assert rows.steps == threads * per_thread
+        return rows.store
+
+    got = gathered(run_ranks(world, body))["weight"]
+    want = store().table.copy()
+    np.subtract.at(want, batches.ravel(), 0.1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_thread_without_a_batch_enters_no_exchange():
+    def body(rank, exchange):
+        rows = attach("torch", "sgd", "lazy", shard(rank, exchange))
+        calls = exchange.calls
+        with pytest.raises(dualtrain.ArgumentError, match="fetch"):
+            rows.step()
+        rows.release()  # nothing open: nothing happens
+        assert exchange.calls == calls
+        return True
+
+    assert run_ranks(2, body) == [True, True]
