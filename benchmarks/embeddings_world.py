@@ -8,7 +8,9 @@ process), the baseline each sharded run is held against. Per run and rank:
 - steps/s: the run's step rate (its collectives keep the ranks in step), and the rows/s of
   the whole run (world x BATCH ids a step);
 - memory: the store's bytes (table + Adam's two state tables) against 1/world of the
-  unsharded store's, and the process's resident-set growth from before the store was made;
+  unsharded store's, and the process's resident-set growth from before the store was made
+  (its modules already imported); world 1 runs in the benchmark's own process, whose
+  allocator reuses what earlier runs freed, so its growth reads low;
 - exchange: seconds a step inside the three all-to-alls (waiting for peers included), and
   bytes sent a step against the bytes of the rows the step touches on other ranks.
 
@@ -44,12 +46,19 @@ def universe(
     warmup: int, steps: int,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Trains a sharded store; returns every rank's measures (gathered to rank 0)."""
+    # Everything a step imports, imported before the first measure: the growth is then the
+    # store, its staging and the exchange's groups, not the modules.
     if framework == "torch":
         import torch
+
+        import dualtrain_torch  # noqa: F401
 
         torch.set_num_threads(1)
     else:
         import jax
+        import optax  # noqa: F401
+
+        import dualtrain_jax  # noqa: F401
     before = _rss()
     store = dualtrain.EmbeddingStore(rows, dim, std=0.01, seed=0)
     mv.sync(store)
