@@ -56,7 +56,7 @@ def universe(
         torch.set_num_threads(1)
     else:
         import jax
-        import optax  # noqa: F401
+        import optax
 
         import dualtrain_jax  # noqa: F401
     before = _rss()
