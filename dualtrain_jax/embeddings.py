@@ -10,9 +10,11 @@ Which transformations qualify, and the state rows they keep, is `embeddings_opti
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -21,7 +23,6 @@ from dualtrain.embeddings import (
     EmbeddingStore,
     RowSession,
     ShardedAttachment,
-    sum_rows,
 )
 from dualtrain.errors import ArgumentError, DtypeError, ShapeError, bad_argument
 from dualtrain_jax.embeddings_optimizers import plan
@@ -61,6 +62,13 @@ def check_grads(grads: tuple[Any, ...], shapes: list[tuple[int, ...]]) -> None:
     for i, (g, shape) in enumerate(zip(grads, shapes, strict=True)):
         if tuple(np.shape(g)) != shape:
             raise ShapeError(f"grads[{i}] has shape {tuple(np.shape(g))}; expected {shape}")
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _add_rows(values: jax.Array, index: jax.Array, count: int) -> jax.Array:
+    """Rows of `values` [N, dim] added up by `index` [N] into [count, dim] (float32 at least)."""
+    wide = values.astype(jnp.promote_types(values.dtype, jnp.float32))
+    return jax.ops.segment_sum(wide, index, num_segments=count)
 
 
 def _pad(n: int) -> int:
@@ -219,11 +227,12 @@ class ShardedJaxRows(ShardedAttachment):
         shapes = self._shapes
         try:
             check_grads(grads, shapes)
-            dim = self.store.dim
-            flat = [np.asarray(g).reshape(-1, dim) for g in grads]
-            joined = np.concatenate(flat) if flat else np.zeros((0, dim), np.float32)
-            # repeated ids add up
-            summed = sum_rows(joined, self._inverse, route.lookup.unique.size)
+            unique = route.lookup.unique.size
+            joined = jnp.concatenate([jnp.reshape(g, (-1, self.store.dim)) for g in grads])
+            inverse = self.local.transfer(self._inverse.astype(np.int32))
+            # Repeated ids add up, on the device (np.add.at took 5 ms a batch of 8,192 x 64):
+            # to a power-of-two count of rows, so the sum compiles for few shapes.
+            summed = np.asarray(_add_rows(joined, inverse, _pad(unique)))[:unique]
         except BaseException:
             self.release()
             raise

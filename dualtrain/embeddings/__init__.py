@@ -10,7 +10,7 @@ from dualtrain.embeddings.attachment import Attachment, ShardedAttachment
 from dualtrain.embeddings.ids import Lookup, as_ids, lookup
 from dualtrain.embeddings.init import BLOCK, fill
 from dualtrain.embeddings.session import MODES, Batch, RowSession
-from dualtrain.embeddings.sharding import Exchange, Route, Shard, Traffic, split, sum_rows
+from dualtrain.embeddings.sharding import Exchange, Route, Shard, Traffic, split
 from dualtrain.embeddings.store import EmbeddingStore, MemoryReport
 
 __all__ = [
@@ -31,5 +31,4 @@ __all__ = [
     "lookup",
     "Traffic",
     "split",
-    "sum_rows",
 ]

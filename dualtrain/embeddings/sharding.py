@@ -6,8 +6,9 @@ process allocates and trains only its own range. A batch then travels in three a
 exchanges over the run's engine (torch.distributed's gloo collectives; JAX's multi-process
 runtime), each of them a collective every process enters in the same order:
 
-1. `route`: each process sends the ids it needs to their owners. An owner takes the union
-   of what it was asked (its rows the whole run touches this step).
+1. `route`: every process's lengths are shared (one small collective), then each process
+   sends the ids it needs to their owners. An owner takes the union of what it was asked
+   (its rows the whole run touches this step).
 2. `serve`: each owner sends those rows back; every process now has its batch's rows.
 3. `collect`: after backward, each process sends its gradient of every row back to the
    row's owner, which adds up the gradients from all processes per row (TorchRec's rule:
@@ -30,7 +31,7 @@ import numpy as np
 from dualtrain.embeddings.ids import Lookup
 from dualtrain.errors import bad_argument
 
-__all__ = ["Exchange", "Route", "Shard", "Traffic", "split", "sum_rows"]
+__all__ = ["Exchange", "Route", "Shard", "Traffic", "split"]
 
 _COUNTING = threading.Lock()
 
@@ -46,16 +47,6 @@ def split(num_rows: int, world: int) -> np.ndarray:
     sizes = np.full(world, base, np.int64)
     sizes[:extra] += 1
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-
-
-def sum_rows(values: np.ndarray, index: np.ndarray, count: int) -> np.ndarray:
-    """Adds up rows of `values` ([N, dim]) by `index` ([N], in [0, count)): [count, dim].
-
-    Float16 and bfloat16 add up in float32.
-    """
-    out = np.zeros((count, *values.shape[1:]), np.result_type(values, np.float32))
-    np.add.at(out, index, values)
-    return out
 
 
 @runtime_checkable
@@ -79,14 +70,26 @@ class Exchange(Protocol):
         """
         ...
 
+    def lengths(self, sent: list[int], /) -> np.ndarray:
+        """Every rank's part lengths (a collective): int64 [world, world].
+
+        Row i is what rank i sends each rank; `sent` is this rank's row.
+        """
+        ...
+
     def all_to_all(
-        self, parts: list[np.ndarray], /, receive: list[int] | None = None
+        self,
+        parts: list[np.ndarray],
+        /,
+        receive: list[int] | None = None,
+        most: int | None = None,
     ) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
 
         Every part has the same dtype and trailing shape on every rank; lengths differ.
-        `receive`, when the caller knows them, are the lengths each rank sends here (an
-        exchange may then skip sharing the lengths).
+        When the caller knows them (from `lengths`), `receive` are the lengths each rank
+        sends here and `most` the longest part any rank sends: an exchange may then skip
+        sharing the lengths itself.
         """
         ...
 
@@ -98,6 +101,8 @@ class Route:
     Attributes:
         lookup: this process's ids: their sorted unique rows [U] and inverse.
         cuts: int64 [world + 1]; ``lookup.unique[cuts[j]:cuts[j + 1]]`` are rank j's rows.
+        most: the most rows any process asked of any one process (its rows and gradients
+            travel in parts of at most this many).
         union: sorted unique rows the run asked of this process, as local indices [M].
         asked: per requesting rank, how many rows it asked of this process.
         back: per row asked (requesters in rank order), its position in `union` [sum(asked)].
@@ -105,6 +110,7 @@ class Route:
 
     lookup: Lookup
     cuts: np.ndarray
+    most: int
     union: np.ndarray
     asked: list[int]
     back: np.ndarray
@@ -151,13 +157,14 @@ class Shard:
         parts: list[np.ndarray],
         channel: Exchange | None = None,
         receive: list[int] | None = None,
+        most: int | None = None,
     ) -> list[np.ndarray]:
         """One all-to-all (a collective) on `channel` (default `exchange`), counted.
 
-        `receive`: the lengths each rank sends here, when the route already says.
+        `receive` and `most`: the lengths, when the route already says (`Exchange`).
         """
         start = time.perf_counter()
-        received = (channel or self.exchange).all_to_all(parts, receive=receive)
+        received = (channel or self.exchange).all_to_all(parts, receive=receive, most=most)
         seconds = time.perf_counter() - start
         sent = sum(p.nbytes for j, p in enumerate(parts) if j != self.rank)
         got = sum(p.nbytes for j, p in enumerate(received) if j != self.rank)
@@ -187,12 +194,16 @@ class Shard:
         inner = np.searchsorted(unique, self.bounds[1:-1], side="left")
         cuts = np.concatenate([[0], inner, [unique.size]]).astype(np.int64)
         parts = [unique[cuts[j] : cuts[j + 1]] for j in range(self.world)]
-        asked_of_me = self.swap(parts, channel)
+        # Every process's lengths, once a batch: its three exchanges then need no more.
+        every = (channel or self.exchange).lengths([len(p) for p in parts])
+        most = int(every.max())
+        asked_of_me = self.swap(parts, channel, every[:, self.rank].tolist(), most)
         requested = np.concatenate(asked_of_me) if asked_of_me else np.zeros(0, np.int64)
         union, back = np.unique(requested - self.rows.start, return_inverse=True)
         return Route(
             found,
             cuts,
+            most,
             union.astype(np.int64, copy=False),
             [len(a) for a in asked_of_me],
             back.astype(np.int64, copy=False).reshape(-1),
@@ -206,7 +217,8 @@ class Shard:
         """
         picked = rows[route.back]
         ends = np.cumsum(route.asked)[:-1]
-        received = self.swap(np.split(picked, ends), receive=np.diff(route.cuts).tolist())
+        owed = np.diff(route.cuts).tolist()  # what each owner sends here: what was asked
+        received = self.swap(np.split(picked, ends), receive=owed, most=route.most)
         return np.concatenate(received) if received else picked[:0]
 
     def collect(self, route: Route, grad: np.ndarray) -> np.ndarray:
@@ -223,7 +235,7 @@ class Shard:
             `grad`'s dtype.
         """
         parts = [grad[route.cuts[j] : route.cuts[j + 1]] for j in range(self.world)]
-        received = self.swap(parts, receive=route.asked)
+        received = self.swap(parts, receive=route.asked, most=route.most)
         total = np.zeros((route.union.size, *grad.shape[1:]), np.result_type(grad, np.float32))
         start = 0
         for part in received:

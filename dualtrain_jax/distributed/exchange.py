@@ -2,9 +2,9 @@
 
 One device of each process forms a one-axis mesh, and ``jax.lax.all_to_all`` inside
 ``shard_map`` moves the rows (on the CPU, over the gloo collectives ``jax.distributed``
-starts). Shapes under ``jit`` are static, so each call first shares every process's
-lengths (``process_allgather``) and pads every part to one capacity, a power of two (at
-least 16 rows): one program is compiled per (capacity, bytes a row), so a run recompiles
+starts). Shapes under ``jit`` are static, so every process's lengths are shared first
+(``process_allgather``, once a batch) and every part is padded to one capacity, a power of
+two (at least 16 rows): one program is compiled per (capacity, bytes a row), so a run recompiles
 only when its largest part crosses a power of two, and ids, rows and gradients of any dtype
 share programs by their width in bytes.
 """
@@ -35,8 +35,9 @@ def capacity(rows: int) -> int:
 class JaxExchange:
     """``jax.lax.all_to_all`` over one device a process (`dualtrain.embeddings.Exchange`).
 
-    Each call is two collectives: the lengths (an all-gather), then the padded rows. Every
-    process must call it in the same order.
+    Each call is one collective, the padded rows, when the caller passes the lengths (from
+    `lengths`, an all-gather, once a batch), else two. Every process must call it in the
+    same order.
 
     Attributes:
         rank: this process's index.
@@ -56,20 +57,30 @@ class JaxExchange:
         self.mesh = Mesh(np.array(firsts), (_AXIS,))
         self.programs: set[tuple[int, int]] = set()
 
+    def lengths(self, sent: list[int], /) -> np.ndarray:
+        """Every process's part lengths, int64 [world, world] (``process_allgather``)."""
+        mine = np.array(sent, np.int64)
+        return np.asarray(multihost_utils.process_allgather(mine)).reshape(self.world, -1)
+
     def all_to_all(
-        self, parts: list[np.ndarray], /, receive: list[int] | None = None
+        self,
+        parts: list[np.ndarray],
+        /,
+        receive: list[int] | None = None,
+        most: int | None = None,
     ) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
 
-        The lengths are shared even when `receive` gives this process's: the padded
-        capacity must be the same on every process, so it needs every process's.
+        The padded capacity must be the same on every process: without `receive` and
+        `most` (from `lengths`) the lengths are shared first, one more collective.
         """
         first = parts[0]
         dtype, trail = first.dtype, first.shape[1:]
         width = dtype.itemsize * math.prod(trail)  # bytes a row
-        lengths = np.array([len(p) for p in parts], np.int64)
-        every = np.asarray(multihost_utils.process_allgather(lengths)).reshape(self.world, -1)
-        cap = capacity(int(every.max()))
+        if receive is None or most is None:
+            every = self.lengths([len(p) for p in parts])
+            receive, most = every[:, self.rank].tolist(), int(every.max())
+        cap = capacity(most)
         local = np.zeros((self.world, cap, width), np.uint8)
         for j, part in enumerate(parts):
             local[j, : len(part)] = np.ascontiguousarray(part).view(np.uint8).reshape(-1, width)
@@ -79,10 +90,7 @@ class JaxExchange:
         self.programs.add((cap, width))
         moved = _program(self.mesh)(sent)
         mine = np.asarray(moved.addressable_shards[0].data)
-        return [
-            mine[j, : every[j, self.rank]].view(dtype).reshape(-1, *trail)
-            for j in range(self.world)
-        ]
+        return [mine[j, : receive[j]].view(dtype).reshape(-1, *trail) for j in range(self.world)]
 
 
 @functools.lru_cache(maxsize=8)

@@ -22,9 +22,9 @@ __all__ = ["TorchExchange"]
 class TorchExchange:
     """``dist.all_to_all_single`` over a gloo group (`dualtrain.embeddings.Exchange`).
 
-    Each call is one collective, the rows, when the caller knows what it will receive (a
-    batch's rows and gradients), else two: the lengths first (its ids). Every process must
-    call it in the same order.
+    Each call is one collective when the caller knows what it will receive (`lengths`, once
+    a batch, tells it), else two: the lengths first. Every process must call it in the same
+    order.
 
     Attributes:
         rank: this process's rank.
@@ -42,13 +42,24 @@ class TorchExchange:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.ahead: Exchange | None = TorchExchange(ahead=False) if ahead else None
 
+    def lengths(self, sent: list[int], /) -> np.ndarray:
+        """Every rank's part lengths, int64 [world, world] (``dist.all_gather``)."""
+        mine = torch.tensor(sent, dtype=torch.int64)
+        every = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(every, mine, group=self.group)
+        return torch.stack(every).numpy()
+
     def all_to_all(
-        self, parts: list[np.ndarray], /, receive: list[int] | None = None
+        self,
+        parts: list[np.ndarray],
+        /,
+        receive: list[int] | None = None,
+        most: int | None = None,
     ) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
 
         `receive`: the lengths each rank sends here, when known; else they are exchanged
-        first (one more collective).
+        first (one more collective). `most` is not needed: parts travel unpadded.
         """
         first = parts[0]
         dtype, trail = first.dtype, first.shape[1:]

@@ -51,8 +51,17 @@ class ThreadExchange:
         self.calls, self.die_after = 0, die_after
         self.ahead = ahead  # a second exchange on a board of its own (prefetch routes)
 
+    def lengths(self, sent: list[int], /) -> np.ndarray:
+        """Every rank's part lengths [world, world] (an exchange of the lengths)."""
+        got = self.all_to_all([np.array([sent]) for _ in range(self.world)])
+        return np.concatenate(got).astype(np.int64)
+
     def all_to_all(
-        self, parts: list[np.ndarray], /, receive: list[int] | None = None
+        self,
+        parts: list[np.ndarray],
+        /,
+        receive: list[int] | None = None,
+        most: int | None = None,
     ) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
 
@@ -67,6 +76,8 @@ class ThreadExchange:
         board.barrier.wait()  # every rank has read before the board is used again
         if receive is not None:
             assert [len(g) for g in got] == list(receive), (receive, [len(g) for g in got])
+        if most is not None:
+            assert max(len(p) for p in parts) <= most, (most, [len(p) for p in parts])
         self.calls += 1
         if self.die_after is not None and self.calls >= self.die_after:
             os._exit(9)
