@@ -17,24 +17,32 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 from dualtrain.errors import ArgumentError, WorkerError
 
 __all__ = [
     "GRACE",
+    "FileReport",
     "check_class",
     "check_picklable",
     "end_group",
+    "environment",
+    "exit_soon",
+    "failure_error",
     "own_group",
+    "read_report",
     "report_failure",
     "report_result",
     "run_workers",
+    "stop_groups",
     "watch_parent",
 ]
 
@@ -257,7 +265,7 @@ class _Environment:
                 os.environ[key] = value
 
 
-def report_failure(conn: Connection, step: int, err: BaseException) -> None:
+def report_failure(conn: Connection | FileReport, step: int, err: BaseException) -> None:
     """Sends a worker's error to the parent: its type, message and traceback."""
     text = "".join(traceback.format_exception(err)).rstrip()
     summary = f"{type(err).__name__}: {err}"
@@ -265,7 +273,7 @@ def report_failure(conn: Connection, step: int, err: BaseException) -> None:
         _send(conn, ("error", step, f"{summary}\n{text}", time.time()))
 
 
-def report_result(conn: Connection, step: int, result: Any) -> None:
+def report_result(conn: Connection | FileReport, step: int, result: Any) -> None:
     """Sends rank 0's result (anything picklable) to the parent."""
     try:
         _send(conn, ("result", step, result, time.time()))
@@ -273,7 +281,7 @@ def report_result(conn: Connection, step: int, result: Any) -> None:
         _send(conn, ("error", step, f"its result could not be sent: {err!r}", time.time()))
 
 
-def _send(conn: Connection, message: tuple[Any, ...]) -> None:
+def _send(conn: Connection | FileReport, message: tuple[Any, ...]) -> None:
     # Plain pickle, by value: Connection.send pickles with multiprocessing's reducers, which
     # send a torch tensor as a handle to this process's shared memory, gone once it exits.
     conn.send_bytes(pickle.dumps(message))
@@ -303,3 +311,134 @@ def watch_parent(parent: int) -> None:
             time.sleep(0.2)
 
     threading.Thread(target=loop, name="dualtrain-parent-watch", daemon=True).start()
+
+
+# ---- a run launched by a framework's agent: reports through the run's folder ------------
+
+
+class FileReport:
+    """A worker's report channel in the run's folder: ``report.<attempt>.<rank>``.
+
+    Stands in for the pipe of a spawned worker (`report_failure`, `report_result` take
+    either): the message is written to a temporary name and renamed, so the launching
+    process reads a whole report or none.
+    """
+
+    def __init__(self, folder: Path, attempt: int, rank: int) -> None:
+        self.path = folder / f"report.{attempt}.{rank}"
+
+    def send_bytes(self, data: bytes) -> None:
+        """Writes the report (atomically)."""
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        """Nothing to close (the pipe's counterpart)."""
+
+
+def read_report(folder: Path, attempt: int, rank: int) -> tuple[str, int, Any, float] | None:
+    """What rank `rank` reported in `attempt`: (kind, step, body, time), or None."""
+    path = folder / f"report.{attempt}.{rank}"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        kind, step, body, when = pickle.loads(data)
+    except Exception as err:  # a result that does not unpickle here
+        return "error", 0, f"its result could not be received: {err!r}", time.time()
+    return kind, int(step), body, float(when)
+
+
+def failure_error(
+    folder: Path, attempt: int, processes: int, failed: Mapping[int, int],
+    steps: Callable[[int], int], first: tuple[int, int, str] | None = None,
+) -> WorkerError:  # fmt: skip
+    """The WorkerError of a failed attempt, naming the first cause's rank and step.
+
+    Args:
+        folder: the run's folder (the workers' reports).
+        attempt: the attempt that failed.
+        processes: the run's processes.
+        failed: the ranks the launcher saw fail, with their exit codes.
+        steps: a rank's steps (for one that died without a report).
+        first: (rank, step, what) known to come first (a stalled worker, named by its rank).
+    """
+    # (kind, time, rank, step, what): kind -1 a known first cause, 0 a death without a
+    # report (it makes its peers' collectives fail after it), 1 a reported error.
+    failures: list[tuple[int, float, int, int, str]] = []
+    if first is not None:
+        failures.append((-1, 0.0, *first))
+    named = {f[2] for f in failures}
+    for rank in range(processes):
+        report = read_report(folder, attempt, rank) if rank not in named else None
+        if report is not None and report[0] == "error":
+            failures.append((1, report[3], rank, report[1], str(report[2])))
+    named = {f[2] for f in failures}
+    for rank, code in sorted(failed.items()):
+        if rank not in named:
+            what = (
+                _death(code) if code < 0 else f"exited with code {code} without reporting an error"
+            )
+            failures.append((0, 0.0, rank, steps(rank), what))
+    if not failures:  # the launcher failed with no rank named
+        failures.append((0, 0.0, 0, steps(0), "the launcher failed without naming a rank"))
+    _, _, rank, step, what = min(failures)
+    others = sorted({f[2] for f in failures} - {rank})
+    also = f" (then rank(s) {others} failed too)" if others else ""
+    return WorkerError(
+        f"Multiverse worker rank {rank} failed at step {step}: {what}{also}", rank, step
+    )
+
+
+def stop_groups(pids: Sequence[int]) -> None:
+    """Stops what is left of each worker's process group (its children): SIGTERM, then SIGKILL.
+
+    Each worker leads its own group (`own_group`), which outlives it while a child of it
+    lives; the launcher has already stopped the workers themselves.
+    """
+    alive = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+            alive.append(pid)
+    end = time.monotonic() + GRACE
+    while alive and time.monotonic() < end:
+        alive = [pid for pid in alive if _group_alive(pid)]
+        time.sleep(0.05)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in ``os.environ`` while the block runs (a launcher's workers inherit them)."""
+    with _ENV_LOCK, _Environment(values):
+        yield
+
+
+def exit_soon(after: float) -> None:
+    """Ends this process with status 0 `after` seconds from now, if it has not ended by then.
+
+    For a worker that has reported its result: a teardown that hangs (a framework's, an
+    ``atexit`` handler) must not make its launcher wait, nor count as a failure.
+    """
+
+    def end() -> None:
+        time.sleep(after)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
+
+    threading.Thread(target=end, name="dualtrain-exit-soon", daemon=True).start()

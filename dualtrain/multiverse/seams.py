@@ -16,9 +16,11 @@ from dualtrain import backends
 from dualtrain.multiverse.world import World
 
 __all__ = [
+    "AgentPart",
     "DistributedPart",
     "DistributedTraits",
     "Runtime",
+    "agent_part",
     "distributed_part",
     "distributed_traits",
 ]
@@ -44,6 +46,9 @@ class DistributedTraits:
             one: Multiverse wraps a learner's model with its sync options first.
         joins_early: the process joins before the universe runs (a runtime that can join
             only before it computes anything), else at `init` or its first need.
+        agent: the framework has an agent that launches and supervises a run's workers
+            (torch's elastic agent, what torchrun runs): `mv()` launches through the part's
+            `launch` (`AgentPart`); else Multiverse spawns and watches them itself.
     """
 
     name: str
@@ -55,6 +60,7 @@ class DistributedTraits:
     sync_options: tuple[str, ...] = ()
     wraps_models: bool = False
     joins_early: bool = False
+    agent: bool = False
 
 
 class Runtime(Protocol):
@@ -151,8 +157,36 @@ class DistributedPart(Protocol):
         ...
 
 
+class AgentPart(Protocol):
+    """What a part whose traits say ``agent`` adds: launching a run's workers by its agent."""
+
+    def launch(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...],
+        processes: int,
+        max_restarts: int,
+        timeout: float,
+        log_dir: str,
+    ) -> dict[int, int]:
+        """Runs ``target(*args)`` on `processes` local workers under the framework's agent.
+
+        Every worker gets torchrun's variables (``RANK``, ``WORLD_SIZE`` ...) and the agent's
+        restart count; after a failure the agent stops every worker and, `max_restarts`
+        times at most, starts them all again. `timeout` bounds the rendezvous; `log_dir`
+        holds the agent's files. Returns {} when every worker returned, else the last
+        attempt's failed ranks and exit codes; Ctrl-C raises KeyboardInterrupt.
+        """
+        ...
+
+
 def distributed_part(name: str) -> DistributedPart:
     """Backend `name`'s ``distributed`` module (loads its framework)."""
+    return backends.load_part(name, "distributed")
+
+
+def agent_part(name: str) -> AgentPart:
+    """Backend `name`'s ``distributed`` module as the launcher of a run (its traits' ``agent``)."""
     return backends.load_part(name, "distributed")
 
 

@@ -97,8 +97,17 @@ def _init_group(world: World, backend: str, device: torch.device, timeout: float
     }  # fmt: skip
     if device.type == "cuda":
         options["device_id"] = device  # nccl binds its communicator to this device now
-    if world.source == "torchrun":
-        options["init_method"] = "env://"  # torchrun's agent already serves the store
+    if world.agent:
+        # The elastic agent serves the store, and keeps it over restarts: each attempt's
+        # keys under a prefix of its own, so a restarted worker never reads the address a
+        # dead one left there (env:// would, and fail to connect).
+        store = dist.TCPStore(
+            world.master_addr, world.master_port, world.processes, is_master=False,
+            timeout=datetime.timedelta(seconds=timeout),
+        )  # fmt: skip
+        options["store"] = dist.PrefixStore(f"dualtrain/attempt-{world.restart_count}", store)
+    elif world.source == "torchrun":
+        options["init_method"] = "env://"  # torchrun's rank 0 serves the store
     elif not world.master_addr or not world.master_port:
         raise bad_argument(
             "world", world, "a master_addr and master_port for several processes (MASTER_ADDR)"
