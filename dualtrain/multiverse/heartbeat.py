@@ -8,9 +8,11 @@ word, and to name a worker that has stopped making progress.
 
 The rule (`stalled`): a running worker whose steps have not advanced for `heartbeat` seconds
 is stalled; of several, the one behind is named (fewest steps, then the oldest last step). A
-worker blocked in a collective waits for the one that is behind, so the worker named is the
-one that stopped, not the peer whose collective would time out later. The first `heartbeat`
-seconds count from the worker's start (its import and joining are not steps).
+worker blocked in a collective of its next step has counted that step (a synced model's
+forward, a JAX learner's dispatch count a step as it starts), so the worker named is the one
+that stopped, not the peer whose collective would time out later. A worker is watched from
+its first step on: its start (imports, joining the run, which `timeout` bounds, a first
+compilation) is not.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def stalled(beats: list[Beat], now: float, heartbeat: float) -> Beat | None:
     """The worker to name as stalled at time `now`, or None.
 
     Only the rows of the latest attempt count, and of them only running ones (a worker that
-    finished, or has not started, is not stalled). Stalled: no step for more than
+    finished, or has not taken its first step, is not stalled). Stalled: no step for more than
     `heartbeat` seconds. Of several stalled, the one behind: fewest steps, then oldest step.
     """
     latest = max((b.attempt for b in beats if b.pid), default=None)
@@ -108,13 +110,13 @@ class Beats:
         row = self._rows[rank]
         row[:] = (0, 0, time.time(), STARTING, attempt)
         row[0] = os.getpid()
-        row[3] = RUNNING
 
     def step(self, rank: int, steps: int) -> None:
         """Rank `rank` has taken `steps` steps, now."""
         row = self._rows[rank]
         row[2] = time.time()
         row[1] = steps
+        row[3] = RUNNING
 
     def done(self, rank: int) -> None:
         """Rank `rank` has finished its work (reported): no longer watched."""

@@ -1,5 +1,11 @@
 """Spawning a run's workers and watching them: the first failure stops them all.
 
+A framework with an agent of its own (torch's elastic agent; `DistributedTraits.agent`)
+launches the workers itself; what is shared with it here is the workers' reporting
+(`report_failure` and `report_result` into a pipe or a `FileReport` in the run's folder,
+`failure_error`) and the stopping of what a worker started (`own_group`, `stop_groups`).
+The spawner below is for a framework without one (JAX: ``jax.distributed`` has none).
+
 Workers are started with the ``spawn`` method (never ``fork``: a forked copy of a process
 that has torch's or JAX's threads running can deadlock), each with torchrun's variables in its
 environment. The parent waits on every worker's pipe and process sentinel at once. A worker

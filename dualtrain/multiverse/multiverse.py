@@ -51,13 +51,14 @@ __all__ = ["Multiverse", "main_decorator"]
 class Multiverse:
     """Runs ``universe(mv, *args)`` on `nworld` data-parallel workers (Nebulae's Multiverse).
 
-    torch: `nworld` processes, one device each (gloo on the CPU, nccl on CUDA), spawned by
-    `mv()`; under torchrun or SLURM the process joins the launcher's run instead and `nworld`
-    is the launcher's. JAX: `processes` processes (default 1) driving `nworld` devices in
-    all: one process runs `universe` itself over its first `nworld` devices (on the CPU, host
-    devices are made when JAX is not imported yet); several are joined by
-    ``jax.distributed.initialize``. A worker that raises or dies stops the others; `mv()`
-    then raises `WorkerError` naming its rank and step.
+    torch: `nworld` processes, one device each (gloo on the CPU, nccl on CUDA), launched by
+    `mv()` through torch's elastic agent; under torchrun or SLURM the process joins the
+    launcher's run instead and `nworld` is the launcher's. JAX: `processes` processes
+    (default 1) driving `nworld` devices in all: one process runs `universe` itself over its
+    first `nworld` devices (on the CPU, host devices are made when JAX is not imported yet);
+    several are spawned by Multiverse and joined by ``jax.distributed.initialize``. A worker
+    that raises or dies stops the others; `mv()` then raises `WorkerError` naming its rank
+    and step (or, with `max_restarts`, starts them all again).
 
     Args:
         universe: ``universe(mv, *args)``, the training function. Spawned workers import it
@@ -71,9 +72,10 @@ class Multiverse:
             one failed (torch: by the elastic agent; JAX: by Multiverse); `restart_count`
             tells the universe, which resumes from its last anchor. Under torchrun, its
             ``--max-restarts`` decides instead.
-        heartbeat: seconds a worker of a run `mv()` launches may go without a step (its
-            first counted from its start) before it is named stalled, by its own rank, and
-            stopped; None (the default): not watched.
+        heartbeat: seconds a worker of a run `mv()` launches may go without a step, from
+            its first step on, before it is named stalled, by its own rank, and stopped
+            (as a failure: restarted where `max_restarts` allows); None (the default): not
+            watched.
         **sync_options: torch: DistributedDataParallel's ``bucket_cap_mb``,
             ``find_unused_parameters``, ``broadcast_buffers``, ``gradient_as_bucket_view``,
             ``static_graph`` for `sync`.
