@@ -12,7 +12,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.nn import functional as F  # noqa: N812 - torch's own spelling
 
@@ -68,6 +67,3 @@ def stalls(mv: Any, folder: str, rank: int) -> None:
             time.sleep(3600)
         x, y = batch(mv.rank, step)
         F.cross_entropy(model(x), y).backward()
-
-
-__all__ = ["batch", "np", "resumes", "stalls"]
