@@ -2,14 +2,15 @@
 
 A run that Multiverse launches keeps a folder (``DUALTRAIN_MULTIVERSE_RUN`` in the workers'
 environment) with one file, ``beats``, of one row a rank: ``(pid, steps, last step's time,
-state, attempt)``, memory-mapped, so a worker's step costs two stores to memory and no system
-call. The launching process reads the rows: to name the step of a worker that died without a
-word, and to name a worker that has stopped making progress.
+state, attempt, steps begun)``, memory-mapped, so a worker's step costs a few stores to memory
+and no system call. The launching process reads the rows: to name the step of a worker that
+died without a word, and to name a worker that has stopped making progress.
 
 The rule (`stalled`): a running worker whose steps have not advanced for `heartbeat` seconds
-is stalled; of several, the one behind is named (fewest steps, then the oldest last step). A
-worker blocked in a collective of its next step has counted that step (a synced model's
-forward, a JAX learner's dispatch count a step as it starts), so the worker named is the one
+is stalled; of several, the one behind is named (fewest steps begun, then the oldest last
+step). A worker blocked in a collective of its next step has begun that step (a synced
+model's forward and a JAX learner's dispatch count a step as it starts; a torch learner's
+step, counted at its end, says when it begins: ``on_begin``), so the worker named is the one
 that stopped, not the peer whose collective would time out later. A worker is watched from
 its first step on: its start (imports, joining the run, which `timeout` bounds, a first
 compilation) is not.
@@ -34,13 +35,16 @@ from dualtrain.errors import bad_argument
 __all__ = ["RUN", "Beat", "Beats", "Watchdog", "check_heartbeat", "kill_group", "stalled"]
 
 RUN = "DUALTRAIN_MULTIVERSE_RUN"  # the run's folder, in a launched worker's environment
-_FIELDS = 5  # pid, steps, time, state, attempt
+_FIELDS = 6  # pid, steps, time, state, attempt, steps begun
 STARTING, RUNNING, DONE = 0, 1, 2
 
 
 @dataclass(frozen=True)
 class Beat:
-    """One rank's row: its pid (0: not started), steps, last step's time, state, attempt."""
+    """One rank's row: its pid (0: not started), steps, last step's time, state, attempt.
+
+    `begun`: the steps it had begun, where steps are counted at their end (0: not told).
+    """
 
     rank: int
     pid: int
@@ -48,6 +52,12 @@ class Beat:
     time: float
     state: int
     attempt: int
+    begun: int = 0
+
+    @property
+    def reached(self) -> int:
+        """The steps it has begun: a step counted at its end is reached as it begins."""
+        return max(self.steps, self.begun)
 
 
 def check_heartbeat(heartbeat: Any) -> float | None:
@@ -69,7 +79,8 @@ def stalled(beats: list[Beat], now: float, heartbeat: float) -> Beat | None:
 
     Only the rows of the latest attempt count, and of them only running ones (a worker that
     finished, or has not taken its first step, is not stalled). Stalled: no step for more than
-    `heartbeat` seconds. Of several stalled, the one behind: fewest steps, then oldest step.
+    `heartbeat` seconds. Of several stalled, the one behind: fewest steps begun, then
+    fewest taken, then the oldest last step.
     """
     latest = max((b.attempt for b in beats if b.pid), default=None)
     late = [
@@ -77,7 +88,7 @@ def stalled(beats: list[Beat], now: float, heartbeat: float) -> Beat | None:
         for b in beats
         if b.pid and b.attempt == latest and b.state == RUNNING and now - b.time > heartbeat
     ]
-    return min(late, key=lambda b: (b.steps, b.time, b.rank)) if late else None
+    return min(late, key=lambda b: (b.reached, b.steps, b.time, b.rank)) if late else None
 
 
 class Beats:
@@ -108,7 +119,7 @@ class Beats:
     def start(self, rank: int, attempt: int) -> None:
         """Rank `rank` starts (its attempt, pid and start time; no step yet)."""
         row = self._rows[rank]
-        row[:] = (0, 0, time.time(), STARTING, attempt)
+        row[:] = (0, 0, time.time(), STARTING, attempt, 0)
         row[0] = os.getpid()
 
     def step(self, rank: int, steps: int) -> None:
@@ -118,6 +129,10 @@ class Beats:
         row[1] = steps
         row[3] = RUNNING
 
+    def begin(self, rank: int, begun: int) -> None:
+        """Rank `rank` begins its step `begun` (a step counted at its end)."""
+        self._rows[rank, 5] = begun
+
     def done(self, rank: int) -> None:
         """Rank `rank` has finished its work (reported): no longer watched."""
         self._rows[rank, 3] = DONE
@@ -126,7 +141,7 @@ class Beats:
         """Every rank's row, now."""
         rows = np.array(self._rows)
         return [
-            Beat(rank, int(r[0]), int(r[1]), float(r[2]), int(r[3]), int(r[4]))
+            Beat(rank, int(r[0]), int(r[1]), float(r[2]), int(r[3]), int(r[4]), int(r[5]))
             for rank, r in enumerate(rows)
         ]
 

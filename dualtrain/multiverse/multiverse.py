@@ -360,7 +360,9 @@ class Multiverse:
                     f"{self._traits.name}"
                 )
             part = distributed_part(self.backend)
-            self._runtime = part.join(self.world, timeout=self.timeout, on_step=self._on_step)
+            self._runtime = part.join(
+                self.world, timeout=self.timeout, on_step=self._on_step, on_begin=self._on_begin
+            )
         return self
 
     def _join_early(self) -> None:
@@ -377,6 +379,10 @@ class Multiverse:
         if self._runtime is not None:
             runtime, self._runtime = self._runtime, None
             runtime.leave()
+
+    def _on_begin(self) -> None:
+        if self._beats is not None:
+            self._beats.begin(self.rank, self.step + 1)
 
     def _on_step(self) -> None:
         self.step += 1

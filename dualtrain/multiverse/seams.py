@@ -146,13 +146,23 @@ class DistributedPart(Protocol):
 
     TRAITS: DistributedTraits
 
-    def join(self, world: World, /, timeout: float, on_step: Callable[[], None]) -> Runtime:
+    def join(
+        self,
+        world: World,
+        /,
+        timeout: float,
+        on_step: Callable[[], None],
+        on_begin: Callable[[], None] | None = None,
+    ) -> Runtime:
         """Joins the run `world` describes and returns this process's Runtime.
 
         `timeout` (seconds) bounds the joining (and, where the framework can, every
         collective). The runtime calls `on_step` once per training step (each learner step,
         and each forward in training mode of a model it wraps); Multiverse counts them to
-        name the step in errors.
+        name the step in errors. `on_begin`, where given, is called as a step that is
+        counted at its end starts (a learner step whose collectives come before its count),
+        so the heartbeat tells a worker waiting in a step's collective from one that never
+        began it.
         """
         ...
 

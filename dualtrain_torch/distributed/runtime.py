@@ -40,7 +40,13 @@ _retired: list[Any] = []  # groups left: kept alive until exit (see TorchRuntime
 _ours = [False]  # whether the default process group is one join() created (leave destroys it)
 
 
-def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchRuntime:
+def join(
+    world: World,
+    /,
+    timeout: float,
+    on_step: Callable[[], None],
+    on_begin: Callable[[], None] | None = None,
+) -> TorchRuntime:
     """Joins the run `world` describes: the default process group, then this process's Runtime.
 
     The backend is nccl when CUDA is available (this process then drives
@@ -55,6 +61,7 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchR
         timeout: seconds the joining and every later collective may take.
         on_step: called once per training step (each learner step; each forward of a synced
             model in training mode outside a learner).
+        on_begin: called as a learner step starts (its count comes at its end).
 
     Raises:
         ArgumentError: a bad `world`, `timeout` or `on_step`; an existing group that does
@@ -68,6 +75,8 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchR
         raise bad_argument("timeout", timeout, "a positive number of seconds")
     if not callable(on_step):
         raise bad_argument("on_step", on_step, "a function taking no argument")
+    if on_begin is not None and not callable(on_begin):
+        raise bad_argument("on_begin", on_begin, "None or a function taking no argument")
     cuda = torch.cuda.is_available()
     if cuda and world.local_rank >= torch.cuda.device_count():
         raise bad_argument(
@@ -87,7 +96,7 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchR
     elif world.processes > 1:
         _init_group(world, "nccl" if cuda else "gloo", device, float(timeout))
         _ours[0] = True
-    return TorchRuntime(world, device, on_step)
+    return TorchRuntime(world, device, on_step, on_begin)
 
 
 def _init_group(world: World, backend: str, device: torch.device, timeout: float) -> None:
@@ -246,8 +255,15 @@ class TorchRuntime:
             (no group, no collective).
     """
 
-    def __init__(self, world: World, device: torch.device, on_step: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        world: World,
+        device: torch.device,
+        on_step: Callable[[], None],
+        on_begin: Callable[[], None] | None = None,
+    ) -> None:
         self.world, self.device, self._on_step = world, device, on_step
+        self._on_begin = on_begin
         self.local_rank, self.local_devices = world.local_rank, 1
         self.backend: str | None = None
         if world.processes == 1:
@@ -434,7 +450,12 @@ class TorchRuntime:
 
     @contextlib.contextmanager
     def counted_step(self) -> Iterator[None]:
-        """One training step: synced forwards inside are not counted, the step is, once."""
+        """One training step: synced forwards inside are not counted, the step is, once.
+
+        `on_begin` (when given) is told as it starts: the step is counted at its end.
+        """
+        if self._on_begin is not None and not self._quiet:
+            self._on_begin()
         self._quiet += 1
         try:
             yield

@@ -49,6 +49,15 @@ def test_the_worker_behind_is_named_not_the_peer_waiting_for_it() -> None:
     assert stalled(rows, 60.0, 5.0) == rows[1]
 
 
+def test_a_step_counted_at_its_end_is_reached_as_it_begins() -> None:
+    # A torch learner counts its step at its end: rank 0, blocked in step 3's all-reduce,
+    # has counted 2 steps like rank 1, which stopped; rank 0 has begun step 3.
+    rank0 = Beat(0, 1000, 2, 49.0, RUNNING, 0, begun=3)
+    rank1 = Beat(1, 1001, 2, 50.0, RUNNING, 0, begun=2)  # its last step came later
+    assert stalled([rank0, rank1], 60.0, 5.0) == rank1
+    assert (rank0.reached, rank1.reached, beat(2, 4, 0.0).reached) == (3, 2, 4)
+
+
 def test_finished_starting_and_earlier_attempts_are_not_judged() -> None:
     rows = [
         beat(0, 9, 0.0, state=DONE),  # returned: waits for the others at its exit
@@ -63,7 +72,7 @@ def test_finished_starting_and_earlier_attempts_are_not_judged() -> None:
 rows_strategy = st.lists(
     st.tuples(
         st.integers(0, 5), st.floats(0, 100), st.sampled_from([STARTING, RUNNING, DONE]),
-        st.integers(0, 2),
+        st.integers(0, 2), st.integers(0, 6),
     ),
     min_size=1,
     max_size=6,
@@ -72,9 +81,9 @@ rows_strategy = st.lists(
 
 @given(rows_strategy, st.floats(0, 200), st.floats(0.1, 50))
 def test_the_named_worker_is_late_and_no_late_worker_is_behind_it(
-    spec: list[tuple[int, float, int, int]], now: float, heartbeat: float
+    spec: list[tuple[int, float, int, int, int]], now: float, heartbeat: float
 ) -> None:
-    rows = [beat(r, s, t, state, a) for r, (s, t, state, a) in enumerate(spec)]
+    rows = [Beat(r, 1000 + r, s, t, state, a, b) for r, (s, t, state, a, b) in enumerate(spec)]
     latest = max(b.attempt for b in rows)
     late = [b for b in rows if b.attempt == latest and b.state == RUNNING
             and now - b.time > heartbeat]  # fmt: skip
@@ -82,7 +91,9 @@ def test_the_named_worker_is_late_and_no_late_worker_is_behind_it(
     assert (named is None) == (not late)
     if named is not None:
         assert named in late
-        assert all((named.steps, named.time) <= (b.steps, b.time) for b in late)
+        assert all(
+            (named.reached, named.steps, named.time) <= (b.reached, b.steps, b.time) for b in late
+        )
 
 
 def test_the_watchdog_kills_the_stalled_worker_and_keeps_the_verdict(tmp_path: Path) -> None:
@@ -92,7 +103,7 @@ def test_the_watchdog_kills_the_stalled_worker_and_keeps_the_verdict(tmp_path: P
         beats.start(0, attempt=0)  # this process stands in for rank 0, which keeps stepping
         beats.step(0, 5)
         row = beats._rows[1]  # rank 1: the child, started and stepped once, long ago
-        row[:] = (worker.pid, 1, time.time() - 100, RUNNING, 0)
+        row[:] = (worker.pid, 1, time.time() - 100, RUNNING, 0, 1)
         watchdog = Watchdog(beats, 30.0)
         assert watchdog.check(time.time()).rank == 1
         assert worker.wait(timeout=30) == -9  # SIGKILL

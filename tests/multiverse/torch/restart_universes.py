@@ -57,13 +57,18 @@ def resumes(mv: Any, folder: str, steps: int, every: int, kill_at: int | None) -
     } if mv.is_main else None  # fmt: skip
 
 
-def stalls(mv: Any, folder: str, rank: int) -> None:
-    """Synced steps; after step 2 rank `rank` sleeps for good, the other steps on and waits."""
+def stalls(mv: Any, folder: str, rank: int, learner: bool) -> None:
+    """Steps (a learner's, or forwards and backwards of a synced model); after step 2 rank
+    `rank` sleeps for good, the other steps on and waits in its collective."""
     import time
 
     model = mv.sync(realize(Tiny(), seed=0))
+    taught = mv.learner(model, torch.optim.SGD(model.parameters(), lr=0.1)) if learner else None
     for step in range(1000):
         if step == 2 and mv.rank == rank:
             time.sleep(3600)
         x, y = batch(mv.rank, step)
-        F.cross_entropy(model(x), y).backward()
+        if taught is not None:
+            taught.step(x, y)  # counted at its end: its start is told (on_begin)
+        else:
+            F.cross_entropy(model(x), y).backward()  # counted as the forward starts
