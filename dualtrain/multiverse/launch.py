@@ -18,6 +18,7 @@ parent and exits when the parent is gone, so no worker outlives a killed parent.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import os
@@ -387,6 +388,9 @@ def failure_error(
             what = (
                 _death(code) if code < 0 else f"exited with code {code} without reporting an error"
             )
+            report = read_report(folder, attempt, rank)
+            if report is not None and report[0] == "result":
+                what = f"{what} (after reporting its result)"
             failures.append((0, 0.0, rank, steps(rank), what))
     if not failures:  # the launcher failed with no rank named
         failures.append((0, 0.0, 0, steps(0), "the launcher failed without naming a rank"))
@@ -434,11 +438,26 @@ def environment(values: Mapping[str, str]) -> Iterator[None]:
 
 
 def exit_soon(after: float) -> None:
-    """Ends this process with status 0 `after` seconds from now, if it has not ended by then.
+    """Ends this process with status 0: `after` seconds from now, or once it exits, if sooner.
 
-    For a worker that has reported its result: a teardown that hangs (a framework's, an
-    ``atexit`` handler) must not make its launcher wait, nor count as a failure.
+    For a worker that has reported its result: a teardown that hangs or fails (a
+    framework's, an ``atexit`` handler, multiprocessing's own finalizers, which turn an
+    error into status 1) must not make its launcher wait, nor count as a failure. At exit
+    the other ``atexit`` handlers still run, in their order, then the process ends with
+    status 0 without the interpreter's finalization.
     """
+
+    def last() -> None:  # registered last, so it runs first
+        atexit.unregister(last)
+        try:
+            atexit._run_exitfuncs()  # the others, in their order; their errors are printed
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(0)
+
+    atexit.register(last)
 
     def end() -> None:
         time.sleep(after)

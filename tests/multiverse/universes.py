@@ -105,3 +105,13 @@ def ignores_term_and_hangs(mv: Any, folder: str) -> Any:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     atexit.register(time.sleep, 3600)
     return mv.rank
+
+
+def fails_on_its_way_out(mv: Any, folder: str) -> Any:
+    """Returns; then multiprocessing's exit finalizers end the process with status 1."""
+    import sys
+    from multiprocessing import util
+
+    _note(mv, folder)
+    util.Finalize(None, sys.exit, args=(1,), exitpriority=100)
+    return mv.rank
