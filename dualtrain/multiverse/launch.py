@@ -37,6 +37,7 @@ from dualtrain.errors import ArgumentError, WorkerError
 
 __all__ = [
     "GRACE",
+    "ExitWatch",
     "FileReport",
     "check_class",
     "check_picklable",
@@ -361,6 +362,7 @@ def read_report(folder: Path, attempt: int, rank: int) -> tuple[str, int, Any, f
 def failure_error(
     folder: Path, attempt: int, processes: int, failed: Mapping[int, int],
     steps: Callable[[int], int], first: tuple[int, int, str] | None = None,
+    ended: Mapping[int, tuple[int, int | None]] | None = None,
 ) -> WorkerError:  # fmt: skip
     """The WorkerError of a failed attempt, naming the first cause's rank and step.
 
@@ -371,6 +373,10 @@ def failure_error(
         failed: the ranks the launcher saw fail, with their exit codes.
         steps: a rank's steps (for one that died without a report).
         first: (rank, step, what) known to come first (a stalled worker, named by its rank).
+        ended: the ranks seen ending, in order, with their exit codes (`ExitWatch`): one
+            that ended without a report no later than the first that reported an error
+            died first (its peers' collectives failed because of it); one that ended after
+            was stopped by the launcher.
     """
     # (kind, time, rank, step, what): kind -1 a known first cause, 0 a death without a
     # report (it makes its peers' collectives fail after it), 1 a reported error.
@@ -383,13 +389,27 @@ def failure_error(
         if report is not None and report[0] == "error":
             failures.append((1, report[3], rank, report[1], str(report[2])))
     named = {f[2] for f in failures}
+    ended = ended or {}
+    cause_by = min((ended[r][0] for r in named if r in ended), default=None)
+    for rank, (order, code) in sorted(ended.items()):
+        if rank in named or read_report(folder, attempt, rank) is not None:
+            continue  # it reported: an error, or its result (then `failed` tells)
+        if cause_by is None or order <= cause_by:
+            code = code if code is not None else failed.get(rank)
+            what = (
+                "died without reporting an error" if code is None
+                else _death(code) if code < 0
+                else f"exited with code {code} without reporting an error"
+            )  # fmt: skip
+            failures.append((0, float(order), rank, steps(rank), what))
+    named = {f[2] for f in failures}
     for rank, code in sorted(failed.items()):
-        if rank not in named:
+        result = read_report(folder, attempt, rank) is not None
+        if rank not in named and (rank not in ended or result):
             what = (
                 _death(code) if code < 0 else f"exited with code {code} without reporting an error"
             )
-            report = read_report(folder, attempt, rank)
-            if report is not None and report[0] == "result":
+            if result:
                 what = f"{what} (after reporting its result)"
             failures.append((0, 0.0, rank, steps(rank), what))
     if not failures:  # the launcher failed with no rank named
@@ -467,3 +487,61 @@ def exit_soon(after: float) -> None:
         os._exit(0)
 
     threading.Thread(target=end, name="dualtrain-exit-soon", daemon=True).start()
+
+
+class ExitWatch:
+    """Sees each worker of a launched run end, in order, and how, without reaping it.
+
+    For workers that a framework's agent started in this process: the agent reaps them and
+    tells of the first failure it noticed only. A thread peeks at every started worker's
+    pid (its row in `beats`) every 10 ms with ``waitid(WNOWAIT)``, which reads a child's exit
+    status and leaves it to be reaped, and records the order in which they ended: a worker
+    that died before any peer reported an error is the run's first cause.
+
+    Attributes:
+        ended: (attempt, rank) -> (the poll that saw it end, its exit code: negative for a
+            signal; None when it was reaped before it was seen).
+    """
+
+    PERIOD = 0.01
+
+    def __init__(self, beats: Any) -> None:
+        self.beats = beats
+        self.ended: dict[tuple[int, int], tuple[int, int | None]] = {}
+        self._count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dualtrain-exits", daemon=True)
+
+    def __enter__(self) -> ExitWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()  # what ended since the last poll, last in order
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.PERIOD):
+            self.poll()
+
+    def poll(self) -> None:
+        """Records the workers that have ended since the last poll, as this poll's."""
+        self._count += 1
+        count = self._count
+        for beat in self.beats.read():
+            key = (beat.attempt, beat.rank)
+            if not beat.pid or key in self.ended:
+                continue
+            try:
+                seen = os.waitid(os.P_PID, beat.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # reaped already (or not this process's child)
+                self.ended[key] = (count, None)
+                continue
+            if seen is not None:
+                killed = seen.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+                self.ended[key] = (count, -seen.si_status if killed else seen.si_status)
+
+    def of(self, attempt: int) -> dict[int, tuple[int, int | None]]:
+        """The ranks of `attempt` seen ending: rank -> (order, exit code or None)."""
+        return {rank: end for (a, rank), end in self.ended.items() if a == attempt}

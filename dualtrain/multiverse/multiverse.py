@@ -25,6 +25,7 @@ from dualtrain.multiverse.devices import host_devices
 from dualtrain.multiverse.heartbeat import RUN, Beats, Watchdog, check_heartbeat
 from dualtrain.multiverse.launch import (
     GRACE,
+    ExitWatch,
     FileReport,
     check_class,
     check_picklable,
@@ -252,7 +253,7 @@ class Multiverse:
         env.update({RUN: str(run), SPAWNED: "0"})
         # The class's own, so a subclass (the Nebulae compat's) is what each worker runs.
         payload = (self.universe, self._config(), args)
-        with environment(env):
+        with environment(env), ExitWatch(beats) as exits:
             failed = agent_part(self.backend).launch(
                 type(self)._agent_work, payload, n, self.max_restarts, self.timeout,
                 str(run / "agent"),
@@ -269,7 +270,7 @@ class Multiverse:
         first = None
         if verdict is not None and verdict.attempt == attempt:
             first = (verdict.rank, verdict.steps, watchdog.what())
-        raise failure_error(run, attempt, n, failed, beats.__getitem__, first)
+        raise failure_error(run, attempt, n, failed, beats.__getitem__, first, exits.of(attempt))
 
     def _spawn(self, args: tuple[Any, ...], run: Path, beats: Beats, watchdog: Watchdog) -> Any:
         """Spawns and watches the workers itself; rank 0's result, or WorkerError.

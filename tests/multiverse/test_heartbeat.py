@@ -126,3 +126,33 @@ def test_a_bad_heartbeat_is_refused_naming_it(value: object) -> None:
 def test_a_bad_max_restarts_is_refused_naming_it(value: object) -> None:
     with pytest.raises(ArgumentError, match=r"^max_restarts must be an int >= 0"):
         Multiverse(universes.where, 2, max_restarts=value)
+
+
+def _reported(folder: Path, rank: int, step: int, text: str) -> None:
+    """Rank `rank`'s error report of attempt 0, as a worker writes it."""
+    from dualtrain.multiverse.launch import FileReport, report_failure
+
+    report_failure(FileReport(folder, 0, rank), step, RuntimeError(text))
+
+
+def test_a_death_seen_no_later_than_a_peers_error_is_the_first_cause(tmp_path: Path) -> None:
+    from dualtrain.multiverse.launch import failure_error
+
+    # rank 1 was SIGKILLed; rank 0's collective then failed and it reported; the agent
+    # noticed rank 0's exit first (its failures name rank 0 only).
+    _reported(tmp_path, 0, 4, "Connection reset by peer")
+    steps = {0: 4, 1: 3, 2: 5}.__getitem__
+    err = failure_error(tmp_path, 0, 2, {0: 1}, steps, ended={1: (7, -9), 0: (7, 1)})
+    assert (err.rank, err.step) == (1, 3) and "killed by SIGKILL" in str(err)
+    assert "then rank(s) [0] failed too" in str(err)
+    # a worker that ended after the first error was stopped by the launcher: not a cause
+    err = failure_error(tmp_path, 0, 2, {0: 1}, steps, ended={0: (7, 1), 1: (9, -15)})
+    assert (err.rank, err.step) == (0, 4) and "Connection reset by peer" in str(err)
+    # of deaths alone, the first seen
+    empty = tmp_path / "none"
+    empty.mkdir()
+    err = failure_error(empty, 0, 3, {2: -9}, steps, ended={2: (3, -9), 0: (5, -15)})
+    assert err.rank == 2 and "killed by SIGKILL" in str(err)
+    # a stalled worker named by the heartbeat comes first of all
+    err = failure_error(tmp_path, 0, 2, {0: 1}, steps, (1, 3, "stalled"), {1: (2, -9)})
+    assert (err.rank, str(err).split(": ", 1)[1]) == (1, "stalled (then rank(s) [0] failed too)")
