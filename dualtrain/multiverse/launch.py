@@ -513,13 +513,15 @@ class ExitWatch:
         self._thread = threading.Thread(target=self._loop, name="dualtrain-exits", daemon=True)
 
     def __enter__(self) -> ExitWatch:
-        self._thread.start()
+        if hasattr(os, "waitid"):  # not on macOS: there the agent's failures alone tell
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
-        self.poll()  # what ended since the last poll, last in order
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+            self.poll()  # what ended since the last poll, last in order
 
     def _loop(self) -> None:
         while not self._stop.wait(self.PERIOD):
