@@ -115,3 +115,18 @@ def fails_on_its_way_out(mv: Any, folder: str) -> Any:
     _note(mv, folder)
     util.Finalize(None, sys.exit, args=(1,), exitpriority=100)
     return mv.rank
+
+
+def fails_every_attempt(mv: Any, folder: str) -> None:
+    """Each worker notes its attempt; rank 1 then raises (once rank 0 has), in every attempt."""
+    with open(Path(folder) / f"attempts{mv.rank}", "a") as f:
+        f.write(f"{mv.restart_count}\n")
+    for _ in range(mv.restart_count + 1):
+        mv._on_step()
+    if mv.rank == 1:
+        other = Path(folder) / "attempts0"  # rank 0 has noted this attempt: then fail
+        while not other.exists() or len(other.read_text().split()) <= mv.restart_count:
+            time.sleep(0.05)
+        raise ValueError(f"attempt {mv.restart_count} fails")
+    while True:
+        time.sleep(0.05)
