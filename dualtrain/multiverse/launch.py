@@ -1,5 +1,11 @@
 """Spawning a run's workers and watching them: the first failure stops them all.
 
+A framework with an agent of its own (torch's elastic agent; `DistributedTraits.agent`)
+launches the workers itself; what is shared with it here is the workers' reporting
+(`report_failure` and `report_result` into a pipe or a `FileReport` in the run's folder,
+`failure_error`) and the stopping of what a worker started (`own_group`, `stop_groups`).
+The spawner below is for a framework without one (JAX: ``jax.distributed`` has none).
+
 Workers are started with the ``spawn`` method (never ``fork``: a forked copy of a process
 that has torch's or JAX's threads running can deadlock), each with torchrun's variables in its
 environment. The parent waits on every worker's pipe and process sentinel at once. A worker
@@ -12,29 +18,39 @@ parent and exits when the parent is gone, so no worker outlives a killed parent.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 from dualtrain.errors import ArgumentError, WorkerError
 
 __all__ = [
     "GRACE",
+    "ExitWatch",
+    "FileReport",
     "check_class",
     "check_picklable",
     "end_group",
+    "environment",
+    "exit_soon",
+    "failure_error",
     "own_group",
+    "read_report",
     "report_failure",
     "report_result",
     "run_workers",
+    "stop_groups",
     "watch_parent",
 ]
 
@@ -257,7 +273,7 @@ class _Environment:
                 os.environ[key] = value
 
 
-def report_failure(conn: Connection, step: int, err: BaseException) -> None:
+def report_failure(conn: Connection | FileReport, step: int, err: BaseException) -> None:
     """Sends a worker's error to the parent: its type, message and traceback."""
     text = "".join(traceback.format_exception(err)).rstrip()
     summary = f"{type(err).__name__}: {err}"
@@ -265,7 +281,7 @@ def report_failure(conn: Connection, step: int, err: BaseException) -> None:
         _send(conn, ("error", step, f"{summary}\n{text}", time.time()))
 
 
-def report_result(conn: Connection, step: int, result: Any) -> None:
+def report_result(conn: Connection | FileReport, step: int, result: Any) -> None:
     """Sends rank 0's result (anything picklable) to the parent."""
     try:
         _send(conn, ("result", step, result, time.time()))
@@ -273,7 +289,7 @@ def report_result(conn: Connection, step: int, result: Any) -> None:
         _send(conn, ("error", step, f"its result could not be sent: {err!r}", time.time()))
 
 
-def _send(conn: Connection, message: tuple[Any, ...]) -> None:
+def _send(conn: Connection | FileReport, message: tuple[Any, ...]) -> None:
     # Plain pickle, by value: Connection.send pickles with multiprocessing's reducers, which
     # send a torch tensor as a handle to this process's shared memory, gone once it exits.
     conn.send_bytes(pickle.dumps(message))
@@ -303,3 +319,231 @@ def watch_parent(parent: int) -> None:
             time.sleep(0.2)
 
     threading.Thread(target=loop, name="dualtrain-parent-watch", daemon=True).start()
+
+
+# ---- a run launched by a framework's agent: reports through the run's folder ------------
+
+
+class FileReport:
+    """A worker's report channel in the run's folder: ``report.<attempt>.<rank>``.
+
+    Stands in for the pipe of a spawned worker (`report_failure`, `report_result` take
+    either): the message is written to a temporary name and renamed, so the launching
+    process reads a whole report or none.
+    """
+
+    def __init__(self, folder: Path, attempt: int, rank: int) -> None:
+        self.path = folder / f"report.{attempt}.{rank}"
+
+    def send_bytes(self, data: bytes) -> None:
+        """Writes the report (atomically)."""
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        """Nothing to close (the pipe's counterpart)."""
+
+
+def read_report(folder: Path, attempt: int, rank: int) -> tuple[str, int, Any, float] | None:
+    """What rank `rank` reported in `attempt`: (kind, step, body, time), or None."""
+    path = folder / f"report.{attempt}.{rank}"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        kind, step, body, when = pickle.loads(data)
+    except Exception as err:  # a result that does not unpickle here
+        return "error", 0, f"its result could not be received: {err!r}", time.time()
+    return kind, int(step), body, float(when)
+
+
+def failure_error(
+    folder: Path, attempt: int, processes: int, failed: Mapping[int, int],
+    steps: Callable[[int], int], first: tuple[int, int, str] | None = None,
+    ended: Mapping[int, tuple[int, int | None]] | None = None,
+) -> WorkerError:  # fmt: skip
+    """The WorkerError of a failed attempt, naming the first cause's rank and step.
+
+    Args:
+        folder: the run's folder (the workers' reports).
+        attempt: the attempt that failed.
+        processes: the run's processes.
+        failed: the ranks the launcher saw fail, with their exit codes.
+        steps: a rank's steps (for one that died without a report).
+        first: (rank, step, what) known to come first (a stalled worker, named by its rank).
+        ended: the ranks seen ending, in order, with their exit codes (`ExitWatch`): one
+            that ended without a report no later than the first that reported an error
+            died first (its peers' collectives failed because of it); one that ended after
+            was stopped by the launcher.
+    """
+    # (kind, time, rank, step, what): kind -1 a known first cause, 0 a death without a
+    # report (it makes its peers' collectives fail after it), 1 a reported error.
+    failures: list[tuple[int, float, int, int, str]] = []
+    if first is not None:
+        failures.append((-1, 0.0, *first))
+    named = {f[2] for f in failures}
+    for rank in range(processes):
+        report = read_report(folder, attempt, rank) if rank not in named else None
+        if report is not None and report[0] == "error":
+            failures.append((1, report[3], rank, report[1], str(report[2])))
+    named = {f[2] for f in failures}
+    ended = ended or {}
+    cause_by = min((ended[r][0] for r in named if r in ended), default=None)
+    for rank, (order, code) in sorted(ended.items()):
+        if rank in named or read_report(folder, attempt, rank) is not None:
+            continue  # it reported: an error, or its result (then `failed` tells)
+        if cause_by is None or order <= cause_by:
+            code = code if code is not None else failed.get(rank)
+            what = (
+                "died without reporting an error" if code is None
+                else _death(code) if code < 0
+                else f"exited with code {code} without reporting an error"
+            )  # fmt: skip
+            failures.append((0, float(order), rank, steps(rank), what))
+    named = {f[2] for f in failures}
+    for rank, code in sorted(failed.items()):
+        result = read_report(folder, attempt, rank) is not None
+        if rank not in named and (rank not in ended or result):
+            what = (
+                _death(code) if code < 0 else f"exited with code {code} without reporting an error"
+            )
+            if result:
+                what = f"{what} (after reporting its result)"
+            failures.append((0, 0.0, rank, steps(rank), what))
+    if not failures:  # the launcher failed with no rank named
+        failures.append((0, 0.0, 0, steps(0), "the launcher failed without naming a rank"))
+    _, _, rank, step, what = min(failures)
+    others = sorted({f[2] for f in failures} - {rank})
+    also = f" (then rank(s) {others} failed too)" if others else ""
+    return WorkerError(
+        f"Multiverse worker rank {rank} failed at step {step}: {what}{also}", rank, step
+    )
+
+
+def stop_groups(pids: Sequence[int]) -> None:
+    """Stops what is left of each worker's process group (its children): SIGTERM, then SIGKILL.
+
+    Each worker leads its own group (`own_group`), which outlives it while a child of it
+    lives; the launcher has already stopped the workers themselves.
+    """
+    alive = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+            alive.append(pid)
+    end = time.monotonic() + GRACE
+    while alive and time.monotonic() < end:
+        alive = [pid for pid in alive if _group_alive(pid)]
+        time.sleep(0.05)
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in ``os.environ`` while the block runs (a launcher's workers inherit them)."""
+    with _ENV_LOCK, _Environment(values):
+        yield
+
+
+def exit_soon(after: float) -> None:
+    """Ends this process with status 0: `after` seconds from now, or once it exits, if sooner.
+
+    For a worker that has reported its result: a teardown that hangs or fails (a
+    framework's, an ``atexit`` handler, multiprocessing's own finalizers, which turn an
+    error into status 1) must not make its launcher wait, nor count as a failure. At exit
+    the other ``atexit`` handlers still run, in their order, then the process ends with
+    status 0 without the interpreter's finalization.
+    """
+
+    def last() -> None:  # registered last, so it runs first
+        atexit.unregister(last)
+        try:
+            atexit._run_exitfuncs()  # the others, in their order; their errors are printed
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(0)
+
+    atexit.register(last)
+
+    def end() -> None:
+        time.sleep(after)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
+
+    threading.Thread(target=end, name="dualtrain-exit-soon", daemon=True).start()
+
+
+class ExitWatch:
+    """Sees each worker of a launched run end, in order, and how, without reaping it.
+
+    For workers that a framework's agent started in this process: the agent reaps them and
+    tells of the first failure it noticed only. A thread peeks at every started worker's
+    pid (its row in `beats`) every 10 ms with ``waitid(WNOWAIT)``, which reads a child's exit
+    status and leaves it to be reaped, and records the order in which they ended: a worker
+    that died before any peer reported an error is the run's first cause.
+
+    Attributes:
+        ended: (attempt, rank) -> (the poll that saw it end, its exit code: negative for a
+            signal; None when it was reaped before it was seen).
+    """
+
+    PERIOD = 0.01
+
+    def __init__(self, beats: Any) -> None:
+        self.beats = beats
+        self.ended: dict[tuple[int, int], tuple[int, int | None]] = {}
+        self._count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dualtrain-exits", daemon=True)
+
+    def __enter__(self) -> ExitWatch:
+        if hasattr(os, "waitid"):  # not on macOS: there the agent's failures alone tell
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+            self.poll()  # what ended since the last poll, last in order
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.PERIOD):
+            self.poll()
+
+    def poll(self) -> None:
+        """Records the workers that have ended since the last poll, as this poll's."""
+        self._count += 1
+        count = self._count
+        for beat in self.beats.read():
+            key = (beat.attempt, beat.rank)
+            if not beat.pid or key in self.ended:
+                continue
+            try:
+                seen = os.waitid(os.P_PID, beat.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # reaped already (or not this process's child)
+                self.ended[key] = (count, None)
+                continue
+            if seen is not None:
+                killed = seen.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+                self.ended[key] = (count, -seen.si_status if killed else seen.si_status)
+
+    def of(self, attempt: int) -> dict[int, tuple[int, int | None]]:
+        """The ranks of `attempt` seen ending: rank -> (order, exit code or None)."""
+        return {rank: end for (a, rank), end in self.ended.items() if a == attempt}

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import functools
 import math
-import multiprocessing
 import os
 import random
 import signal
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,22 +20,31 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.deprecation import moved
 from dualtrain.embeddings.store import EmbeddingStore
-from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.errors import ArgumentError, WorkerError, bad_argument
 from dualtrain.multiverse.checks import check_divisible, is_number, is_tank, positive_count
 from dualtrain.multiverse.devices import host_devices
+from dualtrain.multiverse.heartbeat import RUN, Beats, Watchdog, check_heartbeat
 from dualtrain.multiverse.launch import (
+    GRACE,
+    ExitWatch,
+    FileReport,
     check_class,
     check_picklable,
     end_group,
+    environment,
+    exit_soon,
+    failure_error,
     own_group,
+    read_report,
     report_failure,
     report_result,
     run_workers,
+    stop_groups,
     watch_parent,
 )
 from dualtrain.multiverse.rank_zero import RankZeroTimeMachine
-from dualtrain.multiverse.seams import Runtime, distributed_part, distributed_traits
-from dualtrain.multiverse.world import World, from_environment, spawn_environments
+from dualtrain.multiverse.seams import Runtime, agent_part, distributed_part, distributed_traits
+from dualtrain.multiverse.world import SPAWNED, World, from_environment, spawn_environments
 from dualtrain.validate import check_seed
 
 __all__ = ["Multiverse", "main_decorator"]
@@ -43,13 +53,14 @@ __all__ = ["Multiverse", "main_decorator"]
 class Multiverse:
     """Runs ``universe(mv, *args)`` on `nworld` data-parallel workers (Nebulae's Multiverse).
 
-    torch: `nworld` processes, one device each (gloo on the CPU, nccl on CUDA), spawned by
-    `mv()`; under torchrun or SLURM the process joins the launcher's run instead and `nworld`
-    is the launcher's. JAX: `processes` processes (default 1) driving `nworld` devices in
-    all: one process runs `universe` itself over its first `nworld` devices (on the CPU, host
-    devices are made when JAX is not imported yet); several are joined by
-    ``jax.distributed.initialize``. A worker that raises or dies stops the others; `mv()`
-    then raises `WorkerError` naming its rank and step.
+    torch: `nworld` processes, one device each (gloo on the CPU, nccl on CUDA), launched by
+    `mv()` through torch's elastic agent; under torchrun or SLURM the process joins the
+    launcher's run instead and `nworld` is the launcher's. JAX: `processes` processes
+    (default 1) driving `nworld` devices in all: one process runs `universe` itself over its
+    first `nworld` devices (on the CPU, host devices are made when JAX is not imported yet);
+    several are spawned by Multiverse and joined by ``jax.distributed.initialize``. A worker
+    that raises or dies stops the others; `mv()` then raises `WorkerError` naming its rank
+    and step (or, with `max_restarts`, starts them all again).
 
     Args:
         universe: ``universe(mv, *args)``, the training function. Spawned workers import it
@@ -59,13 +70,22 @@ class Multiverse:
         timeout: seconds for joining the run and (torch) for each collective to finish.
         engine: JAX: "jit" (sharded jit) or "pmap" for `learner` steps; torch: "jit" (DDP).
         processes: JAX only: processes to spawn (a divisor of `nworld`); torch: `nworld`.
+        max_restarts: times a run that `mv()` launches is started again, every worker, after
+            one failed (torch: by the elastic agent; JAX: by Multiverse); `restart_count`
+            tells the universe, which resumes from its last anchor. Under torchrun, its
+            ``--max-restarts`` decides instead.
+        heartbeat: seconds a worker of a run `mv()` launches may go without a step, from
+            its first step on, before it is named stalled, by its own rank, and stopped
+            (as a failure: restarted where `max_restarts` allows); None (the default): not
+            watched.
         **sync_options: torch: DistributedDataParallel's ``bucket_cap_mb``,
             ``find_unused_parameters``, ``broadcast_buffers``, ``gradient_as_bucket_view``,
             ``static_graph`` for `sync`.
 
     Attributes:
         nworld, rank, local_rank, processes, is_main, step (training steps this worker has
-        taken: learner steps and, torch, forwards of synced models in training mode).
+        taken: learner steps and, torch, forwards of synced models in training mode),
+        restart_count (how many times the run was started again after a failure).
     """
 
     def __init__(
@@ -77,6 +97,8 @@ class Multiverse:
         timeout: float = 300.0,
         engine: str = "jit",
         processes: int | None = None,
+        max_restarts: int = 0,
+        heartbeat: float | None = None,
         **sync_options: Any,
     ) -> None:
         if not callable(universe):
@@ -99,6 +121,9 @@ class Multiverse:
                 )  # fmt: skip
             if nworld % processes:
                 raise bad_argument("processes", processes, f"a divisor of nworld={nworld}")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise bad_argument("max_restarts", max_restarts, "an int >= 0")
+        self.max_restarts, self.heartbeat = max_restarts, check_heartbeat(heartbeat)
         unknown = sorted(set(sync_options) - set(traits.sync_options))
         if unknown:
             raise bad_argument(
@@ -118,7 +143,7 @@ class Multiverse:
                     f"{launched} processes; nworld is {launched}", UserWarning, stacklevel=2,
                 )  # fmt: skip
         self._runtime: Runtime | None = None
-        self._steps: Any = None  # the spawning parent's shared step array, in a worker
+        self._beats: Beats | None = None  # a launched worker's row of the run's beats
         self.step = 0
 
     # ---- where this worker stands ---------------------------------------------------
@@ -163,6 +188,16 @@ class Multiverse:
         return self.rank == 0
 
     @property
+    def restart_count(self) -> int:
+        """How many times this run was started again after a failure (0: the first attempt).
+
+        torch's ``TORCHELASTIC_RESTART_COUNT`` (torchrun's, or the agent `mv()` launches
+        through), or Multiverse's own spawner's: a universe that finds it above 0 resumes
+        from its last anchor.
+        """
+        return self.world.restart_count
+
+    @property
     def runtime(self) -> Runtime:
         """The adapter's handle on the joined run (joins it first: `init`)."""
         self.init()
@@ -188,36 +223,117 @@ class Multiverse:
                 self.leave()
         check_picklable(self.universe, args)
         check_class(type(self))
-        return self._spawn(args)
+        with tempfile.TemporaryDirectory(prefix="dualtrain-run-") as folder:
+            run = Path(folder)
+            (run / "pids").mkdir()
+            beats = Beats.create(run, self._processes)
+            watchdog = Watchdog(beats, self.heartbeat)
+            try:
+                with watchdog:
+                    if self._traits.agent:
+                        return self._launch_by_agent(args, run, beats, watchdog)
+                    return self._spawn(args, run, beats, watchdog)
+            finally:
+                stop_groups([int(p.name) for p in (run / "pids").iterdir()])
 
-    def _spawn(self, args: tuple[Any, ...]) -> Any:
+    def _config(self) -> dict[str, Any]:
+        """The keywords each worker's Multiverse is made with."""
+        return {
+            "nworld": self._requested, "backend": self.backend, "timeout": self.timeout,
+            "engine": self.engine, "max_restarts": self.max_restarts,
+            "heartbeat": self.heartbeat, **self._sync_options,
+        }  # fmt: skip
+
+    def _launch_by_agent(
+        self, args: tuple[Any, ...], run: Path, beats: Beats, watchdog: Watchdog
+    ) -> Any:
+        """Launches the workers through the framework's agent; rank 0's result, or WorkerError."""
+        n = self._processes
+        shared = ("TORCH_CPP_LOG_LEVEL", "OMP_NUM_THREADS")  # the rest is the agent's to set
+        env = {k: v for k, v in spawn_environments(n, 0, False, False)[0].items() if k in shared}
+        env.update({RUN: str(run), SPAWNED: "0"})
+        # The class's own, so a subclass (the Nebulae compat's) is what each worker runs.
+        payload = (self.universe, self._config(), args)
+        with environment(env), ExitWatch(beats) as exits:
+            failed = agent_part(self.backend).launch(
+                type(self)._agent_work, payload, n, self.max_restarts, self.timeout,
+                str(run / "agent"),
+            )  # fmt: skip
+        if not failed:
+            attempt = _attempt(beats)
+            report = read_report(run, attempt, 0)
+            if report is not None and report[0] == "result":
+                return report[2]
+            # rank 0's result could not be sent (an error report), or none came
+            raise failure_error(run, attempt, n, {0: 0}, beats.__getitem__)
+        verdict = watchdog.verdict
+        attempt = _attempt(beats)
+        first = None
+        if verdict is not None and verdict.attempt == attempt:
+            first = (verdict.rank, verdict.steps, watchdog.what())
+        raise failure_error(run, attempt, n, failed, beats.__getitem__, first, exits.of(attempt))
+
+    def _spawn(self, args: tuple[Any, ...], run: Path, beats: Beats, watchdog: Watchdog) -> Any:
+        """Spawns and watches the workers itself; rank 0's result, or WorkerError.
+
+        After a failure every worker is spawned again, `max_restarts` times at most.
+        """
         n, traits = self._processes, self._traits
         local = 0 if traits.one_process_per_device else self._requested // n
-        envs = spawn_environments(n, local, traits.coordinator, traits.host_devices)
-        steps = multiprocessing.get_context("spawn").Array("q", n, lock=False)
-        config = {
-            "nworld": self._requested, "backend": self.backend, "timeout": self.timeout,
-            "engine": self.engine, **self._sync_options,
-        }  # fmt: skip
-        # The class's own, so a subclass (the Nebulae compat's) is what each worker runs.
-        payload = (self.universe, config, args, steps)
-        return run_workers(type(self)._work, [payload] * n, envs, steps)
+        payload = (self.universe, self._config(), args)
+        for attempt in range(self.max_restarts + 1):
+            envs = spawn_environments(n, local, traits.coordinator, traits.host_devices, attempt)
+            for env in envs:
+                env[RUN] = str(run)
+            try:
+                return run_workers(type(self)._work, [payload] * n, envs, beats)
+            except WorkerError as err:
+                verdict = watchdog.verdict
+                if attempt < self.max_restarts:
+                    continue
+                if verdict is not None and verdict.attempt == attempt:
+                    raise WorkerError(
+                        f"Multiverse worker rank {verdict.rank} failed at step {verdict.steps}: "
+                        f"{watchdog.what()}", verdict.rank, verdict.steps,
+                    ) from None  # fmt: skip
+                raise err from None
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _agent_work(
+        cls, universe: Callable[..., Any], config: dict[str, Any], args: tuple[Any, ...]
+    ) -> None:
+        """A worker's body under the framework's agent: its place is in its environment."""
+        world = from_environment()
+        assert world is not None
+        conn = FileReport(Path(os.environ[RUN]), world.restart_count, world.rank)
+        cls._work(conn, world.rank, os.getppid(), universe, config, args, returns=True)
 
     @classmethod
     def _work(
         cls, conn: Any, rank: int, parent: int, universe: Callable[..., Any],
-        config: dict[str, Any], args: tuple[Any, ...], steps: Any,
+        config: dict[str, Any], args: tuple[Any, ...], returns: bool = False,
     ) -> None:  # fmt: skip
-        """A spawned worker's body: join, run the universe, report; never outlive the parent."""
+        """A launched worker's body: join, run the universe, report; never outlive the parent.
+
+        `returns`: the launcher learns of success by the function's return (an agent's),
+        so a teardown that hangs after the report ends the process with status 0 instead.
+        """
         own_group()  # what it starts (Tank workers, pools) is stopped with it
         watch_parent(parent)
         mv: Multiverse | None = None
         try:
+            run = Path(os.environ[RUN])
+            (run / "pids" / str(os.getpid())).touch()
             mv = cls(universe, **config)
-            mv._steps = steps
+            mv._beats = Beats.open(run)
+            mv._beats.start(rank, mv.restart_count)
             mv._join_early()
             result = universe(mv, *args)
+            mv._beats.done(rank)
         except BaseException as err:  # everything reaches the parent, Ctrl-C too
+            if mv is not None and mv._beats is not None:
+                mv._beats.done(rank)
             report_failure(conn, mv.step if mv is not None else 0, err)
             conn.close()
             sys.stderr.flush()
@@ -227,6 +343,8 @@ class Multiverse:
         # Reported before leaving: a teardown that hangs is then the parent's to end.
         report_result(conn, mv.step, result if rank == 0 else None)
         conn.close()
+        if returns:
+            exit_soon(GRACE)
         mv.leave()
 
     def init(self) -> Multiverse:
@@ -244,7 +362,9 @@ class Multiverse:
                     f"{self._traits.name}"
                 )
             part = distributed_part(self.backend)
-            self._runtime = part.join(self.world, timeout=self.timeout, on_step=self._on_step)
+            self._runtime = part.join(
+                self.world, timeout=self.timeout, on_step=self._on_step, on_begin=self._on_begin
+            )
         return self
 
     def _join_early(self) -> None:
@@ -262,10 +382,14 @@ class Multiverse:
             runtime, self._runtime = self._runtime, None
             runtime.leave()
 
+    def _on_begin(self) -> None:
+        if self._beats is not None:
+            self._beats.begin(self.rank, self.step + 1)
+
     def _on_step(self) -> None:
         self.step += 1
-        if self._steps is not None:
-            self._steps[self.rank] = self.step
+        if self._beats is not None:
+            self._beats.step(self.rank, self.step)
 
     # ---- the six calls of Nebulae's brochure ------------------------------------------
 
@@ -429,6 +553,11 @@ class Multiverse:
             "dualtrain.compat.nebulae.law.Multiverse.Executor (Nebulae's)",
         )
         return main_decorator(function, **options)
+
+
+def _attempt(beats: Beats) -> int:
+    """The latest attempt a worker of the run started."""
+    return max((b.attempt for b in beats.read() if b.pid), default=0)
 
 
 def main_decorator(

@@ -17,9 +17,11 @@ from dualtrain.embeddings.sharding import Exchange
 from dualtrain.multiverse.world import World
 
 __all__ = [
+    "AgentPart",
     "DistributedPart",
     "DistributedTraits",
     "Runtime",
+    "agent_part",
     "distributed_part",
     "distributed_traits",
 ]
@@ -45,6 +47,9 @@ class DistributedTraits:
             one: Multiverse wraps a learner's model with its sync options first.
         joins_early: the process joins before the universe runs (a runtime that can join
             only before it computes anything), else at `init` or its first need.
+        agent: the framework has an agent that launches and supervises a run's workers
+            (torch's elastic agent, what torchrun runs): `mv()` launches through the part's
+            `launch` (`AgentPart`); else Multiverse spawns and watches them itself.
     """
 
     name: str
@@ -56,6 +61,7 @@ class DistributedTraits:
     sync_options: tuple[str, ...] = ()
     wraps_models: bool = False
     joins_early: bool = False
+    agent: bool = False
 
 
 class Runtime(Protocol):
@@ -148,19 +154,57 @@ class DistributedPart(Protocol):
 
     TRAITS: DistributedTraits
 
-    def join(self, world: World, /, timeout: float, on_step: Callable[[], None]) -> Runtime:
+    def join(
+        self,
+        world: World,
+        /,
+        timeout: float,
+        on_step: Callable[[], None],
+        on_begin: Callable[[], None] | None = None,
+    ) -> Runtime:
         """Joins the run `world` describes and returns this process's Runtime.
 
         `timeout` (seconds) bounds the joining (and, where the framework can, every
         collective). The runtime calls `on_step` once per training step (each learner step,
         and each forward in training mode of a model it wraps); Multiverse counts them to
-        name the step in errors.
+        name the step in errors. `on_begin`, where given, is called as a step that is
+        counted at its end starts (a learner step whose collectives come before its count),
+        so the heartbeat tells a worker waiting in a step's collective from one that never
+        began it.
+        """
+        ...
+
+
+class AgentPart(Protocol):
+    """What a part whose traits say ``agent`` adds: launching a run's workers by its agent."""
+
+    def launch(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...],
+        processes: int,
+        max_restarts: int,
+        timeout: float,
+        log_dir: str,
+    ) -> dict[int, int]:
+        """Runs ``target(*args)`` on `processes` local workers under the framework's agent.
+
+        Every worker gets torchrun's variables (``RANK``, ``WORLD_SIZE`` ...) and the agent's
+        restart count; after a failure the agent stops every worker and, `max_restarts`
+        times at most, starts them all again. `timeout` bounds the rendezvous; `log_dir`
+        holds the agent's files. Returns {} when every worker returned, else the last
+        attempt's failed ranks and exit codes; Ctrl-C raises KeyboardInterrupt.
         """
         ...
 
 
 def distributed_part(name: str) -> DistributedPart:
     """Backend `name`'s ``distributed`` module (loads its framework)."""
+    return backends.load_part(name, "distributed")
+
+
+def agent_part(name: str) -> AgentPart:
+    """Backend `name`'s ``distributed`` module as the launcher of a run (its traits' ``agent``)."""
     return backends.load_part(name, "distributed")
 
 

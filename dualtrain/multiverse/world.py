@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from dualtrain.errors import ArgumentError
 from dualtrain.multiverse.devices import with_devices
 
-__all__ = ["SPAWNED", "World", "free_port", "from_environment"]
+__all__ = ["RESTARTS", "SPAWNED", "World", "free_port", "from_environment"]
 
 # Set by Multiverse in the processes it spawns; holds the number of local devices (JAX).
 SPAWNED = "DUALTRAIN_MULTIVERSE_SPAWNED"
+# The attempt a process of Multiverse's own spawner belongs to (torch's agent, and torchrun,
+# set TORCHELASTIC_RESTART_COUNT instead).
+RESTARTS = "DUALTRAIN_MULTIVERSE_RESTART_COUNT"
 _TORCHRUN = ("RANK", "WORLD_SIZE")
 
 
@@ -43,6 +46,10 @@ class World:
         coordinator: JAX's coordinator address ``host:port``; None lets
             ``jax.distributed.initialize`` find it (SLURM, Open MPI, Kubernetes).
         local_devices: the devices each process drives under JAX; 0: all it has.
+        agent: torch's elastic agent serves the run's store at ``MASTER_ADDR:MASTER_PORT``
+            (``TORCHELASTIC_USE_AGENT_STORE``: torchrun, or Multiverse through the agent).
+        restart_count: how many times the run was started again after a failure (the
+            agent's ``TORCHELASTIC_RESTART_COUNT``, or Multiverse's own spawner's).
     """
 
     processes: int = 1
@@ -54,6 +61,8 @@ class World:
     source: str = "local"
     coordinator: str | None = None
     local_devices: int = 0
+    agent: bool = False
+    restart_count: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -104,6 +113,8 @@ def from_environment(environ: Mapping[str, str] | None = None) -> World | None:
         processes=processes, rank=rank, local_rank=local_rank,
         local_processes=local_processes, master_addr=addr, master_port=port, source=source,
         coordinator=coordinator, local_devices=_int(env, SPAWNED, 0) if SPAWNED in env else 0,
+        agent=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        restart_count=_int(env, "TORCHELASTIC_RESTART_COUNT", _int(env, RESTARTS, 0)),
     )  # fmt: skip
 
 
@@ -143,17 +154,19 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
 
 
 def spawn_environments(
-    processes: int, local_devices: int, coordinator: bool, host_devices: bool
+    processes: int, local_devices: int, coordinator: bool, host_devices: bool, attempt: int = 0
 ) -> list[dict[str, str]]:
     """The variables each of `processes` spawned workers starts with, rank by rank.
 
     torchrun's names on a free localhost port; with a `coordinator`, one on another port;
     with `host_devices`, the XLA flag asking for `local_devices` host devices a process (0:
-    each process drives one device); the cores shared, not multiplied.
+    each process drives one device); the cores shared, not multiplied; `attempt`, the
+    restart count the workers see.
     """
     base = {
         "WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), SPAWNED: str(local_devices),
+        RESTARTS: str(attempt),
     }  # fmt: skip
     if coordinator:
         base["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{free_port()}"

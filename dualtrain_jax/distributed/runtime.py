@@ -37,7 +37,13 @@ __all__ = ["JaxRuntime", "join"]
 _TARGETS = ("numpy", "torch", "jax")
 
 
-def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> JaxRuntime:
+def join(
+    world: World,
+    /,
+    timeout: float,
+    on_step: Callable[[], None],
+    on_begin: Callable[[], None] | None = None,
+) -> JaxRuntime:
     """Joins the run `world` describes and returns this process's `JaxRuntime`.
 
     Several processes: ``jax.distributed.initialize(world.coordinator, world.processes,
@@ -49,7 +55,10 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> JaxRun
     Args:
         world: this process's place in the run (`dualtrain.multiverse.world.World`).
         timeout: seconds the processes wait for each other to join (> 0).
-        on_step: called once per learner step (Multiverse counts steps with it).
+        on_step: called once per learner step (Multiverse counts steps with it), as the
+            step is dispatched: its start, for this process.
+        on_begin: not called: a JAX step is counted at its dispatch, before its collectives
+            run (accepted as every runtime's `join` takes it).
 
     Raises:
         ArgumentError: a bad `timeout` or `on_step`; more devices asked per process than it
@@ -62,6 +71,8 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> JaxRun
         raise bad_argument("timeout", timeout, "a positive number of seconds")
     if not callable(on_step):
         raise bad_argument("on_step", on_step, "a callable on_step()")
+    if on_begin is not None and not callable(on_begin):
+        raise bad_argument("on_begin", on_begin, "None or a callable on_begin()")
     initialized = False
     if world.processes > 1:
         initialized = _initialize(world, timeout)

@@ -3,14 +3,15 @@
 `TRAITS` is what Multiverse reads before joining: importing this package imports no torch,
 its other names load `runtime` on first use. `runtime` joins the run and holds
 `TorchRuntime`; `learner` the data-parallel learner; `reduce` the metric and object
-collectives; `rows` a batch's rows in a step and the `Joined` protocol the parts annotate
-against; `exit` the process's orderly exit around
-gloo's threads.
+collectives; `agent` launches a run's workers through torch's elastic agent; `rows` a
+batch's rows in a step and the `Joined` protocol the parts annotate against; `exit` the
+process's orderly exit around gloo's threads.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from dualtrain.deprecation import moved_names
 from dualtrain.multiverse.seams import DistributedTraits
@@ -18,7 +19,7 @@ from dualtrain.multiverse.seams import DistributedTraits
 if TYPE_CHECKING:
     from dualtrain_torch.distributed.runtime import SoloModule, SyncedModule, TorchRuntime, join
 
-__all__ = ["TRAITS", "SoloModule", "SyncedModule", "TorchRuntime", "join"]
+__all__ = ["TRAITS", "SoloModule", "SyncedModule", "TorchRuntime", "join", "launch"]
 
 # One process a device, joined at rank 0's store when first needed; sync wraps models in
 # DistributedDataParallel, which takes these keywords.
@@ -35,7 +36,22 @@ TRAITS = DistributedTraits(
         "static_graph",
     ),
     wraps_models=True,
+    agent=True,
 )
+
+
+def launch(
+    target: Callable[..., Any],
+    args: tuple[Any, ...],
+    processes: int,
+    max_restarts: int,
+    timeout: float,
+    log_dir: str,
+) -> dict[int, int]:
+    """Runs ``target(*args)`` on local workers under torch's elastic agent (see `agent`)."""
+    from dualtrain_torch.distributed.agent import launch as by_agent
+
+    return by_agent(target, args, processes, max_restarts, timeout, log_dir)
 
 
 # The framework loads with `runtime`, on first use of one of its names; the rest of the

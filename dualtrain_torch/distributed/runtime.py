@@ -41,7 +41,13 @@ _retired: list[Any] = []  # groups left: kept alive until exit (see TorchRuntime
 _ours = [False]  # whether the default process group is one join() created (leave destroys it)
 
 
-def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchRuntime:
+def join(
+    world: World,
+    /,
+    timeout: float,
+    on_step: Callable[[], None],
+    on_begin: Callable[[], None] | None = None,
+) -> TorchRuntime:
     """Joins the run `world` describes: the default process group, then this process's Runtime.
 
     The backend is nccl when CUDA is available (this process then drives
@@ -56,6 +62,7 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchR
         timeout: seconds the joining and every later collective may take.
         on_step: called once per training step (each learner step; each forward of a synced
             model in training mode outside a learner).
+        on_begin: called as a learner step starts (its count comes at its end).
 
     Raises:
         ArgumentError: a bad `world`, `timeout` or `on_step`; an existing group that does
@@ -69,6 +76,8 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchR
         raise bad_argument("timeout", timeout, "a positive number of seconds")
     if not callable(on_step):
         raise bad_argument("on_step", on_step, "a function taking no argument")
+    if on_begin is not None and not callable(on_begin):
+        raise bad_argument("on_begin", on_begin, "None or a function taking no argument")
     cuda = torch.cuda.is_available()
     if cuda and world.local_rank >= torch.cuda.device_count():
         raise bad_argument(
@@ -88,7 +97,7 @@ def join(world: World, /, timeout: float, on_step: Callable[[], None]) -> TorchR
     elif world.processes > 1:
         _init_group(world, "nccl" if cuda else "gloo", device, float(timeout))
         _ours[0] = True
-    return TorchRuntime(world, device, on_step)
+    return TorchRuntime(world, device, on_step, on_begin)
 
 
 def _init_group(world: World, backend: str, device: torch.device, timeout: float) -> None:
@@ -98,8 +107,17 @@ def _init_group(world: World, backend: str, device: torch.device, timeout: float
     }  # fmt: skip
     if device.type == "cuda":
         options["device_id"] = device  # nccl binds its communicator to this device now
-    if world.source == "torchrun":
-        options["init_method"] = "env://"  # torchrun's agent already serves the store
+    if world.agent:
+        # The elastic agent serves the store, and keeps it over restarts: each attempt's
+        # keys under a prefix of its own, so a restarted worker never reads the address a
+        # dead one left there (env:// would, and fail to connect).
+        store = dist.TCPStore(
+            world.master_addr, world.master_port, world.processes, is_master=False,
+            timeout=datetime.timedelta(seconds=timeout),
+        )  # fmt: skip
+        options["store"] = dist.PrefixStore(f"dualtrain/attempt-{world.restart_count}", store)
+    elif world.source == "torchrun":
+        options["init_method"] = "env://"  # torchrun's rank 0 serves the store
     elif not world.master_addr or not world.master_port:
         raise bad_argument(
             "world", world, "a master_addr and master_port for several processes (MASTER_ADDR)"
@@ -238,8 +256,15 @@ class TorchRuntime:
             (no group, no collective).
     """
 
-    def __init__(self, world: World, device: torch.device, on_step: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        world: World,
+        device: torch.device,
+        on_step: Callable[[], None],
+        on_begin: Callable[[], None] | None = None,
+    ) -> None:
         self.world, self.device, self._on_step = world, device, on_step
+        self._on_begin = on_begin
         self.local_rank, self.local_devices = world.local_rank, 1
         self.backend: str | None = None
         if world.processes == 1:
@@ -430,7 +455,12 @@ class TorchRuntime:
 
     @contextlib.contextmanager
     def counted_step(self) -> Iterator[None]:
-        """One training step: synced forwards inside are not counted, the step is, once."""
+        """One training step: synced forwards inside are not counted, the step is, once.
+
+        `on_begin` (when given) is told as it starts: the step is counted at its end.
+        """
+        if self._on_begin is not None and not self._quiet:
+            self._on_begin()
         self._quiet += 1
         try:
             yield

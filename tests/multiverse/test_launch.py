@@ -188,6 +188,22 @@ def test_a_worker_that_hangs_after_reporting_is_stopped_not_waited_for(tmp_path:
     assert all(gone(r["pid"]) for r in records(tmp_path, 2))
 
 
+def test_a_worker_that_fails_on_its_way_out_after_reporting_is_done(tmp_path: Path) -> None:
+    # Its result is in: a teardown's status (here multiprocessing's finalizers exit 1) is not
+    # the run's, as a teardown that hangs is not.
+    assert Multiverse(universes.fails_on_its_way_out, 2)(str(tmp_path)) == 0
+    assert all(gone(r["pid"]) for r in records(tmp_path, 2))
+
+
+def test_restarts_run_every_worker_again_and_the_last_attempts_failure_is_named(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(WorkerError, match="rank 1 failed at step 2: ValueError: attempt 1 fails"):
+        Multiverse(universes.fails_every_attempt, 2, max_restarts=1)(str(tmp_path))
+    for rank in (0, 1):
+        assert (tmp_path / f"attempts{rank}").read_text().split() == ["0", "1"]
+
+
 def test_the_children_of_a_failed_worker_are_stopped_too(tmp_path: Path) -> None:
     with pytest.raises(WorkerError, match="rank 1 failed at step 0: RuntimeError"):
         Multiverse(universes.fails_with_child, 2)(str(tmp_path))

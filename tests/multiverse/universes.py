@@ -105,3 +105,28 @@ def ignores_term_and_hangs(mv: Any, folder: str) -> Any:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     atexit.register(time.sleep, 3600)
     return mv.rank
+
+
+def fails_on_its_way_out(mv: Any, folder: str) -> Any:
+    """Returns; then multiprocessing's exit finalizers end the process with status 1."""
+    import sys
+    from multiprocessing import util
+
+    _note(mv, folder)
+    util.Finalize(None, sys.exit, args=(1,), exitpriority=100)
+    return mv.rank
+
+
+def fails_every_attempt(mv: Any, folder: str) -> None:
+    """Each worker notes its attempt; rank 1 then raises (once rank 0 has), in every attempt."""
+    with open(Path(folder) / f"attempts{mv.rank}", "a") as f:
+        f.write(f"{mv.restart_count}\n")
+    for _ in range(mv.restart_count + 1):
+        mv._on_step()
+    if mv.rank == 1:
+        other = Path(folder) / "attempts0"  # rank 0 has noted this attempt: then fail
+        while not other.exists() or len(other.read_text().split()) <= mv.restart_count:
+            time.sleep(0.05)
+        raise ValueError(f"attempt {mv.restart_count} fails")
+    while True:
+        time.sleep(0.05)
