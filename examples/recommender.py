@@ -11,17 +11,29 @@ of Adam's state, and the rows a batch needs travel to it and back. Launch it on 
 
 (docs/embeddings.md has the multi-host command lines.) Rank 0 prints the training loss and
 the held-out RMSE once per epoch, and the final RMSE as JSON on its last line.
+
+With ``--save DIR`` every worker writes its part of both tables (and Adam's state) to one
+anchor set in DIR after each epoch, and a run started again resumes from it. To watch a
+lost worker survived::
+
+    python examples/recommender.py --save /tmp/rec --max-restarts 1 --fail-at 150
+
+rank 1 kills itself (SIGKILL) at step 150 of the first attempt; the workers are started
+again, load the last epoch's anchors and end where an uninterrupted run does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dualtrain import EmbeddingStore, Multiverse
+from dualtrain import EmbeddingStore, Multiverse, TimeMachine
 
 
 def ratings(users: int, items: int, count: int, dim: int, seed: int) -> tuple[np.ndarray, ...]:
@@ -107,20 +119,31 @@ def universe(mv: Multiverse, args: dict[str, Any]) -> dict[str, Any]:
     step = Step(mv.backend, users, items, args["lr"])
     batch = args["batch"]
     scale = float(batch * mv.processes)  # the global batch
-    rng = np.random.default_rng(100 + mv.rank)
     steps = len(mine) // batch
     steps = min(mv.runtime.gather_object(steps))  # every worker takes as many steps
     result: dict[str, Any] = {}
-    for epoch in range(args["epochs"]):
-        order = rng.permutation(mine)
+    first = 0
+    tm = mv.time_machine(TimeMachine(save_path=args["save"])) if args["save"] else None
+    if tm is not None and (Path(args["save"]) / "users.safetensors").exists():
+        first = tm.to_embeddings(step.items, "items")["extra"]["epoch"] + 1
+        tm.to_embeddings(step.users, "users")  # both written after the same epoch
+        mv.print(f"attempt {mv.restart_count}: resuming after epoch {first - 1}")
+    for epoch in range(first, args["epochs"]):
+        # The order depends on (rank, epoch) only, so a resumed run sees what it would have.
+        order = np.random.default_rng((100 + mv.rank, epoch)).permutation(mine)
         total = 0.0
         for k in range(steps):
+            if epoch * steps + k == args["fail_at"] and mv.rank == 1 and mv.restart_count == 0:
+                os.kill(os.getpid(), signal.SIGKILL)  # a lost worker (--fail-at)
             picked = order[k * batch : (k + 1) * batch]
             total += step(u[picked], i[picked], r[picked], scale)
         loss = mv.reduce(total / steps, aggregate=True)
         error, count = mv.reduce(step.rmse(u[test], i[test], r[test]), aggregate=True)
         result = {"epoch": epoch, "loss": loss, "rmse": (error / count) ** 0.5}
         mv.print(f"epoch {epoch}: loss {loss:.4f}, held-out RMSE {result['rmse']:.4f}")
+        if tm is not None:  # every worker writes its rows; rank 0 the manifests, last
+            tm.drop_embeddings(step.users, "users", extra={"epoch": epoch})
+            tm.drop_embeddings(step.items, "items", extra={"epoch": epoch})
     result["rows_held"] = mv.runtime.gather_object(
         {"users": (users.rows.start, users.rows.stop), "items": (items.rows.start, items.rows.stop)}
     )
@@ -139,9 +162,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=1024, help="ratings a worker a step")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--save", default=None, help="folder of the anchors (resumes from it)")
+    parser.add_argument("--max-restarts", type=int, default=0, help="restarts after a failure")
+    parser.add_argument("--fail-at", type=int, default=-1, help="rank 1 dies at this step once")
     ns = parser.parse_args(argv)
     options = {"processes": ns.nworld} if ns.backend == "jax" else {}
-    mv = Multiverse(universe, ns.nworld, backend=ns.backend, **options)
+    mv = Multiverse(
+        universe, ns.nworld, backend=ns.backend, max_restarts=ns.max_restarts, **options
+    )
     result = mv(vars(ns))
     if mv.is_main:
         print(json.dumps(result))
