@@ -71,6 +71,13 @@ def _add_rows(values: jax.Array, index: jax.Array, count: int) -> jax.Array:
     return jax.ops.segment_sum(wide, index, num_segments=count)
 
 
+def _padded(union: np.ndarray) -> np.ndarray:
+    """`union` padded with its first id to `_pad` ids (its padding rows get no gradient)."""
+    if not union.size:
+        return union
+    return np.concatenate([union, np.full(_pad(union.size) - union.size, union[0])])
+
+
 def _pad(n: int) -> int:
     return max(16, 1 << max(n - 1, 0).bit_length())
 
@@ -213,10 +220,10 @@ class ShardedJaxRows(ShardedAttachment):
         # rows get a zero gradient) to the local attachment's own sizes, so its jitted
         # update sees as few shapes as an unsharded store's.
         self._served = union.size
-        ids = union
-        if union.size:
-            ids = np.concatenate([union, np.full(_pad(union.size) - union.size, union[0])])
-        return np.asarray(self.local.fetch(ids))[: union.size]
+        return np.asarray(self.local.fetch(_padded(union)))[: union.size]
+
+    def prefetch_local(self, union: np.ndarray) -> None:
+        self.local.prefetch(_padded(union))  # as fetch_local will ask for them
 
     def step(self, *grads: Any) -> None:
         """Steps every fetched row once, with its gradient summed over the processes.

@@ -204,7 +204,18 @@ def save_set(
         check_extra(extra, numpy_scalars)
     except Exception as err:
         error = err
-    token = _agree(exchange, error, "write the embedding anchor", secrets.token_hex(4))[0]
+    # Rank 0's token names the set; every rank must be writing to the same file (a relative
+    # name resolved from different working directories would scatter the parts).
+    agreed = _agree(
+        exchange, error, "write the embedding anchor", [secrets.token_hex(4), str(path.resolve())]
+    )
+    token = agreed[0][0]
+    paths = sorted({where for _, where in agreed})
+    if len(paths) > 1:
+        raise CheckpointError(
+            f"the ranks write the embedding anchor to different files {paths}: pass every rank "
+            "the same absolute path (across hosts, on a file system they share)"
+        )
     final = path.with_name(part_name(path, rank, world, token))
     tmp: Path | None = None
     record = None

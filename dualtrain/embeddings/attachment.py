@@ -96,14 +96,22 @@ class ShardedAttachment(Attachment):
         Returns:
             The batch's `Lookup` and its unique rows, [U, dim] host rows in its order.
         """
-        found = lookup(ids, self.store.num_rows)
+        found, refused = self._lookup(ids)
         # Held from here to the step (the local fetch keeps the hold): another thread of
         # this process waits, so its exchanges never interleave with this batch's.
         with self.session.owned():
             ahead, self._ahead = self._ahead, None
-            route = None if ahead is None else ahead.result()  # a failed route raises here
-            if route is None or not found.same_ids(route.lookup):
-                route = self.shard.route(found)
+            route = None
+            if ahead is not None:
+                routed = ahead.result()  # a failed route raises here, on every process
+                # Every process must take the same way: one routing again while another
+                # uses its prefetch would pair different collectives.
+                matched = found is not None and found.same_ids(routed.lookup)
+                if self.shard.agree(int(matched), refused).all():
+                    route = routed
+            if route is None:
+                route = self.shard.route(found, refused=refused)
+            assert found is not None
             served = self.fetch_local(route.union)
             try:
                 rows = self.shard.serve(route, served)
@@ -112,6 +120,13 @@ class ShardedAttachment(Attachment):
                 raise
             self._route = route
         return found, rows
+
+    def _lookup(self, ids: tuple[Any, ...]) -> tuple[Lookup | None, BaseException | None]:
+        """The ids checked, or the error to tell the other processes before raising it."""
+        try:
+            return lookup(ids, self.store.num_rows), None
+        except Exception as err:
+            return None, err
 
     def require_route(self) -> Route:
         """The route of the batch this thread fetched; ArgumentError when it has none.
@@ -157,20 +172,27 @@ class ShardedAttachment(Attachment):
         travel now and this shard's rows of the batch are gathered in the background. The
         rows themselves travel at the fetch: the step in between changes some of them.
         """
-        found = lookup(ids, self.store.num_rows)
+        found, refused = self._lookup(ids)
         with self.session.owned():  # one thread's exchanges at a time, as for fetch
             if self._ahead is not None:
                 self._ahead.result()  # one prefetch at a time, in order on every process
             channel = getattr(self.shard.exchange, "ahead", None)
             if channel is None:
-                route = self.shard.route(found)
-                self.local.prefetch(route.union)
+                route = self.shard.route(found, refused=refused)  # raises on all if refused
+                self.prefetch_local(route.union)
                 self._ahead = Future()
                 self._ahead.set_result(route)
                 return
             if self._router is None:
                 self._router = ThreadPoolExecutor(1, thread_name_prefix="dualtrain-route")
-            self._ahead = self._router.submit(self.shard.route, found, channel)
+            self._ahead = self._router.submit(self.shard.route, found, channel, refused)
+            if refused is not None:  # the others learn of it on the channel; then raise here
+                self._ahead.exception()  # kept: the next fetch raises it, as the others' do
+                raise refused
+
+    def prefetch_local(self, union: np.ndarray) -> None:
+        """Starts gathering this shard's rows `union` for the next `fetch_local` of them."""
+        self.local.prefetch(union)
 
     def detach(self) -> None:
         """Flushes and frees the store for another attachment (its tables stay)."""

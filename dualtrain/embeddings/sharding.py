@@ -29,9 +29,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from dualtrain.embeddings.ids import Lookup
-from dualtrain.errors import bad_argument
+from dualtrain.errors import ArgumentError, bad_argument
 
-__all__ = ["Exchange", "Route", "Shard", "Traffic", "split"]
+__all__ = ["Exchange", "Route", "Shard", "Traffic", "check_refusals", "split"]
 
 _COUNTING = threading.Lock()
 
@@ -71,9 +71,10 @@ class Exchange(Protocol):
         ...
 
     def lengths(self, sent: list[int], /) -> np.ndarray:
-        """Every rank's part lengths (a collective): int64 [world, world].
+        """Every rank's list of ints (a collective): int64 [world, len(sent)].
 
-        Row i is what rank i sends each rank; `sent` is this rank's row.
+        Row i is rank i's `sent` (the lengths of its parts, by destination, and whatever
+        else the caller appends); every rank passes as many.
         """
         ...
 
@@ -114,6 +115,18 @@ class Route:
     union: np.ndarray
     asked: list[int]
     back: np.ndarray
+
+
+def check_refusals(flags: np.ndarray, refused: BaseException | None) -> None:
+    """Raises on every process when one of them flagged -1 (this one: its own `refused`)."""
+    if refused is not None:
+        raise refused
+    failed = np.flatnonzero(flags == -1).tolist()
+    if failed:
+        raise ArgumentError(
+            f"rank(s) {failed} refused this batch of the sharded store (their ids; see their "
+            "error): every process stops it, as none may wait in an exchange the others skip"
+        )
 
 
 @dataclasses.dataclass
@@ -185,17 +198,42 @@ class Shard:
         """The rank that owns each id (int64, the shape of `ids`)."""
         return np.searchsorted(self.bounds, ids, side="right").astype(np.int64) - 1
 
-    def route(self, found: Lookup, channel: Exchange | None = None) -> Route:
+    def agree(self, flag: int, refused: BaseException | None = None) -> np.ndarray:
+        """Every process's `flag` (a collective); raises everywhere if one was `refused`.
+
+        `refused`: this process's error (its ids, say), which it raises after telling the
+        others; they raise an ArgumentError naming it. No process is then left waiting in
+        a collective its peer never enters.
+        """
+        every = self.exchange.lengths([-1 if refused is not None else flag])[:, 0]
+        check_refusals(every, refused)
+        return every
+
+    def route(
+        self,
+        found: Lookup | None,
+        channel: Exchange | None = None,
+        refused: BaseException | None = None,
+    ) -> Route:
         """Exchange 1 (a collective): tells each owner which of its rows this batch needs.
 
-        `channel`: the exchange to use (a prefetch's own), default `exchange`.
+        Args:
+            found: the batch's ids (None with `refused`).
+            channel: the exchange to use (a prefetch's own), default `exchange`.
+            refused: this process's error making the batch: the others learn of it in the
+                lengths' exchange and every process raises (see `agree`).
         """
-        unique = found.unique
+        unique = found.unique if found is not None else np.zeros(0, np.int64)
         inner = np.searchsorted(unique, self.bounds[1:-1], side="left")
         cuts = np.concatenate([[0], inner, [unique.size]]).astype(np.int64)
         parts = [unique[cuts[j] : cuts[j + 1]] for j in range(self.world)]
-        # Every process's lengths, once a batch: its three exchanges then need no more.
-        every = (channel or self.exchange).lengths([len(p) for p in parts])
+        # Every process's lengths, once a batch: its three exchanges then need no more. The
+        # last column says whether the process could make its batch.
+        status = -1 if refused is not None else 0
+        every = (channel or self.exchange).lengths([*(len(p) for p in parts), status])
+        check_refusals(every[:, -1], refused)
+        every = every[:, :-1]
+        assert found is not None
         most = int(every.max())
         asked_of_me = self.swap(parts, channel, every[:, self.rank].tolist(), most)
         requested = np.concatenate(asked_of_me) if asked_of_me else np.zeros(0, np.int64)

@@ -189,6 +189,24 @@ class EmbeddingStore:
         if whole is not None:  # allocated before the sync: keep this rank's rows
             self._table = self.empty()
             self._table[...] = whole[self.rows.start : self.rows.stop]
+        # A detached attachment's state and counters cover the whole table: this rank's rows
+        # of them stay (the next attach makes its own anyway), the rest is freed.
+        part = slice(self.rows.start, self.rows.stop)
+        self._state = {name: table[part].copy() for name, table in self._state.items()}
+        if self._counters is not None:
+            self._counters = self._counters[part].copy()
+
+    def signature(self) -> tuple[Any, ...]:
+        """What makes this store's rows: (num_rows, dim, dtype, seed, std, init).
+
+        The processes of a run compare it before sharding (a callable init by its name).
+        """
+        init = (
+            self._init
+            if isinstance(self._init, str)
+            else getattr(self._init, "__qualname__", type(self._init).__qualname__)
+        )
+        return (self.num_rows, self.dim, self.dtype, self.seed, self._std, init)
 
     def stats(self) -> dict[str, Any]:
         """What this store holds: ids, shape, bytes and steps taken (this process's shard).

@@ -434,17 +434,26 @@ class Multiverse:
                   for tank in tanks]  # fmt: skip
         for i, (order, _, device) in enumerate(shares):
             check_divisible(i, order, runtime.local_devices if device is not None else 1)
-        served = runtime.gather_object([order.batches for order, _, _ in shares])
+        many = isinstance(models, (tuple, list))
+        given = list(models) if many else [models]
+        stores = {i: m.signature() for i, m in enumerate(given) if isinstance(m, EmbeddingStore)}
+        # One collective for every check: the Tanks' batch counts and the stores' makings.
+        every = runtime.gather_object(([order.batches for order, _, _ in shares], stores))
         for i in range(len(tanks)):
-            counts = [ranks[i] for ranks in served]
+            counts = [ranks[i] for ranks, _ in every]
             if len(set(counts)) > 1:
                 raise ArgumentError(
                     f"data[{i}]: the processes serve different numbers of batches per epoch "
                     f"{counts} (by rank); every process must take as many steps: shard the "
                     "same pack, with drop_last=True or pad=True"
                 )
-        many = isinstance(models, (tuple, list))
-        given = list(models) if many else [models]
+        made = [theirs for _, theirs in every]
+        if any(theirs != stores for theirs in made):
+            raise ArgumentError(
+                "models: every process must sync the same EmbeddingStores, made alike (a "
+                "shard's rows are drawn from its own arguments, not broadcast); by rank: "
+                f"{made}"
+            )
         for i, model in enumerate(given):
             if isinstance(model, EmbeddingStore) and model.session is not None:
                 raise ArgumentError(

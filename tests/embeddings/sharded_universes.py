@@ -71,3 +71,13 @@ def universe(mv: dualtrain.Multiverse, framework: str) -> list[dict[str, Any]]:
                           for p in parts]  # fmt: skip
         out.append(whole)
     return out
+
+
+def unlike(mv: dualtrain.Multiverse) -> str:
+    """Each rank makes its store with its own seed: the sync must refuse it on every rank."""
+    store = dualtrain.EmbeddingStore(ROWS, DIM, std=0.5, seed=mv.rank)
+    try:
+        mv.sync(store)
+    except dualtrain.ArgumentError as err:
+        return str(err)
+    return "synced"

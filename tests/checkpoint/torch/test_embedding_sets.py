@@ -276,3 +276,18 @@ def test_each_rank_reads_only_the_chunks_over_its_own_ids(tmp_path):
     assert "tensor 'weight.1' fails its CRC-32C check" in str(out[2])
     for other in out[:2]:
         assert isinstance(other, CheckpointError) and "rank 2 failed to load" in str(other)
+
+
+def test_ranks_writing_to_different_files_are_refused_before_any_part(tmp_path):
+    whole = truth(6, 3)
+
+    def one(rank, ex):
+        rows = shard_rows(rank, 2, ex, 6, "lazy")
+        fill(rows, whole)
+        return TimeMachine(save_path=tmp_path / f"rank{rank}").drop_embeddings(rows, "emb")
+
+    results = run_ranks(2, one)
+    for result in results:
+        assert isinstance(result, CheckpointError), result
+        assert "different files" in str(result)
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))

@@ -291,3 +291,100 @@ def test_a_thread_without_a_batch_enters_no_exchange():
         return True
 
     assert run_ranks(2, body) == [True, True]
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_prefetch_one_rank_does_not_use_is_dropped_by_every_rank(framework, ahead):
+    """Each rank decides alone whether its prefetch matches; they agree before routing."""
+    steps = [[np.array([1, 7]), np.array([2, 3])], [np.array([4]), np.array([5, 6])]]
+    prefetched = [np.array([2, 3]), np.array([5, 6])]  # rank 0's guess is wrong
+
+    def body(rank, exchange):
+        rows = attach(framework, "sgd", "lazy", shard(rank, exchange))
+        for k, per_rank in enumerate(steps):
+            ids = per_rank[rank]
+            e = rows.fetch(ids)
+            if k == 0:
+                rows.prefetch(prefetched[rank])
+            w = losses(k, rank, len(ids))
+            if framework == "torch":
+                ((e * torch.from_numpy(w)).sum() + 0.5 * (e**2).sum()).backward()
+                rows.step()
+            else:
+                rows.step(jax.grad(lambda e, w=w: (e * w).sum() + 0.5 * (e**2).sum())(e))
+        rows.flush()
+        return rows.store
+
+    got = gathered(run_ranks(2, body, ahead=ahead))
+    want = single(framework, "sgd", "lazy", 2, steps)
+    np.testing.assert_allclose(got["weight"], want["weight"], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["fetch", "prefetch"])
+@pytest.mark.parametrize("ahead", [False, True])
+def test_ids_one_rank_refuses_stop_every_rank_and_training_goes_on(where, ahead):
+    """A bad id on one rank: it raises its error, the others an ArgumentError naming it;
+    no rank is left in an exchange, and the next batches pair up as before."""
+
+    def body(rank, exchange):
+        rows = attach("torch", "sgd", "lazy", shard(rank, exchange))
+        bad = np.array([0, ROWS + 3]) if rank == 1 else np.array([0])
+        errors = []
+        calls = [rows.fetch] if where == "fetch" else [rows.prefetch, rows.fetch]
+        for call in calls:
+            # A prefetch routed at the call raises there on every rank; one routed on its
+            # own channel raises at the fetch that takes it (the refusing rank: at both).
+            try:
+                call(bad if call == calls[0] else np.array([2]))
+            except dualtrain.ArgumentError as err:
+                errors.append(str(err))
+            rows.release()
+        assert errors
+        message = errors[0]
+        assert (f"row id {ROWS + 3}" in message) if rank == 1 else ("rank(s) [1]" in message)
+        e = rows.fetch(np.array([rank, 5]))
+        (e * torch.ones_like(e)).sum().backward()
+        rows.step()
+        rows.flush()
+        return rows.store
+
+    got = gathered(run_ranks(2, body, ahead=ahead))["weight"]
+    want = store().table.copy()
+    np.subtract.at(want, [0, 5, 1, 5], 0.1)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_a_detached_stores_state_is_cut_to_the_shard_too(framework):
+    def body(rank, exchange):
+        s = store()
+        rows = attach(framework, "adam", "exact", s)
+        rows.detach()
+        s.make_shard(rank, exchange.world, exchange)
+        assert all(len(t) == len(s.rows) for t in s.state.values())
+        assert len(s.counters) == len(s.rows)
+        assert s.memory().total == len(s.rows) * (DIM * 4 * 3 + 8)
+        return True
+
+    assert run_ranks(2, body) == [True, True]
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_jax_prefetch_gathers_its_rows_once(ahead):
+    """The owner's rows of a prefetched batch are gathered once, in the background."""
+    steps = [np.array([1, 7, 30]), np.array([2, 3, 35]), np.array([4, 22])]
+
+    def body(rank, exchange):
+        rows = attach("jax", "sgd", "lazy", shard(rank, exchange))
+        session = rows.local.session
+        gathers = []
+        real = session._gather
+        session._gather = lambda batch: (gathers.append(batch.size), real(batch))[1]
+        for k, ids in enumerate(steps):
+            ahead_ids = steps[k + 1] if k + 1 < len(steps) else None
+            step("jax", rows, ids, losses(k, rank, len(ids)), ahead_ids)
+        rows.flush()
+        return len(gathers)
+
+    assert run_ranks(2, body, ahead=ahead) == [len(steps), len(steps)]
