@@ -14,7 +14,13 @@ PACKAGES = ("batching", "compilation", "distributed")
 # the module that took the package's old flat module's place: its old name is the package's
 OWN = {"module", "accelerated", "runtime", "__init__"}
 RENAMED = {("jax", "compilation", "cache"): "dualtrain_jax.compile_cache"}
-NEW = {("torch", "compilation", "cache"), ("jax", "distributed", "exit")}  # no old name
+NEW = {  # no old name: made after the move
+    ("torch", "compilation", "cache"),
+    ("jax", "distributed", "exit"),
+    ("torch", "distributed", "agent"),
+    ("torch", "distributed", "exchange"),
+    ("jax", "distributed", "exchange"),
+}
 
 
 def _old_names(framework: str) -> dict[str, str]:
