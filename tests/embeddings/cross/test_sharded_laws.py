@@ -175,13 +175,14 @@ def test_an_attached_or_sharded_store_is_refused(framework):
     assert run_ranks(2, body) == [True, True]
 
 
-def test_ids_outside_the_table_are_refused_before_any_exchange():
+def test_ids_outside_the_table_are_refused_in_the_first_exchange_and_move_no_row():
     def body(rank, exchange):
         rows = attach("torch", "sgd", "lazy", shard(rank, exchange))
-        calls = exchange.calls
+        calls, traffic = exchange.calls, rows.shard.traffic.calls
         with pytest.raises(dualtrain.ArgumentError, match=f"row id {ROWS}"):
-            rows.fetch(np.array([0, ROWS]))
-        assert exchange.calls == calls
+            rows.fetch(np.array([0, ROWS]))  # every rank's own error: each refused its ids
+        assert exchange.calls == calls + 1  # the lengths, carrying the refusal
+        assert rows.shard.traffic.calls == traffic  # no ids, rows or gradients moved
         return True
 
     assert run_ranks(2, body) == [True, True]
