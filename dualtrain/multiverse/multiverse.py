@@ -142,6 +142,13 @@ class Multiverse:
                     f"Multiverse(nworld={nworld}) runs under {self._world.source}'s "
                     f"{launched} processes; nworld is {launched}", UserWarning, stacklevel=2,
                 )  # fmt: skip
+            if self.heartbeat is not None:  # said, not silently dropped
+                warnings.warn(
+                    f"Multiverse(heartbeat={self.heartbeat}) is not watched under "
+                    f"{self._world.source}: the heartbeat watches the runs mv() launches, and "
+                    f"here {self._world.source} supervises the workers; a stalled worker shows "
+                    "as its peers' collective timeout (timeout=)", UserWarning, stacklevel=2,
+                )  # fmt: skip
         self._runtime: Runtime | None = None
         self._beats: Beats | None = None  # a launched worker's row of the run's beats
         self.step = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,16 @@ def test_a_death_seen_no_later_than_a_peers_error_is_the_first_cause(tmp_path: P
     # a stalled worker named by the heartbeat comes first of all
     err = failure_error(tmp_path, 0, 2, {0: 1}, steps, (1, 3, "stalled"), {1: (2, -9)})
     assert (err.rank, str(err).split(": ", 1)[1]) == (1, "stalled (then rank(s) [0] failed too)")
+
+
+def test_a_heartbeat_under_an_outside_launcher_is_said_not_watched(monkeypatch) -> None:
+    """Under torchrun the launcher supervises: a heartbeat asked for is not silently dropped."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29999"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    with pytest.warns(UserWarning, match=r"heartbeat=3\.0\) is not watched under torchrun"):
+        Multiverse(universes.where, 2, heartbeat=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Multiverse(universes.where, 2)  # no heartbeat asked: nothing said
