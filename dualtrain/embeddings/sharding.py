@@ -31,7 +31,7 @@ import numpy as np
 from dualtrain.embeddings.ids import Lookup
 from dualtrain.errors import ArgumentError, bad_argument
 
-__all__ = ["Exchange", "Route", "Shard", "Traffic", "check_refusals", "split"]
+__all__ = ["Exchange", "Route", "Shard", "Traffic", "split"]
 
 _COUNTING = threading.Lock()
 
@@ -117,7 +117,7 @@ class Route:
     back: np.ndarray
 
 
-def check_refusals(flags: np.ndarray, refused: BaseException | None) -> None:
+def _check_refusals(flags: np.ndarray, refused: BaseException | None) -> None:
     """Raises on every process when one of them flagged -1 (this one: its own `refused`)."""
     if refused is not None:
         raise refused
@@ -206,7 +206,7 @@ class Shard:
         a collective its peer never enters.
         """
         every = self.exchange.lengths([-1 if refused is not None else flag])[:, 0]
-        check_refusals(every, refused)
+        _check_refusals(every, refused)
         return every
 
     def route(
@@ -231,7 +231,7 @@ class Shard:
         # last column says whether the process could make its batch.
         status = -1 if refused is not None else 0
         every = (channel or self.exchange).lengths([*(len(p) for p in parts), status])
-        check_refusals(every[:, -1], refused)
+        _check_refusals(every[:, -1], refused)
         every = every[:, :-1]
         assert found is not None
         most = int(every.max())

@@ -128,6 +128,9 @@ def test_every_row_starts_as_the_unsharded_stores_row(num_rows, world, init):
     for rank in range(world):
         s = dualtrain.EmbeddingStore(num_rows, 2, init=init, std=0.3, seed=SEED)
         s.make_shard(rank, world, Quiet())
+        if s.shard is not None:  # every id of its range, and none other, is its own
+            ids = np.arange(num_rows)
+            assert np.array_equal(np.flatnonzero(s.shard.owner(ids) == rank), np.array(s.rows))
         assert not s.allocated  # sharding allocates nothing
         assert s.rows == range(int(bounds[rank]), int(bounds[rank + 1]))
         parts.append(s.table)

@@ -7,7 +7,6 @@ missing heartbeat and fails the run), so Multiverse spawns every worker again it
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -39,8 +38,7 @@ def test_a_worker_killed_mid_step_restarts_from_the_last_anchor_to_the_same_mode
 
 
 def test_a_stalled_worker_is_named_by_its_own_rank(tmp_path: Path) -> None:
-    start = time.monotonic()
+    # The message is the heartbeat's, naming rank 1: not jax.distributed's (100 s).
     with pytest.raises(WorkerError, match=r"rank 1 failed at step 2: no step for 5 s") as caught:
         Multiverse(ru.stalls, 2, backend="jax", processes=2, heartbeat=5)(str(tmp_path), 1)
     assert (caught.value.rank, caught.value.step) == (1, 2)
-    assert time.monotonic() - start < 120  # not jax.distributed's heartbeat (100 s)

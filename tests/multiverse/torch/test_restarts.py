@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -45,11 +44,10 @@ def test_a_worker_killed_mid_step_restarts_from_the_last_anchor_to_the_same_mode
 
 @pytest.mark.parametrize("learner", [True, False], ids=["learner", "synced-forward"])
 def test_a_stalled_worker_is_named_by_its_own_rank(tmp_path: Path, learner: bool) -> None:
-    start = time.monotonic()
+    # The message is the heartbeat's, naming rank 1: not rank 0's collective timeout (300 s).
     with pytest.raises(WorkerError, match=r"rank 1 failed at step 2: no step for 3 s") as caught:
         Multiverse(ru.stalls, 2, heartbeat=3)(str(tmp_path), 1, learner)
     assert (caught.value.rank, caught.value.step) == (1, 2)
-    assert time.monotonic() - start < 120  # not the collective's timeout (300 s)
 
 
 def test_under_torchrun_max_restarts_the_run_resumes_the_same_way(tmp_path: Path) -> None:
