@@ -375,8 +375,18 @@ class Dense(Craft):
 
 
 class _Pool(Craft):
-    def __init__(self, kernel: Any, stride: Any, padding: Any, scope: str) -> None:
-        super().__init__(scope)
+    """Nebulae's pools: zero padding, then the dock's pool named by `kind`.
+
+    A negative kernel size pools the whole map; stride 2 by default; `scope` None is the
+    class's own.
+    """
+
+    kind, default_scope = "Max", "MPOOL"
+
+    def __init__(
+        self, kernel: tuple[int, ...], stride: Any = 2, padding: Any = 0, scope: str | None = None
+    ) -> None:
+        super().__init__(self.default_scope if scope is None else scope)
         kernel = _kernel(kernel)
         self.dim = len(kernel)
         self.is_global = kernel[-1] < 0  # Nebulae: a negative size pools the whole map
@@ -384,15 +394,9 @@ class _Pool(Craft):
             raise bad_argument("padding", padding, "0 for a global pool (kernel < 0)")
         self.pads = _flat_pads("padding", padding, self.dim)
         if self.is_global:
-            self.pool = self.global_layer()
+            self.pool = getattr(_dock, f"Global{self.kind}Pool")()
         else:
-            self.pool = self.layer(kernel, stride)
-
-    def global_layer(self) -> Any:
-        raise NotImplementedError
-
-    def layer(self, kernel: tuple[int, ...], stride: Any) -> Any:
-        raise NotImplementedError
+            self.pool = getattr(_dock, f"{self.kind}Pool")(kernel, stride=stride)
 
     def run(self, x: Any) -> Any:
         if any(lo or hi for lo, hi in self.pads):
@@ -403,33 +407,13 @@ class _Pool(Craft):
 
 
 class MaxPool(_Pool):
-    """Nebulae's MaxPool: zero padding (not -inf), then ``dock.MaxPool``; stride 2 by default."""
-
-    def __init__(
-        self, kernel: tuple[int, ...], stride: Any = 2, padding: Any = 0, scope: str = "MPOOL"
-    ) -> None:
-        super().__init__(kernel, stride, padding, scope)
-
-    def global_layer(self) -> Any:
-        return _dock.GlobalMaxPool()
-
-    def layer(self, kernel: tuple[int, ...], stride: Any) -> Any:
-        return _dock.MaxPool(kernel, stride=stride)
+    """Nebulae's MaxPool: zero padding (not -inf), then ``dock.MaxPool``; scope ``'MPOOL'``."""
 
 
 class AvgPool(_Pool):
     """Nebulae's AvgPool: zero padding (counted in the mean), then ``dock.AvgPool``."""
 
-    def __init__(
-        self, kernel: tuple[int, ...], stride: Any = 2, padding: Any = 0, scope: str = "APOOL"
-    ) -> None:
-        super().__init__(kernel, stride, padding, scope)
-
-    def global_layer(self) -> Any:
-        return _dock.GlobalAvgPool()
-
-    def layer(self, kernel: tuple[int, ...], stride: Any) -> Any:
-        return _dock.AvgPool(kernel, stride=stride)
+    kind, default_scope = "Avg", "APOOL"
 
 
 def Reshape(scope: str = "RESHAPE") -> Any:  # noqa: N802 - Nebulae's class name
@@ -629,13 +613,51 @@ class _Optimizer:
         self.optz.load_state_dict(state)
 
 
-class Momentum(_Optimizer):
+class _MomentOptimizer(_Optimizer):
+    """Nebulae's optimizers with one moment (`mmnt`): its signature, held once.
+
+    `mmnt` and `scope` left None take the class's own defaults (Nebulae's), so every
+    argument may also be given by position, as Nebulae's own signatures allow.
+    """
+
+    default_mmnt, default_scope = 0.9, "MOMENTUM"
+
+    def __init__(
+        self,
+        hull: Any,
+        lr: float,
+        mmnt: float | None = None,
+        wd: float = 0,
+        lr_decay: Any = None,
+        warmup: int = 0,
+        grad_limit: float = -1,
+        grad_accum: int = 1,
+        update_scope: Any = None,
+        scope: str | None = None,
+        lr_params: Any = None,
+    ) -> None:
+        moment = self.default_mmnt if mmnt is None else mmnt
+
+        def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+            return self.torch_optimizer(params, lr, moment, wd)
+
+        scope = self.default_scope if scope is None else scope
+        super().__init__(hull, make, lr_decay, warmup, grad_limit, grad_accum, update_scope,
+                         scope, lr_params)  # fmt: skip
+
+    def torch_optimizer(
+        self, params: list[nn.Parameter], lr: float, mmnt: float, wd: float
+    ) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+
+class Momentum(_MomentOptimizer):
     """SGD with momentum (``torch.optim.SGD``); ``optz(loss)`` steps.
 
     Args:
         hull: the model (a Craft or module) whose parameters it updates.
         lr: the learning rate.
-        mmnt: momentum.
+        mmnt: momentum (None: 0.9).
         wd: weight decay.
         lr_decay: None, a schedule (``StepLR(period, factor)``) or ``STEP`` with `lr_params`.
         warmup: steps of Nebulae's warm-up (the rate 0 for two steps, then rising to `lr`
@@ -643,72 +665,45 @@ class Momentum(_Optimizer):
         grad_limit: clip each gradient element to ±grad_limit before a step (<= 0: off).
         grad_accum: backward passes per step.
         update_scope: a part path ('net/fc') or a list of them: update only those.
+        scope: the optimizer's name (None: ``'MOMENTUM'``).
         lr_params: (period, factor) for ``lr_decay=STEP``.
     """
 
     nesterov = False
 
-    def __init__(
-        self,
-        hull: Any,
-        lr: float,
-        mmnt: float = 0.9,
-        wd: float = 0,
-        lr_decay: Any = None,
-        warmup: int = 0,
-        grad_limit: float = -1,
-        grad_accum: int = 1,
-        update_scope: Any = None,
-        scope: str = "MOMENTUM",
-        lr_params: Any = None,
-    ) -> None:
-        def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-            return torch.optim.SGD(
-                params, lr=lr, momentum=mmnt, weight_decay=wd, nesterov=self.nesterov
-            )
-
-        super().__init__(hull, make, lr_decay, warmup, grad_limit, grad_accum, update_scope,
-                         scope, lr_params)  # fmt: skip
+    def torch_optimizer(
+        self, params: list[nn.Parameter], lr: float, mmnt: float, wd: float
+    ) -> torch.optim.Optimizer:
+        return torch.optim.SGD(
+            params, lr=lr, momentum=mmnt, weight_decay=wd, nesterov=self.nesterov
+        )
 
 
 class Nesterov(Momentum):
-    """SGD with Nesterov momentum; Momentum's arguments."""
+    """SGD with Nesterov momentum; Momentum's arguments (scope None: ``'NESTEROV'``)."""
 
-    nesterov = True
-
-    def __init__(self, hull: Any, lr: float, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("scope", "NESTEROV")
-        super().__init__(hull, lr, *args, **kwargs)
+    nesterov, default_scope = True, "NESTEROV"
 
 
-class RMSProp(_Optimizer):
-    """``torch.optim.RMSprop``; Momentum's arguments, `mmnt` 0 by default (Nebulae's)."""
+class RMSProp(_MomentOptimizer):
+    """``torch.optim.RMSprop``; Momentum's arguments (None: `mmnt` 0, scope ``'RMSPROP'``)."""
 
-    def __init__(
-        self,
-        hull: Any,
-        lr: float,
-        mmnt: float = 0.0,
-        wd: float = 0,
-        lr_decay: Any = None,
-        warmup: int = 0,
-        grad_limit: float = -1,
-        grad_accum: int = 1,
-        update_scope: Any = None,
-        scope: str = "RMSPROP",
-        lr_params: Any = None,
-    ) -> None:
-        def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-            return torch.optim.RMSprop(params, lr=lr, momentum=mmnt, weight_decay=wd)
+    default_mmnt, default_scope = 0.0, "RMSPROP"
 
-        super().__init__(hull, make, lr_decay, warmup, grad_limit, grad_accum, update_scope,
-                         scope, lr_params)  # fmt: skip
+    def torch_optimizer(
+        self, params: list[nn.Parameter], lr: float, mmnt: float, wd: float
+    ) -> torch.optim.Optimizer:
+        return torch.optim.RMSprop(params, lr=lr, momentum=mmnt, weight_decay=wd)
 
 
 class Adam(_Optimizer):
-    """``torch.optim.Adam`` with betas ``(mmnt1, mmnt2)``; the other arguments are Momentum's."""
+    """``torch.optim.Adam`` with betas ``(mmnt1, mmnt2)``; the other arguments are Momentum's.
 
-    decoupled = False
+    `scope` None is the class's name (``'ADAM'``, ``'ADAMW'``); every argument may be given
+    by position, as Nebulae's signature allows.
+    """
+
+    decoupled, default_scope = False, "ADAM"
 
     def __init__(
         self,
@@ -722,7 +717,7 @@ class Adam(_Optimizer):
         grad_limit: float = -1,
         grad_accum: int = 1,
         update_scope: Any = None,
-        scope: str = "ADAM",
+        scope: str | None = None,
         lr_params: Any = None,
     ) -> None:
         kind = torch.optim.AdamW if self.decoupled else torch.optim.Adam
@@ -730,6 +725,7 @@ class Adam(_Optimizer):
         def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
             return kind(params, lr=lr, betas=(mmnt1, mmnt2), weight_decay=wd)
 
+        scope = self.default_scope if scope is None else scope
         super().__init__(hull, make, lr_decay, warmup, grad_limit, grad_accum, update_scope,
                          scope, lr_params)  # fmt: skip
 
@@ -737,11 +733,7 @@ class Adam(_Optimizer):
 class AdamW(Adam):
     """``torch.optim.AdamW`` (decoupled weight decay); Adam's arguments."""
 
-    decoupled = True
-
-    def __init__(self, hull: Any, lr: float, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("scope", "ADAMW")
-        super().__init__(hull, lr, *args, **kwargs)
+    decoupled, default_scope = True, "ADAMW"
 
 
 class WarmUp:

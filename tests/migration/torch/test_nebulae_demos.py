@@ -301,6 +301,47 @@ def test_step_with_lr_params_and_grad_accum_and_limits():
         dock.Momentum(net, 0.1, grad_accum=0)
 
 
+# Nebulae v0.5.15's optimizer signatures: (moment defaults, scope), every argument positional.
+NEBULAE_OPTIMIZERS = {
+    "Momentum": ((0.9,), "MOMENTUM", torch.optim.SGD),
+    "Nesterov": ((0.9,), "NESTEROV", torch.optim.SGD),
+    "RMSProp": ((0.0,), "RMSPROP", torch.optim.RMSprop),
+    "Adam": ((0.9, 0.999), "ADAM", torch.optim.Adam),
+    "AdamW": ((0.9, 0.999), "ADAMW", torch.optim.AdamW),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEBULAE_OPTIMIZERS))
+@settings(max_examples=10, deadline=None)
+@given(
+    moments=st.lists(st.floats(0.01, 0.99), min_size=2, max_size=2),
+    wd=st.sampled_from([0, 1e-3]),
+    accum=st.integers(1, 3),
+    scope=st.text("ABCXYZ", min_size=1, max_size=6),
+)
+def test_optimizers_take_nebulaes_arguments_by_position(name, moments, wd, accum, scope):
+    """Any argument by position equals it by keyword; left out, Nebulae's defaults hold."""
+    defaults, default_scope, kind = NEBULAE_OPTIMIZERS[name]
+    cls = getattr(dock, name)
+    net = dock.Dense(3, 1)
+    given_moments = moments[: len(defaults)]
+    by_position = cls(net, 0.1, *given_moments, wd, None, 0, -1, accum, None, scope)
+    names = ["mmnt"] if len(defaults) == 1 else ["mmnt1", "mmnt2"]
+    by_name = cls(net, 0.1, **dict(zip(names, given_moments, strict=True)), wd=wd,
+                  grad_accum=accum, scope=scope)  # fmt: skip
+    plain = cls(net, 0.1)
+    assert by_position.scope == by_name.scope == scope and plain.scope == default_scope
+    assert by_position.grad_accum == by_name.grad_accum == accum
+    for optz in (by_position, by_name, plain):
+        assert type(optz.optz) is kind
+    group, same, default = (o.optz.param_groups[0] for o in (by_position, by_name, plain))
+    key = "betas" if len(defaults) == 2 else "momentum"
+    assert group[key] == same[key] and tuple(np.atleast_1d(group[key])) == tuple(given_moments)
+    assert tuple(np.atleast_1d(default[key])) == defaults
+    assert group["weight_decay"] == same["weight_decay"] == wd
+    assert group.get("nesterov", False) == (name == "Nesterov")
+
+
 # ---- the Craft -------------------------------------------------------------------------
 
 
