@@ -1,6 +1,7 @@
 """dualtrain's JAX adapter: imports jax (and optax) and dualtrain, never torch.
 
-The names below mirror the other adapter's (tests/test_facades.py) and load lazily (PEP 562):
+The names below mirror the other adapter's (those both export are declared once, in
+`dualtrain.facade`; tests/test_facades.py) and load lazily (PEP 562):
 ``import dualtrain_jax`` imports no submodule; each name imports its module on first use,
 so the model half never pulls in what only the embedding store needs.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dualtrain.deprecation import moved_modules
-from dualtrain.facade import lazy
+from dualtrain.facade import adapter_homes, adapter_moves, lazy
 
 if TYPE_CHECKING:
     from dualtrain_jax.backend import JaxBackend
@@ -23,47 +24,12 @@ if TYPE_CHECKING:
     from dualtrain_jax.transfer import Transfer
 
 # Modules that moved into the capability subpackages (#32): their old names still import,
-# with a DeprecationWarning.
-moved_modules(
-    {
-        "dualtrain_jax.batching_loss": "dualtrain_jax.batching.loss",
-        "dualtrain_jax.batching_members": "dualtrain_jax.batching.members",
-        "dualtrain_jax.batching_optim": "dualtrain_jax.batching.optim",
-        "dualtrain_jax.batching_probe": "dualtrain_jax.batching.probe",
-        "dualtrain_jax.batching_run": "dualtrain_jax.batching.run",
-        "dualtrain_jax.compilation_keys": "dualtrain_jax.compilation.keys",
-        "dualtrain_jax.compilation_learner": "dualtrain_jax.compilation.learner",
-        "dualtrain_jax.compilation_module": "dualtrain_jax.compilation.module",
-        "dualtrain_jax.compilation_probe": "dualtrain_jax.compilation.probe",
-        "dualtrain_jax.compilation_rungs": "dualtrain_jax.compilation.rungs",
-        "dualtrain_jax.distributed_learner": "dualtrain_jax.distributed.learner",
-        "dualtrain_jax.distributed_reduce": "dualtrain_jax.distributed.reduce",
-        "dualtrain_jax.distributed_rows": "dualtrain_jax.distributed.rows",
-        "dualtrain_jax.compile_cache": "dualtrain_jax.compilation.cache",
-    }
-)
+# with a DeprecationWarning. Those both adapters moved are `facade.SHARED_MOVES`.
+moved_modules(adapter_moves(__name__, {"compile_cache": "compilation.cache"}))
 
-
-# public name -> the submodule that defines it
-_HOMES = {
-    "BatchModule": "dualtrain_jax.batching",
-    "batch_loss": "dualtrain_jax.batching",
-    "batch_topk": "dualtrain_jax.batching",
-    "member_optimizer": "dualtrain_jax.batching.optim",
-    "JaxBackend": "dualtrain_jax.backend",
-    "TrainingLearner": "dualtrain_jax.compilation.learner",
-    "accelerate": "dualtrain_jax.compilation",
-    "accelerate_model": "dualtrain_jax.compilation",
-    "Nozzle": "dualtrain_jax.craft",
-    "Prober": "dualtrain_jax.craft",
-    "Rudder": "dualtrain_jax.craft",
-    "JaxRows": "dualtrain_jax.embeddings",
-    "Transfer": "dualtrain_jax.transfer",
-    "attach": "dualtrain_jax.embeddings",
-    "coat": "dualtrain_jax.craft",
-    "realize": "dualtrain_jax.craft",
-    "shell": "dualtrain_jax.craft",
-}
+# public name -> the submodule that defines it: the names both adapters export
+# (`facade.SHARED_HOMES`) and this adapter's own
+_HOMES = adapter_homes(__name__, {"JaxBackend": "backend", "JaxRows": "embeddings"})
 
 __all__ = [
     "BatchModule",

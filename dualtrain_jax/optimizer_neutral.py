@@ -114,16 +114,8 @@ def check_neutral(
     The filler gives the filled state; parameters not in `loaded` keep the given values.
     """
     family, variant, _ = _classify(opt_state)
-    if family != state.family:
-        raise CheckpointError(
-            f"it holds {state.name_of()} optimizer state; the optax state given is {family}"
-        )
-    for flag, value in state.variant.items():
-        if flag in variant and variant[flag] != value:
-            raise CheckpointError(
-                f"it holds {state.name_of()} optimizer state; the optax state given has "
-                f"{flag}={variant[flag]}"
-            )
+    given = "the optax state given"
+    state.check_fits(family, variant, takes=f"{given} is {family}", has=f"{given} has")
 
     def fill(path: str, template: dict[str, Any], slot: str) -> dict[str, Any]:
         out = dict(template)

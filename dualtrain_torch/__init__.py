@@ -1,6 +1,7 @@
 """dualtrain's PyTorch adapter: imports torch and dualtrain, never JAX.
 
-The names below mirror the other adapter's (tests/test_facades.py) and load lazily (PEP 562):
+The names below mirror the other adapter's (those both export are declared once, in
+`dualtrain.facade`; tests/test_facades.py) and load lazily (PEP 562):
 ``import dualtrain_torch`` imports no submodule; each name imports its module on first use,
 so the model half never pulls in what only the embedding store needs.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dualtrain.deprecation import moved_modules
-from dualtrain.facade import lazy
+from dualtrain.facade import adapter_homes, adapter_moves, lazy
 
 if TYPE_CHECKING:
     from dualtrain_torch.backend import TorchBackend
@@ -23,48 +24,16 @@ if TYPE_CHECKING:
     from dualtrain_torch.transfer import Transfer
 
 # Modules that moved into the capability subpackages (#32): their old names still import,
-# with a DeprecationWarning.
+# with a DeprecationWarning. Those both adapters moved are `facade.SHARED_MOVES`.
 moved_modules(
-    {
-        "dualtrain_torch.batching_loss": "dualtrain_torch.batching.loss",
-        "dualtrain_torch.batching_members": "dualtrain_torch.batching.members",
-        "dualtrain_torch.batching_optim": "dualtrain_torch.batching.optim",
-        "dualtrain_torch.batching_probe": "dualtrain_torch.batching.probe",
-        "dualtrain_torch.batching_run": "dualtrain_torch.batching.run",
-        "dualtrain_torch.batching_stacked": "dualtrain_torch.batching.stacked",
-        "dualtrain_torch.compilation_keys": "dualtrain_torch.compilation.keys",
-        "dualtrain_torch.compilation_learner": "dualtrain_torch.compilation.learner",
-        "dualtrain_torch.compilation_module": "dualtrain_torch.compilation.module",
-        "dualtrain_torch.compilation_probe": "dualtrain_torch.compilation.probe",
-        "dualtrain_torch.compilation_rungs": "dualtrain_torch.compilation.rungs",
-        "dualtrain_torch.distributed_learner": "dualtrain_torch.distributed.learner",
-        "dualtrain_torch.distributed_reduce": "dualtrain_torch.distributed.reduce",
-        "dualtrain_torch.distributed_rows": "dualtrain_torch.distributed.rows",
-        "dualtrain_torch.distributed_exit": "dualtrain_torch.distributed.exit",
-    }
+    adapter_moves(
+        __name__, {"batching_stacked": "batching.stacked", "distributed_exit": "distributed.exit"}
+    )
 )
 
-
-# public name -> the submodule that defines it
-_HOMES = {
-    "BatchModule": "dualtrain_torch.batching",
-    "batch_loss": "dualtrain_torch.batching",
-    "batch_topk": "dualtrain_torch.batching",
-    "member_optimizer": "dualtrain_torch.batching.optim",
-    "TorchBackend": "dualtrain_torch.backend",
-    "TrainingLearner": "dualtrain_torch.compilation.learner",
-    "accelerate": "dualtrain_torch.compilation",
-    "accelerate_model": "dualtrain_torch.compilation",
-    "Nozzle": "dualtrain_torch.craft",
-    "Prober": "dualtrain_torch.craft",
-    "Rudder": "dualtrain_torch.craft",
-    "TorchRows": "dualtrain_torch.embeddings",
-    "Transfer": "dualtrain_torch.transfer",
-    "attach": "dualtrain_torch.embeddings",
-    "coat": "dualtrain_torch.craft",
-    "realize": "dualtrain_torch.craft",
-    "shell": "dualtrain_torch.craft",
-}
+# public name -> the submodule that defines it: the names both adapters export
+# (`facade.SHARED_HOMES`) and this adapter's own
+_HOMES = adapter_homes(__name__, {"TorchBackend": "backend", "TorchRows": "embeddings"})
 
 __all__ = [
     "BatchModule",

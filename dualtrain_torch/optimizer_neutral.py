@@ -117,16 +117,12 @@ def check_neutral(
     """Validates neutral `state` against `optimizer`; returns the function that loads it."""
     cls = require_optimizer(optimizer)
     family, variant = _family(optimizer)
-    if family != state.family:
-        raise CheckpointError(
-            f"it holds {state.name_of()} optimizer state; torch.optim.{cls} takes {family} state"
-        )
-    for flag, on in state.variant.items():
-        if flag in variant and variant[flag] != on:
-            raise CheckpointError(
-                f"it holds {state.name_of()} optimizer state; torch.optim.{cls} here has "
-                f"{flag}={variant[flag]}"
-            )
+    state.check_fits(
+        family,
+        variant,
+        takes=f"torch.optim.{cls} takes {family} state",
+        has=f"torch.optim.{cls} here has",
+    )
     names = param_names(module)
     needed = {
         "sgd": ["momentum_buffer"] if variant.get("momentum") else [],

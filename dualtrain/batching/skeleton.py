@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import (
     Any,
     ClassVar,
@@ -135,17 +135,34 @@ class BatchSettings:
 T = TypeVar("T")
 
 
-class Setting(Generic[T]):
-    """A BatchModule attribute that is the `BatchSettings` field of the same name.
+def _module_settings(module: Any) -> BatchSettings:
+    """A BatchModule's settings: its skeleton's (``_core.settings``)."""
+    return cast(BatchSettings, module._core.settings)
 
-    The value lives once, in the skeleton's settings (``_core.settings``); `writable`
-    lets a user assign it there (else assigning raises AttributeError, as a property
-    without a setter does).
+
+def _own_settings(core: Any) -> BatchSettings:
+    """A `MemberBatch`'s settings: its own."""
+    return cast(BatchSettings, core.settings)
+
+
+class Setting(Generic[T]):
+    """An attribute that is the `BatchSettings` field of the same name.
+
+    The value lives once, in the skeleton's settings, which `of` finds from the object
+    (default: a BatchModule's, ``_core.settings``); `writable` lets a user assign it there
+    (else assigning raises AttributeError, as a property without a setter does).
     """
 
-    def __init__(self, writable: bool = False) -> None:
-        self.writable = writable
+    def __init__(
+        self,
+        writable: bool = False,
+        *,
+        of: Callable[[Any], BatchSettings] = _module_settings,
+        doc: str | None = None,
+    ) -> None:
+        self.writable, self.of = writable, of
         self.name = ""
+        self.__doc__ = doc  # what help() shows for the attribute
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -159,14 +176,14 @@ class Setting(Generic[T]):
     def __get__(self, module: object, owner: type | None = None) -> Any:
         if module is None:
             return self
-        return getattr(cast(Any, module)._core.settings, self.name)
+        return getattr(self.of(module), self.name)
 
     def __set__(self, module: object, value: T) -> None:
         if not self.writable:
             raise AttributeError(
                 f"property {self.name!r} of {type(module).__name__!r} object has no setter"
             )
-        setattr(cast(Any, module)._core.settings, self.name, value)
+        setattr(self.of(module), self.name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,18 +271,12 @@ class MemberBatch(Generic[H]):
         self._decisions: dict[tuple[Any, ...], Decision] = {}
         self._probed: dict[tuple[str, bool], str] = {}  # by (strategy, training)
 
-    @property
-    def batch(self) -> int:
-        return self.settings.batch
-
-    @property
-    def shared_input(self) -> bool:
-        return self.settings.shared_input
-
-    @property
-    def strategy(self) -> str:
-        """The strategy asked for (``"auto"`` or a name); `decision` names the one in use."""
-        return self.settings.strategy
+    batch = Setting[int](of=_own_settings)
+    shared_input = Setting[bool](of=_own_settings)
+    strategy = Setting[str](
+        of=_own_settings,
+        doc='The strategy asked for (``"auto"`` or a name); `decision` names the one in use.',
+    )
 
     # -- members ---------------------------------------------------------------------------
 

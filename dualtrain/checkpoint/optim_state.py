@@ -151,6 +151,28 @@ class OptimizerState:
         flags = [k for k, v in self.variant.items() if v]
         return self.family + (f" ({', '.join(flags)})" if flags else "")
 
+    def check_fits(self, family: str, variant: dict[str, bool], *, takes: str, has: str) -> None:
+        """Refuses to load into an optimizer of another family or structural variant.
+
+        Args:
+            family: the family of the optimizer (or optax state) it would load into.
+            variant: that optimizer's flags (`VARIANTS`); one absent on either side is not
+                compared.
+            takes: how the message says its family (``"torch.optim.SGD takes adam state"``).
+            has: how the message leads into one of its flags (``"torch.optim.SGD here has"``).
+
+        Raises:
+            CheckpointError: ``it holds <this state> optimizer state; <takes>``, or ``...;
+                <has> <flag>=<value>``.
+        """
+        if family != self.family:
+            raise CheckpointError(f"it holds {self.name_of()} optimizer state; {takes}")
+        for flag, value in self.variant.items():
+            if flag in variant and variant[flag] != value:
+                raise CheckpointError(
+                    f"it holds {self.name_of()} optimizer state; {has} {flag}={variant[flag]}"
+                )
+
 
 # ---- writing ----------------------------------------------------------------------------
 

@@ -261,9 +261,21 @@ class _Call:
     traced: bool
     found: batching_probe.Findings | None = None  # the trace "auto" inspected, for the probe
 
-    def values(self, shared_input: bool) -> tuple[Any, ...]:
-        """The run's arguments after the member's function, in batching_run's order."""
-        return (self.params, self.state, self.inputs, shared_input, self.keys, self.train)
+    def run(
+        self, one: Any, shared_input: bool, strategy: str = "vmap", chunk: int | None = None
+    ) -> batching_run.Run:
+        """This call's members run by `one` under `strategy` (in chunks of `chunk`)."""
+        return batching_run.Run(
+            one,
+            strategy,
+            chunk,
+            self.params,
+            self.state,
+            self.inputs,
+            shared_input,
+            self.keys,
+            self.train,
+        )
 
 
 class _Members:
@@ -362,7 +374,7 @@ class _Members:
         s = self.settings
         chunk = s.batch
         if s.memory_budget is not None:  # estimated from shapes: works under a trace
-            need = batching_run.member_bytes(self.spec.one, *call.values(s.shared_input))
+            need = batching_run.member_bytes(call.run(self.spec.one, s.shared_input))
             chunk = dispatch.chunk_size(s.batch, need, s.memory_budget)
         if call.traced and s.strategy == "auto":
             # Nothing can be timed under a trace: vmap (in chunks under a budget), unless
@@ -378,7 +390,8 @@ class _Members:
         cached = dispatch.CACHE.get(key)
         if cached is not None:
             return dataclasses.replace(cached, reason=f"cached, {cached.reason}")
-        found = call.found = batching_probe.inspect(spec.one, *call.values(s.shared_input))
+        members_run = call.run(spec.one, s.shared_input)
+        found = call.found = batching_probe.inspect(members_run)
         vmap_form = dispatch.plan("jax", "vmap", s.batch, chunk)
         if s.batch == 1 or (not found.regrouped and found.vmap_error is None):
             # vmap runs each op of one member once, batched over the members: it does the
@@ -404,7 +417,7 @@ class _Members:
             names.remove("vmap")
             errors["vmap"] = found.vmap_error
         outcome = batching_run.within_budget(
-            batching_run.candidates(spec.one, options, *call.values(s.shared_input)),
+            batching_run.candidates(members_run, options),
             names,
             s.batch,
         )
@@ -432,11 +445,7 @@ class _Members:
         s, spec = self.settings, self.spec
         found = call.found
         if found is None:
-            found = batching_probe.inspect(
-                spec.one,
-                *call.values(s.shared_input),
-                vmapped=False,
-            )
+            found = batching_probe.inspect(call.run(spec.one, s.shared_input), vmapped=False)
         if not found.foreign:
             return (
                 f"passed without a run ({decision.strategy}): the member's forward and "
@@ -450,9 +459,7 @@ class _Members:
         )
         verdict = isolation.run_probe(
             lambda: batching_probe.probe(
-                batching_run.Run(
-                    spec.one, decision.strategy, decision.chunk, *call.values(s.shared_input)
-                ),
+                call.run(spec.one, s.shared_input, decision.strategy, decision.chunk),
                 culprit=culprit,
             ),
             decision.strategy,

@@ -22,7 +22,6 @@ from jax.extend import core as jax_core
 
 from dualtrain.batching import isolation
 from dualtrain_jax.batching.run import (
-    Member,
     Run,
     abstract_members,
     is_array,
@@ -134,31 +133,21 @@ def _groups(eqns: list[Any]) -> list[int]:
     ]
 
 
-def inspect(
-    one: Member,
-    params: Any,
-    state: Any,
-    inputs: Sequence[Any],
-    shared: bool,
-    keys: Any,
-    train: bool,
-    *,
-    vmapped: bool = True,
-) -> Findings:
-    """Traces one member's step (and, with `vmapped`, every member's under vmap).
+def inspect(run: Run, *, vmapped: bool = True) -> Findings:
+    """Traces one of `run`'s members' step (and, with `vmapped`, every member's under vmap).
 
     Tens of milliseconds for small models; no XLA compile. Errors of the member's own
     trace propagate (the first call would raise them too); a vmap trace that fails is
-    recorded in `vmap_error`.
+    recorded in `vmap_error`. `run`'s strategy and chunk are not read.
     """
     start = time.perf_counter()
-    run = Run(one, "loop", None, params, state, inputs, shared, keys, train)
+    run = dataclasses.replace(run, strategy="loop", chunk=None)
     alone = _traced(run, 1)
     pure = _pure()
     foreign = tuple(sorted({e.primitive.name for e in alone} - pure))
     if not vmapped:
         return Findings(foreign, seconds=time.perf_counter() - start)
-    batch = jax.tree_util.tree_leaves(params)[0].shape[0]
+    batch = jax.tree_util.tree_leaves(run.params)[0].shape[0]
     try:
         together = _traced(dataclasses.replace(run, strategy="vmap"), batch)
     except Exception as error:

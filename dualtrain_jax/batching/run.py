@@ -245,21 +245,16 @@ class Candidate:
         jax.block_until_ready(self._compiled(*self.args))
 
 
-def candidates(
-    one: Member,
-    options: Mapping[str, int | None],
-    params: Any,
-    state: Any,
-    inputs: Sequence[Any],
-    shared: bool,
-    keys: Any,
-    train: bool,
-) -> Callable[[str, int], Candidate]:
-    """``make(strategy, members)``: the `Candidate` of one of `options` on that many members."""
+def candidates(run: Run, options: Mapping[str, int | None]) -> Callable[[str, int], Candidate]:
+    """``make(strategy, members)``: the `Candidate` of `run`'s members under one of `options`.
+
+    `run`'s own strategy and chunk are not read: each candidate brings its own.
+    """
 
     def make(strategy: str, members: int) -> Candidate:
-        run = Run(one, strategy, options[strategy], params, state, inputs, shared, keys, train)
-        return Candidate(run, members)
+        return Candidate(
+            dataclasses.replace(run, strategy=strategy, chunk=options[strategy]), members
+        )
 
     return make
 
@@ -430,21 +425,14 @@ def within_budget(
     return out
 
 
-def member_bytes(
-    one: Member,
-    params: Any,
-    state: Any,
-    inputs: Sequence[Any],
-    shared: bool,
-    keys: Any,
-    train: bool,
-) -> int:
-    """Estimated bytes of one member's forward and backward.
+def member_bytes(run: Run) -> int:
+    """Estimated bytes of one of `run`'s members' forward and backward.
 
     From XLA's memory analysis of the compiled step (arguments, outputs, temporaries); a
-    coarser sum where XLA has none.
+    coarser sum where XLA has none. `run`'s strategy and chunk are not read: one member is
+    measured as vmap runs it.
     """
-    run = Run(one, "vmap", None, params, state, inputs, shared, keys, train)
+    run = dataclasses.replace(run, strategy="vmap", chunk=None)
     p1, s1, k1, batched = abstract_members(run, 1)
     loss = members_loss(run)
     size = lambda tree: sum(  # noqa: E731

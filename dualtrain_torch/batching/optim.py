@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -250,11 +250,12 @@ class MemberOptimizer(torch.optim.Optimizer):
             ]
             rows = [t.index_select(0, plan.inactive) for t in held]
         steps = [s["step"] for s in states]
+        ops = _Operands(params, grads, states, plan, coef)
         if group["name"] == "sgd":
-            self._sgd(params, grads, states, plan, coef, group["nesterov"])
+            self._sgd(ops, group["nesterov"])
         else:
             counts = [self._counts(p, t) for p, t in zip(params, steps, strict=True)]
-            self._adam(params, grads, states, plan, coef, group["name"] == "adamw", counts)
+            self._adam(ops, group["name"] == "adamw", counts)
         if held is None:
             torch._foreach_add_(steps, 1.0)
         else:
@@ -316,15 +317,8 @@ class MemberOptimizer(torch.optim.Optimizer):
         self.last_grad_norm = total
         return torch.clamp(max_norm.to(total.dtype) / (total + 1e-6), max=1.0)
 
-    def _sgd(
-        self,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        states: list[dict[str, Any]],
-        plan: _Plan,
-        coef: _Lead | None,
-        nesterov: bool,
-    ) -> None:
+    def _sgd(self, ops: _Operands, nesterov: bool) -> None:
+        params, grads, states, plan, coef = ops
         momentum = plan.any_moving
         # Fast: every member has momentum and a started buffer (known from an earlier
         # all-member step, no device read). Else torch's first step copies d_p into the
@@ -357,16 +351,8 @@ class MemberOptimizer(torch.optim.Optimizer):
             if plan.inactive is None and plan.all_moving:
                 self._ready.update(id(p) for p in params)
 
-    def _adam(
-        self,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
-        states: list[dict[str, Any]],
-        plan: _Plan,
-        coef: _Lead | None,
-        decoupled: bool,
-        counts: list[tuple[float, ...]],
-    ) -> None:
+    def _adam(self, ops: _Operands, decoupled: bool, counts: list[tuple[float, ...]]) -> None:
+        params, grads, states, plan, coef = ops
         # Which formula a member steps by depends on its own size only, never on which
         # other members are paused or clipped: a member's arithmetic is its own.
         per_member = sum(p[0].numel() for p in params)
@@ -544,6 +530,24 @@ class _Lead:
             values = self.values.to(like.dtype) if self.values.is_floating_point() else self.values
             view = self._views[key] = values.view(-1, *([1] * (like.dim() - 1)))
         return view
+
+
+class _Operands(NamedTuple):
+    """What one step updates, as `_sgd` and `_adam` take it.
+
+    Attributes:
+        params: the group's parameters that have a gradient.
+        grads: their gradients (``.grad``, left as they are).
+        states: their optimizer states.
+        plan: the group's hyper-parameters (`_Plan`).
+        coef: each member's clipping factor, or None (no clipping).
+    """
+
+    params: list[torch.Tensor]
+    grads: list[torch.Tensor]
+    states: list[dict[str, Any]]
+    plan: _Plan
+    coef: _Lead | None
 
 
 class _Plan:

@@ -326,6 +326,15 @@ def test_summary_and_repr_name_the_batch_the_kind_and_the_strategy():
     assert core.batch == 4 and core.strategy == "auto" and core.shared_input is False
 
 
+def test_the_skeletons_settings_read_its_own_and_are_read_only():
+    core = _batch(4)
+    core.settings.strategy = "vmap"
+    assert core.strategy == "vmap"  # the one value, read where it lives
+    with pytest.raises(AttributeError, match="'batch' of 'MemberBatch' object has no setter"):
+        core.batch = 2
+    assert "`decision` names the one in use" in type(core).strategy.__doc__
+
+
 def test_the_skeleton_pickles_with_its_decisions_and_wildcard_keys():
     core = _batch(2, strategy="map")
     core.decide(Call((np.zeros((2, 4)),), traced=True), True)

@@ -260,11 +260,15 @@ def test_inspect_finds_the_convs_vmap_groups_and_foreign_primitives():
     craft = RecipeNet(Recipe("cnn", 4, 3, 2, norm=False, dropout=False))
     bm = BatchModule(dualtrain_jax.realize(craft), 3, check_isolation=False)
     x = jnp.ones((3, 2, 1, 4, 4))
-    found = batching_probe.inspect(bm._spec.one, bm.params, bm.state, [x], False, None, False)
+    found = batching_probe.inspect(
+        batching_run.Run(bm._spec.one, "loop", None, bm.params, bm.state, [x], False, None, False)
+    )
     assert found.regrouped >= 2 and found.group == 3 and found.foreign == ()
     mlp = BatchModule(dualtrain_jax.realize(RecipeNet(Recipe("mlp", 3, 4, 2, False, False))), 3)
     found = batching_probe.inspect(
-        mlp._spec.one, mlp.params, {}, [jnp.ones((3, 2, 3))], False, None, False
+        batching_run.Run(
+            mlp._spec.one, "loop", None, mlp.params, {}, [jnp.ones((3, 2, 3))], False, None, False
+        )
     )
     assert found.regrouped == 0 and found.foreign == ()
 
@@ -278,7 +282,9 @@ def test_inspect_finds_the_convs_vmap_groups_and_foreign_primitives():
 
     pair = BatchModule(({"w": jnp.ones((3, 2))}, apply), 2, init="identical")
     found = batching_probe.inspect(
-        pair._spec.one, pair.params, {}, [jnp.ones((2, 4, 3))], False, None, False
+        batching_run.Run(
+            pair._spec.one, "loop", None, pair.params, {}, [jnp.ones((2, 4, 3))], False, None, False
+        )
     )
     assert found.foreign == ("pure_callback",)
 
@@ -433,7 +439,7 @@ def test_vmap_losing_to_the_loop_is_explained_with_the_numbers(monkeypatch):
     clock, log = FakeClock(), []
     costs = {"loop": (2.0, 1.0), "vmap": (2.0, 3.0), "map": (2.0, 2.0)}
 
-    def candidates(one, options, *args):
+    def candidates(run, options):
         return fake_make(clock, costs, log, 4)
 
     monkeypatch.setattr(batching_run, "candidates", candidates)
