@@ -13,10 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # file -> why only torch has it
 TORCH_ONLY = {
     "compat": "migration shims for torch-only tools (SpeedTorch, torchmb): their APIs are torch's",
-    "distributed/agent.py": (
-        "workers launched by torch's elastic agent: jax.distributed has no agent, so a JAX "
-        "run's processes are the core's own spawner's (dualtrain/multiverse/launch.py)"
-    ),
     "batching/stacked.py": (
         "model batching's layer-by-layer strategy: torch.func.vmap costs Python per layer and "
         "call, jax.vmap under jit does not (docs/batching.md, 'Why \"stacked\"')"

@@ -18,6 +18,7 @@ NEW = {  # no old name: made after the move
     ("torch", "compilation", "cache"),
     ("jax", "distributed", "exit"),
     ("torch", "distributed", "agent"),
+    ("jax", "distributed", "agent"),
     ("torch", "distributed", "exchange"),
     ("jax", "distributed", "exchange"),
 }

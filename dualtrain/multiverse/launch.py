@@ -1,26 +1,19 @@
-"""Spawning a run's workers and watching them: the first failure stops them all.
+"""A launched run's neutral half: its workers' reports, their ends, the stopping of what stays.
 
-A framework with an agent of its own (torch's elastic agent; `DistributedTraits.agent`)
-launches the workers itself; what is shared with it here is the workers' reporting
-(`report_failure` and `report_result` into a pipe or a `FileReport` in the run's folder,
-`failure_error`) and the stopping of what a worker started (`own_group`, `stop_groups`).
-The spawner below is for a framework without one (JAX: ``jax.distributed`` has none).
-
-Workers are started with the ``spawn`` method (never ``fork``: a forked copy of a process
-that has torch's or JAX's threads running can deadlock), each with torchrun's variables in its
-environment. The parent waits on every worker's pipe and process sentinel at once. A worker
-that raises sends its rank, step and traceback before it exits; one that dies (SIGKILL, a
-crash) is noticed by its sentinel. Either way the parent terminates the others (SIGTERM, then
-SIGKILL after a grace period), reaps every process and raises `WorkerError` naming the rank
-and the step. Ctrl-C in the parent stops every worker the same way. Each worker watches its
-parent and exits when the parent is gone, so no worker outlives a killed parent.
+The adapter's agent (`DistributedTraits.agent`: torch's elastic agent, JAX's spawner) starts
+and restarts the workers and tells which failed, by exit code; everything else about the run
+is here, the same for both. A worker reports through the run's folder (`FileReport`: rank 0's
+result, or an error with its step and traceback) and leads a process group of its own
+(`own_group`) so that stopping it stops its children (`stop_groups`); it watches its parent
+and exits when the parent is gone (`watch_parent`), and once reported it ends with status 0
+whatever its teardown does (`exit_soon`). The launching process sees each worker end, in
+order (`ExitWatch`), and names the first cause's rank and step (`failure_error`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing
 import os
 import pickle
 import signal
@@ -29,7 +22,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +41,13 @@ __all__ = [
     "read_report",
     "report_failure",
     "report_result",
-    "run_workers",
     "stop_groups",
     "watch_parent",
 ]
 
 GRACE = 5.0  # seconds a terminated worker gets before SIGKILL
-_COLLECT = 1.0  # seconds to gather other reports after the first failure: find the first cause
-_ENV_LOCK = threading.Lock()
+# Reentrant: an agent sets each worker's own variables inside the run's (`environment`).
+_ENV_LOCK = threading.RLock()
 
 
 def check_picklable(universe: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -90,209 +81,20 @@ def check_class(cls: type) -> None:
         ) from None
 
 
-def run_workers(
-    target: Callable[..., Any],
-    payloads: Sequence[tuple[Any, ...]],
-    environments: Sequence[Mapping[str, str]],
-    steps: Any,
-) -> Any:
-    """Runs ``target(conn, rank, *payloads[rank])`` in one spawned process per rank.
-
-    `environments[rank]` is set in the worker's environment before it starts (so it is there
-    before the worker imports anything); `steps` is a shared array of each rank's step.
-
-    Returns:
-        What rank 0 sent back as its result.
-
-    Raises:
-        WorkerError: a worker raised or died (the earliest, when several did).
-        KeyboardInterrupt: Ctrl-C; every worker is stopped first.
-    """
-    ctx = multiprocessing.get_context("spawn")
-    procs: list[Any] = []
-    conns: dict[Connection, int] = {}
-    try:
-        for rank, (payload, env) in enumerate(zip(payloads, environments, strict=True)):
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=target, args=(writer, rank, os.getpid(), *payload),
-                name=f"dualtrain-multiverse-{rank}", daemon=False,
-            )  # fmt: skip
-            procs.append(proc)  # before it starts: a Ctrl-C now still stops it
-            conns[reader] = rank
-            # The variables must be in the worker's environment before its first import (a
-            # script importing JAX at its top reads XLA_FLAGS then), so they are set here,
-            # under a lock, and restored at once.
-            with _ENV_LOCK, _Environment(env):
-                proc.start()
-            writer.close()  # the worker holds the only write end: EOF when it is gone
-        return _supervise(procs, conns, steps)
-    finally:
-        _stop(procs)
-        for conn in conns:
-            conn.close()
-
-
-def _supervise(procs: list[Any], conns: dict[Connection, int], steps: Any) -> Any:
-    results: dict[int, Any] = {}
-    # (kind, time, rank, step, what): kind 0 a death (no report), 1 a reported error. A
-    # death leaves no message and makes its peers' collectives fail after it, so a death
-    # in the collection window is the cause and is named first.
-    failures: list[tuple[int, float, int, int, str]] = []
-    alive = {proc.sentinel: rank for rank, proc in enumerate(procs)}
-    deadline: float | None = None
-    reported: dict[int, float] = {}  # rank -> when its result came: it has only to exit
-    while alive or conns:
-        ends = [t + GRACE * (2 if t + GRACE < time.monotonic() else 1)
-                for r, t in reported.items() if procs[r].is_alive()]  # fmt: skip
-        if deadline is not None:
-            ends.append(deadline)
-        timeout = max(0.0, min(ends) - time.monotonic()) if ends else None
-        waited = time.time()  # a death noticed now happened after this
-        ready = wait([*conns, *alive], timeout)
-        for item in ready:
-            if item in conns:
-                _receive(item, conns, results, failures)
-        for rank in results.keys() - reported.keys():
-            reported[rank] = time.monotonic()
-        for item in ready:
-            if item in alive:
-                rank = alive.pop(item)
-                procs[rank].join()
-                _drain(rank, conns, results, failures)
-                code = procs[rank].exitcode
-                if rank in results or any(f[2] == rank for f in failures):
-                    continue  # its exit (or a hang ended by a signal) tells nothing more
-                what = _death(code) if code != 0 else "exited without a result"
-                failures.append((0, waited, rank, int(steps[rank]), what))
-        # A worker that reported and hangs on its way out (a framework's teardown can
-        # deadlock) has done its work: it is stopped, not waited for; killed if it must be.
-        now = time.monotonic()
-        for rank, when in reported.items():
-            if procs[rank].is_alive() and now > when + GRACE:
-                _signal_group(procs[rank], signal.SIGKILL if now > when + 2 * GRACE
-                              else signal.SIGTERM)  # fmt: skip
-        if failures and deadline is None:
-            deadline = now + _COLLECT
-        if deadline is not None and now >= deadline:
-            break
-    if failures:
-        _, _, rank, step, what = min(failures)
-        others = sorted({f[2] for f in failures} - {rank})
-        also = f" (then rank(s) {others} failed too)" if others else ""
-        raise WorkerError(f"Multiverse worker rank {rank} failed at step {step}: {what}{also}",
-                          rank, step)  # fmt: skip
-    return results.get(0)
-
-
-def _receive(
-    conn: Connection, conns: dict[Connection, int], results: dict[int, Any],
-    failures: list[tuple[int, float, int, int, str]],
-) -> None:  # fmt: skip
-    rank = conns[conn]
-    try:
-        kind, step, body, when = pickle.loads(conn.recv_bytes())
-    except (EOFError, OSError):
-        conns.pop(conn)
-        conn.close()
-        return
-    except Exception as err:  # a result that does not unpickle here
-        kind, step, body, when = "error", 0, f"its result could not be received: {err!r}", 0.0
-        when = time.time()
-    if kind == "result":
-        results[rank] = body
-    else:
-        failures.append((1, when, rank, step, body))
-
-
-def _drain(
-    rank: int, conns: dict[Connection, int], results: dict[int, Any],
-    failures: list[tuple[int, float, int, int, str]],
-) -> None:  # fmt: skip
-    """Reads what a finished worker left in its pipe (its report may arrive after its exit)."""
-    for conn in [c for c, r in conns.items() if r == rank]:
-        while conn in conns and conn.poll():
-            _receive(conn, conns, results, failures)
-        if conn in conns:
-            conns.pop(conn)
-            conn.close()
-
-
-def _death(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code} without reporting an error"
-
-
-def _stop(procs: list[Any]) -> None:
-    """Stops every worker and whatever it started (each leads its own process group).
-
-    SIGTERM to each group, then SIGKILL to what is left after the grace period.
-    """
-    started = [p for p in procs if p.pid is not None]
-    for proc in started:
-        _signal_group(proc, signal.SIGTERM)
-    end = time.monotonic() + GRACE
-    for proc in started:
-        proc.join(max(0.0, end - time.monotonic()))
-    for proc in started:
-        _signal_group(proc, signal.SIGKILL)
-        proc.join()
-
-
-def _signal_group(proc: Any, sig: int) -> None:
-    """Sends `sig` to the worker's process group (its children too), else to the worker."""
-    try:
-        os.killpg(proc.pid, sig)  # the worker made its group, id = its pid (`own_group`)
-    except (ProcessLookupError, PermissionError):
-        if proc.is_alive():  # it died before making its group, or has not made it yet
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, sig)
-
-
-class _Environment:
-    """Sets variables in ``os.environ`` for the duration of a ``with`` block."""
-
-    def __init__(self, values: Mapping[str, str]) -> None:
-        self.values = dict(values)
-        self.saved: dict[str, str | None] = {}
-
-    def __enter__(self) -> None:
-        for key, value in self.values.items():
-            self.saved[key] = os.environ.get(key)
-            os.environ[key] = value
-
-    def __exit__(self, *exc: object) -> None:
-        for key, value in self.saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def report_failure(conn: Connection | FileReport, step: int, err: BaseException) -> None:
-    """Sends a worker's error to the parent: its type, message and traceback."""
+def report_failure(report: FileReport, step: int, err: BaseException) -> None:
+    """Tells the launching process a worker's error: its type, message and traceback."""
     text = "".join(traceback.format_exception(err)).rstrip()
     summary = f"{type(err).__name__}: {err}"
-    with contextlib.suppress(OSError, ValueError):  # the parent is gone: nothing to tell
-        _send(conn, ("error", step, f"{summary}\n{text}", time.time()))
+    with contextlib.suppress(OSError):  # the run's folder is gone: nobody to tell
+        report.write(("error", step, f"{summary}\n{text}", time.time()))
 
 
-def report_result(conn: Connection | FileReport, step: int, result: Any) -> None:
-    """Sends rank 0's result (anything picklable) to the parent."""
+def report_result(report: FileReport, step: int, result: Any) -> None:
+    """Tells the launching process rank 0's result (anything picklable)."""
     try:
-        _send(conn, ("result", step, result, time.time()))
+        report.write(("result", step, result, time.time()))
     except (pickle.PicklingError, TypeError, AttributeError) as err:
-        _send(conn, ("error", step, f"its result could not be sent: {err!r}", time.time()))
-
-
-def _send(conn: Connection | FileReport, message: tuple[Any, ...]) -> None:
-    # Plain pickle, by value: Connection.send pickles with multiprocessing's reducers, which
-    # send a torch tensor as a handle to this process's shared memory, gone once it exits.
-    conn.send_bytes(pickle.dumps(message))
+        report.write(("error", step, f"its result could not be sent: {err!r}", time.time()))
 
 
 def own_group() -> None:
@@ -321,35 +123,28 @@ def watch_parent(parent: int) -> None:
     threading.Thread(target=loop, name="dualtrain-parent-watch", daemon=True).start()
 
 
-# ---- a run launched by a framework's agent: reports through the run's folder ------------
-
-
 class FileReport:
-    """A worker's report channel in the run's folder: ``report.<attempt>.<rank>``.
+    """A worker's report in the run's folder: ``report.<attempt>.<rank>`` (`read_report`).
 
-    Stands in for the pipe of a spawned worker (`report_failure`, `report_result` take
-    either): the message is written to a temporary name and renamed, so the launching
-    process reads a whole report or none.
+    The message is written to a temporary name and renamed, so the launching process reads a
+    whole report or none.
     """
 
     def __init__(self, folder: Path, attempt: int, rank: int) -> None:
         self.path = folder / f"report.{attempt}.{rank}"
 
-    def send_bytes(self, data: bytes) -> None:
-        """Writes the report (atomically)."""
+    def write(self, message: tuple[Any, ...]) -> None:
+        """Writes (kind, step, body, time), pickled by value, atomically."""
+        data = pickle.dumps(message)  # first: a body that does not pickle leaves no file
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, self.path)
 
-    def close(self) -> None:
-        """Nothing to close (the pipe's counterpart)."""
-
 
 def read_report(folder: Path, attempt: int, rank: int) -> tuple[str, int, Any, float] | None:
     """What rank `rank` reported in `attempt`: (kind, step, body, time), or None."""
-    path = folder / f"report.{attempt}.{rank}"
     try:
-        data = path.read_bytes()
+        data = FileReport(folder, attempt, rank).path.read_bytes()
     except FileNotFoundError:
         return None
     try:
@@ -396,21 +191,13 @@ def failure_error(
             continue  # it reported: an error, or its result (then `failed` tells)
         if cause_by is None or order <= cause_by:
             code = code if code is not None else failed.get(rank)
-            what = (
-                "died without reporting an error" if code is None
-                else _death(code) if code < 0
-                else f"exited with code {code} without reporting an error"
-            )  # fmt: skip
+            what = "died without reporting an error" if code is None else _death(code)
             failures.append((0, float(order), rank, steps(rank), what))
     named = {f[2] for f in failures}
     for rank, code in sorted(failed.items()):
         result = read_report(folder, attempt, rank) is not None
         if rank not in named and (rank not in ended or result):
-            what = (
-                _death(code) if code < 0 else f"exited with code {code} without reporting an error"
-            )
-            if result:
-                what = f"{what} (after reporting its result)"
+            what = _death(code) + (" (after reporting its result)" if result else "")
             failures.append((0, 0.0, rank, steps(rank), what))
     if not failures:  # the launcher failed with no rank named
         failures.append((0, 0.0, 0, steps(0), "the launcher failed without naming a rank"))
@@ -420,6 +207,15 @@ def failure_error(
     return WorkerError(
         f"Multiverse worker rank {rank} failed at step {step}: {what}{also}", rank, step
     )
+
+
+def _death(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code} without reporting an error"
 
 
 def stop_groups(pids: Sequence[int]) -> None:
@@ -452,9 +248,21 @@ def _group_alive(pgid: int) -> bool:
 
 @contextlib.contextmanager
 def environment(values: Mapping[str, str]) -> Iterator[None]:
-    """`values` in ``os.environ`` while the block runs (a launcher's workers inherit them)."""
-    with _ENV_LOCK, _Environment(values):
-        yield
+    """`values` in ``os.environ`` while the block runs (the workers started in it inherit them).
+
+    Under a lock, so that two launches in one process do not mix their variables.
+    """
+    with _ENV_LOCK:
+        saved = {key: os.environ.get(key) for key in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def exit_soon(after: float) -> None:

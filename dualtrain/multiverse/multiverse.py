@@ -20,7 +20,7 @@ import numpy as np
 from dualtrain import backends
 from dualtrain.deprecation import moved
 from dualtrain.embeddings.store import EmbeddingStore
-from dualtrain.errors import ArgumentError, WorkerError, bad_argument
+from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.multiverse.checks import check_divisible, is_number, is_tank, positive_count
 from dualtrain.multiverse.devices import host_devices
 from dualtrain.multiverse.heartbeat import RUN, Beats, Watchdog, check_heartbeat
@@ -38,13 +38,12 @@ from dualtrain.multiverse.launch import (
     read_report,
     report_failure,
     report_result,
-    run_workers,
     stop_groups,
     watch_parent,
 )
 from dualtrain.multiverse.rank_zero import RankZeroTimeMachine
-from dualtrain.multiverse.seams import Runtime, agent_part, distributed_part, distributed_traits
-from dualtrain.multiverse.world import SPAWNED, World, from_environment, spawn_environments
+from dualtrain.multiverse.seams import Launch, Runtime, distributed_part, distributed_traits
+from dualtrain.multiverse.world import World, from_environment, run_environment
 from dualtrain.validate import check_seed
 
 __all__ = ["Multiverse", "main_decorator"]
@@ -58,9 +57,9 @@ class Multiverse:
     launcher's run instead and `nworld` is the launcher's. JAX: `processes` processes
     (default 1) driving `nworld` devices in all: one process runs `universe` itself over its
     first `nworld` devices (on the CPU, host devices are made when JAX is not imported yet);
-    several are spawned by Multiverse and joined by ``jax.distributed.initialize``. A worker
-    that raises or dies stops the others; `mv()` then raises `WorkerError` naming its rank
-    and step (or, with `max_restarts`, starts them all again).
+    several are spawned by the adapter's agent and joined by ``jax.distributed.initialize``.
+    A worker that raises or dies stops the others; `mv()` then raises `WorkerError` naming its
+    rank and step (or, with `max_restarts`, starts them all again).
 
     Args:
         universe: ``universe(mv, *args)``, the training function. Spawned workers import it
@@ -71,9 +70,9 @@ class Multiverse:
         engine: JAX: "jit" (sharded jit) or "pmap" for `learner` steps; torch: "jit" (DDP).
         processes: JAX only: processes to spawn (a divisor of `nworld`); torch: `nworld`.
         max_restarts: times a run that `mv()` launches is started again, every worker, after
-            one failed (torch: by the elastic agent; JAX: by Multiverse); `restart_count`
-            tells the universe, which resumes from its last anchor. Under torchrun, its
-            ``--max-restarts`` decides instead.
+            one failed (by the adapter's agent: torch's elastic agent, JAX's spawner);
+            `restart_count` tells the universe, which resumes from its last anchor. Under
+            torchrun, its ``--max-restarts`` decides instead.
         heartbeat: seconds a worker of a run `mv()` launches may go without a step, from
             its first step on, before it is named stalled, by its own rank, and stopped
             (as a failure: restarted where `max_restarts` allows); None (the default): not
@@ -199,8 +198,8 @@ class Multiverse:
         """How many times this run was started again after a failure (0: the first attempt).
 
         torch's ``TORCHELASTIC_RESTART_COUNT`` (torchrun's, or the agent `mv()` launches
-        through), or Multiverse's own spawner's: a universe that finds it above 0 resumes
-        from its last anchor.
+        through), or JAX's spawner's: a universe that finds it above 0 resumes from its last
+        anchor.
         """
         return self.world.restart_count
 
@@ -237,9 +236,7 @@ class Multiverse:
             watchdog = Watchdog(beats, self.heartbeat)
             try:
                 with watchdog:
-                    if self._traits.agent:
-                        return self._launch_by_agent(args, run, beats, watchdog)
-                    return self._spawn(args, run, beats, watchdog)
+                    return self._launch(args, run, beats, watchdog)
             finally:
                 stop_groups([int(p.name) for p in (run / "pids").iterdir()])
 
@@ -251,86 +248,47 @@ class Multiverse:
             "heartbeat": self.heartbeat, **self._sync_options,
         }  # fmt: skip
 
-    def _launch_by_agent(
-        self, args: tuple[Any, ...], run: Path, beats: Beats, watchdog: Watchdog
-    ) -> Any:
-        """Launches the workers through the framework's agent; rank 0's result, or WorkerError."""
-        n = self._processes
-        shared = ("TORCH_CPP_LOG_LEVEL", "OMP_NUM_THREADS")  # the rest is the agent's to set
-        env = {k: v for k, v in spawn_environments(n, 0, False, False)[0].items() if k in shared}
-        env.update({RUN: str(run), SPAWNED: "0"})
+    def _launch(self, args: tuple[Any, ...], run: Path, beats: Beats, watchdog: Watchdog) -> Any:
+        """Launches the workers through the adapter's agent; rank 0's result, or WorkerError."""
+        n, traits = self._processes, self._traits
+        local = 0 if traits.one_process_per_device else self._requested // n
+        env = {**run_environment(n, local, traits.host_devices), RUN: str(run)}
         # The class's own, so a subclass (the Nebulae compat's) is what each worker runs.
-        payload = (self.universe, self._config(), args)
+        job = Launch(type(self)._work, (self.universe, self._config(), args), n,
+                     self.max_restarts, self.timeout, str(run / "agent"))  # fmt: skip
         with environment(env), ExitWatch(beats) as exits:
-            failed = agent_part(self.backend).launch(
-                type(self)._agent_work, payload, n, self.max_restarts, self.timeout,
-                str(run / "agent"),
-            )  # fmt: skip
+            failed = traits.agent(job)
+        attempt = _attempt(beats)
         if not failed:
-            attempt = _attempt(beats)
             report = read_report(run, attempt, 0)
             if report is not None and report[0] == "result":
                 return report[2]
             # rank 0's result could not be sent (an error report), or none came
             raise failure_error(run, attempt, n, {0: 0}, beats.__getitem__)
         verdict = watchdog.verdict
-        attempt = _attempt(beats)
         first = None
         if verdict is not None and verdict.attempt == attempt:
             first = (verdict.rank, verdict.steps, watchdog.what())
         raise failure_error(run, attempt, n, failed, beats.__getitem__, first, exits.of(attempt))
 
-    def _spawn(self, args: tuple[Any, ...], run: Path, beats: Beats, watchdog: Watchdog) -> Any:
-        """Spawns and watches the workers itself; rank 0's result, or WorkerError.
-
-        After a failure every worker is spawned again, `max_restarts` times at most.
-        """
-        n, traits = self._processes, self._traits
-        local = 0 if traits.one_process_per_device else self._requested // n
-        payload = (self.universe, self._config(), args)
-        for attempt in range(self.max_restarts + 1):
-            envs = spawn_environments(n, local, traits.coordinator, traits.host_devices, attempt)
-            for env in envs:
-                env[RUN] = str(run)
-            try:
-                return run_workers(type(self)._work, [payload] * n, envs, beats)
-            except WorkerError as err:
-                verdict = watchdog.verdict
-                if attempt < self.max_restarts:
-                    continue
-                if verdict is not None and verdict.attempt == attempt:
-                    raise WorkerError(
-                        f"Multiverse worker rank {verdict.rank} failed at step {verdict.steps}: "
-                        f"{watchdog.what()}", verdict.rank, verdict.steps,
-                    ) from None  # fmt: skip
-                raise err from None
-        raise AssertionError("unreachable")
-
-    @classmethod
-    def _agent_work(
-        cls, universe: Callable[..., Any], config: dict[str, Any], args: tuple[Any, ...]
-    ) -> None:
-        """A worker's body under the framework's agent: its place is in its environment."""
-        world = from_environment()
-        assert world is not None
-        conn = FileReport(Path(os.environ[RUN]), world.restart_count, world.rank)
-        cls._work(conn, world.rank, os.getppid(), universe, config, args, returns=True)
-
     @classmethod
     def _work(
-        cls, conn: Any, rank: int, parent: int, universe: Callable[..., Any],
-        config: dict[str, Any], args: tuple[Any, ...], returns: bool = False,
-    ) -> None:  # fmt: skip
+        cls, universe: Callable[..., Any], config: dict[str, Any], args: tuple[Any, ...]
+    ) -> None:
         """A launched worker's body: join, run the universe, report; never outlive the parent.
 
-        `returns`: the launcher learns of success by the function's return (an agent's),
-        so a teardown that hangs after the report ends the process with status 0 instead.
+        Its place is in the environment its agent set; it reports in the run's folder. Its
+        agent learns of success by the function's return, so a teardown that hangs after the
+        report ends the process with status 0 instead (`exit_soon`).
         """
+        world, run = from_environment(), Path(os.environ[RUN])
+        assert world is not None
+        rank = world.rank
+        report = FileReport(run, world.restart_count, rank)
         own_group()  # what it starts (Tank workers, pools) is stopped with it
-        watch_parent(parent)
+        watch_parent(os.getppid())
         mv: Multiverse | None = None
         try:
-            run = Path(os.environ[RUN])
             (run / "pids" / str(os.getpid())).touch()
             mv = cls(universe, **config)
             mv._beats = Beats.open(run)
@@ -341,17 +299,14 @@ class Multiverse:
         except BaseException as err:  # everything reaches the parent, Ctrl-C too
             if mv is not None and mv._beats is not None:
                 mv._beats.done(rank)
-            report_failure(conn, mv.step if mv is not None else 0, err)
-            conn.close()
+            report_failure(report, mv.step if mv is not None else 0, err)
             sys.stderr.flush()
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             end_group(signal.SIGTERM)  # its children; the parent SIGKILLs what stays
             os._exit(1)  # no atexit: a process group left mid-collective can hang its teardown
-        # Reported before leaving: a teardown that hangs is then the parent's to end.
-        report_result(conn, mv.step, result if rank == 0 else None)
-        conn.close()
-        if returns:
-            exit_soon(GRACE)
+        # Reported before leaving: a teardown that hangs or fails cannot undo it.
+        report_result(report, mv.step, result if rank == 0 else None)
+        exit_soon(GRACE)
         mv.leave()
 
     def init(self) -> Multiverse:

@@ -1,4 +1,4 @@
-"""What Multiverse asks of an adapter's ``distributed`` module: its traits, a join, a Runtime.
+"""What Multiverse asks of an adapter's ``distributed`` part: traits and agent, a join, a Runtime.
 
 `distributed_part(name)` returns the adapter's module typed as `DistributedPart`, and
 `distributed_traits(name)` its `DistributedTraits` without importing the framework;
@@ -17,14 +17,47 @@ from dualtrain.embeddings.sharding import Exchange
 from dualtrain.multiverse.world import World
 
 __all__ = [
-    "AgentPart",
+    "Agent",
     "DistributedPart",
     "DistributedTraits",
+    "Launch",
     "Runtime",
-    "agent_part",
     "distributed_part",
     "distributed_traits",
 ]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A run's workers on this host, as Multiverse asks an adapter's `Agent` to start them.
+
+    The agent runs ``target(*args)`` in each of `processes` workers, started with the ``spawn``
+    method, with the launching process's environment, torchrun's variables (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)
+    and their attempt (`World.restart_count`); it watches them, stops every worker at the
+    first failure and, `max_restarts` times at most, starts them all again.
+
+    Attributes:
+        target: the worker body (spawned: it must be importable by name).
+        args: its arguments (pickled to each worker).
+        processes: workers, one a rank.
+        max_restarts: times every worker is started again after one failed.
+        timeout: seconds the workers may take to meet, where the agent has a rendezvous.
+        log_dir: a folder the agent may keep its own files in.
+    """
+
+    target: Callable[..., Any]
+    args: tuple[Any, ...]
+    processes: int
+    max_restarts: int
+    timeout: float
+    log_dir: str
+
+
+# An adapter's way to launch a run's workers (`DistributedTraits.agent`): it returns {} when
+# every worker returned, else the last attempt's failed ranks and exit codes (negative: killed
+# by that signal); Ctrl-C raises KeyboardInterrupt once every worker is stopped.
+Agent = Callable[[Launch], dict[int, int]]
 
 
 @dataclass(frozen=True)
@@ -47,21 +80,20 @@ class DistributedTraits:
             one: Multiverse wraps a learner's model with its sync options first.
         joins_early: the process joins before the universe runs (a runtime that can join
             only before it computes anything), else at `init` or its first need.
-        agent: the framework has an agent that launches and supervises a run's workers
-            (torch's elastic agent, what torchrun runs): `mv()` launches through the part's
-            `launch` (`AgentPart`); else Multiverse spawns and watches them itself.
+        agent: how the framework launches and supervises a run's workers (`Agent`): `mv()`
+            launches through it.
     """
 
     name: str
     engines: tuple[str, ...]
     engines_hint: str
+    agent: Agent
     one_process_per_device: bool = False
     host_devices: bool = False
     coordinator: bool = False
     sync_options: tuple[str, ...] = ()
     wraps_models: bool = False
     joins_early: bool = False
-    agent: bool = False
 
 
 class Runtime(Protocol):
@@ -175,36 +207,8 @@ class DistributedPart(Protocol):
         ...
 
 
-class AgentPart(Protocol):
-    """What a part whose traits say ``agent`` adds: launching a run's workers by its agent."""
-
-    def launch(
-        self,
-        target: Callable[..., Any],
-        args: tuple[Any, ...],
-        processes: int,
-        max_restarts: int,
-        timeout: float,
-        log_dir: str,
-    ) -> dict[int, int]:
-        """Runs ``target(*args)`` on `processes` local workers under the framework's agent.
-
-        Every worker gets torchrun's variables (``RANK``, ``WORLD_SIZE`` ...) and the agent's
-        restart count; after a failure the agent stops every worker and, `max_restarts`
-        times at most, starts them all again. `timeout` bounds the rendezvous; `log_dir`
-        holds the agent's files. Returns {} when every worker returned, else the last
-        attempt's failed ranks and exit codes; Ctrl-C raises KeyboardInterrupt.
-        """
-        ...
-
-
 def distributed_part(name: str) -> DistributedPart:
     """Backend `name`'s ``distributed`` module (loads its framework)."""
-    return backends.load_part(name, "distributed")
-
-
-def agent_part(name: str) -> AgentPart:
-    """Backend `name`'s ``distributed`` module as the launcher of a run (its traits' ``agent``)."""
     return backends.load_part(name, "distributed")
 
 

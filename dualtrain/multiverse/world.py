@@ -1,14 +1,14 @@
-"""World: which process this is among how many, read from torchrun's, SLURM's or our own spawn.
+"""World: which process this is among how many, read from torchrun's, SLURM's or Multiverse's.
 
-A process joins a run through the environment its launcher set. torchrun (and Multiverse's
-own spawn, which sets the same variables) gives ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. A task of an ``srun`` step gets
-``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the tasks per node
-(the batch script itself, which has no step, is no worker); over several hosts torch's
-master address comes from ``MASTER_ADDR``, which the batch script exports. JAX's coordinator
-is ``JAX_COORDINATOR_ADDRESS`` when set, else the master address one port above
-``MASTER_PORT`` (torchrun's own store holds that one), else (SLURM over several hosts) left to
-``jax.distributed.initialize``, which finds SLURM's.
+A process joins a run through the environment its launcher set. torchrun (and the agent that
+Multiverse launches through, which sets the same variables) gives ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. A task of an
+``srun`` step gets ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and
+the tasks per node (the batch script itself, which has no step, is no worker); over several
+hosts torch's master address comes from ``MASTER_ADDR``, which the batch script exports.
+JAX's coordinator is ``JAX_COORDINATOR_ADDRESS`` when set, else the master address one port
+above ``MASTER_PORT`` (torchrun's own store holds that one), else (SLURM over several hosts)
+left to ``jax.distributed.initialize``, which finds SLURM's.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from dualtrain.multiverse.devices import with_devices
 
 __all__ = ["RESTARTS", "SPAWNED", "World", "free_port", "from_environment"]
 
-# Set by Multiverse in the processes it spawns; holds the number of local devices (JAX).
+# Set by Multiverse in the workers it launches; holds the number of local devices (JAX).
 SPAWNED = "DUALTRAIN_MULTIVERSE_SPAWNED"
-# The attempt a process of Multiverse's own spawner belongs to (torch's agent, and torchrun,
-# set TORCHELASTIC_RESTART_COUNT instead).
+# The attempt a worker belongs to, where its agent has no variable of its own for it (torch's
+# agent, and torchrun, set TORCHELASTIC_RESTART_COUNT instead).
 RESTARTS = "DUALTRAIN_MULTIVERSE_RESTART_COUNT"
 _TORCHRUN = ("RANK", "WORLD_SIZE")
 
@@ -49,7 +49,7 @@ class World:
         agent: torch's elastic agent serves the run's store at ``MASTER_ADDR:MASTER_PORT``
             (``TORCHELASTIC_USE_AGENT_STORE``: torchrun, or Multiverse through the agent).
         restart_count: how many times the run was started again after a failure (the
-            agent's ``TORCHELASTIC_RESTART_COUNT``, or Multiverse's own spawner's).
+            agent's ``TORCHELASTIC_RESTART_COUNT``, or ``RESTARTS`` of one without it).
     """
 
     processes: int = 1
@@ -153,27 +153,31 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
     return value
 
 
-def spawn_environments(
-    processes: int, local_devices: int, coordinator: bool, host_devices: bool, attempt: int = 0
-) -> list[dict[str, str]]:
-    """The variables each of `processes` spawned workers starts with, rank by rank.
+def run_environment(processes: int, local_devices: int, host_devices: bool) -> dict[str, str]:
+    """The variables every worker of a run of `processes` that Multiverse launches starts with.
 
-    torchrun's names on a free localhost port; with a `coordinator`, one on another port;
-    with `host_devices`, the XLA flag asking for `local_devices` host devices a process (0:
-    each process drives one device); the cores shared, not multiplied; `attempt`, the
-    restart count the workers see.
+    Set in the launching process around its agent, whose workers inherit them: the devices
+    each process drives (0: one); with `host_devices`, the XLA flag asking for as many host
+    devices; gloo quiet; the cores shared, not multiplied.
     """
-    base = {
-        "WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), SPAWNED: str(local_devices),
-        RESTARTS: str(attempt),
-    }  # fmt: skip
-    if coordinator:
-        base["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{free_port()}"
+    base = {SPAWNED: str(local_devices)}
     if host_devices:
         base["XLA_FLAGS"] = with_devices(os.environ.get("XLA_FLAGS", ""), local_devices)
     if "TORCH_CPP_LOG_LEVEL" not in os.environ:  # gloo's per-peer lines at every join
         base["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     if "OMP_NUM_THREADS" not in os.environ:  # torchrun's rule: cores shared, not multiplied
         base["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // processes))
+    return base
+
+
+def rank_environments(processes: int, attempt: int) -> list[dict[str, str]]:
+    """The variables torchrun sets, for each of `processes` workers on this host, rank by rank.
+
+    For an agent that has none of its own to set: rank 0's store on a free localhost port;
+    `attempt`, the restart count the workers see.
+    """
+    base = {
+        "WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), RESTARTS: str(attempt),
+    }  # fmt: skip
     return [{**base, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(processes)]

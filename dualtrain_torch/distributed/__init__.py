@@ -10,23 +10,24 @@ process's orderly exit around gloo's threads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dualtrain.deprecation import moved_names
 from dualtrain.multiverse.seams import DistributedTraits
+from dualtrain_torch.distributed.agent import launch
 
 if TYPE_CHECKING:
     from dualtrain_torch.distributed.runtime import SoloModule, SyncedModule, TorchRuntime, join
 
 __all__ = ["TRAITS", "SoloModule", "SyncedModule", "TorchRuntime", "join", "launch"]
 
-# One process a device, joined at rank 0's store when first needed; sync wraps models in
-# DistributedDataParallel, which takes these keywords.
+# One process a device, launched by torch's elastic agent and joined at rank 0's store when
+# first needed; sync wraps models in DistributedDataParallel, which takes these keywords.
 TRAITS = DistributedTraits(
     name="torch",
     engines=("jit",),
     engines_hint="'jit' (DDP) under torch",
+    agent=launch,
     one_process_per_device=True,
     sync_options=(
         "bucket_cap_mb",
@@ -36,22 +37,7 @@ TRAITS = DistributedTraits(
         "static_graph",
     ),
     wraps_models=True,
-    agent=True,
 )
-
-
-def launch(
-    target: Callable[..., Any],
-    args: tuple[Any, ...],
-    processes: int,
-    max_restarts: int,
-    timeout: float,
-    log_dir: str,
-) -> dict[int, int]:
-    """Runs ``target(*args)`` on local workers under torch's elastic agent (see `agent`)."""
-    from dualtrain_torch.distributed.agent import launch as by_agent
-
-    return by_agent(target, args, processes, max_restarts, timeout, log_dir)
 
 
 # The framework loads with `runtime`, on first use of one of its names; the rest of the

@@ -1,13 +1,14 @@
 """Multiverse's workers launched and supervised by torch's elastic agent (what torchrun runs).
 
-`launch` runs ``target(*args)`` in `processes` local workers through
+`launch`, the adapter's `TRAITS.agent`, runs a `Launch`'s workers through
 ``torch.distributed.launcher.api.elastic_launch``: a ``LocalElasticAgent`` that meets at a c10d
 rendezvous on 127.0.0.1, starts the workers with torchrun's variables (``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` of the agent's store,
 ``TORCHELASTIC_RESTART_COUNT`` ...), watches them, stops every worker at the first failure and,
 with restarts left, starts them all again. What the workers report (rank 0's result, an
 error's step and traceback) travels through the run's folder (`dualtrain.multiverse.launch`),
-not through the agent: it passes on exit codes only.
+not through the agent: it passes on exit codes only. torch is imported by `launch` alone, so
+the traits that name it import none.
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ import logging
 import signal
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
+from dualtrain.multiverse.seams import Launch
 from dualtrain.multiverse.world import free_port
 
 __all__ = ["launch"]
@@ -35,23 +31,11 @@ _LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.mu
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def launch(
-    target: Callable[..., Any],
-    args: tuple[Any, ...],
-    processes: int,
-    max_restarts: int,
-    timeout: float,
-    log_dir: str,
-) -> dict[int, int]:
-    """Runs ``target(*args)`` on `processes` workers of one host under torch's elastic agent.
+def launch(job: Launch) -> dict[int, int]:
+    """Runs `job`'s workers on this host under torch's elastic agent (`Agent`).
 
-    Args:
-        target: the worker body (spawned: it must be importable by name).
-        args: its arguments (pickled to each worker).
-        processes: workers, one a rank.
-        max_restarts: times the agent starts every worker again after one failed.
-        timeout: seconds the rendezvous may take.
-        log_dir: where the agent keeps its per-attempt folders.
+    `job.timeout` bounds the rendezvous; the agent keeps its per-attempt folders in
+    `job.log_dir`.
 
     Returns:
         {} when every worker returned; else the last attempt's failed ranks and exit codes
@@ -60,22 +44,27 @@ def launch(
     Raises:
         KeyboardInterrupt: Ctrl-C (SIGINT) in this process; the agent stopped the workers.
     """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
-        nproc_per_node=processes,
+        nproc_per_node=job.processes,
         run_id=f"dualtrain-{uuid.uuid4().hex[:12]}",
         rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        rdzv_configs={"timeout": max(1, int(timeout))},
-        max_restarts=max_restarts,
+        rdzv_configs={"timeout": max(1, int(job.timeout))},
+        max_restarts=job.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        logs_specs=DefaultLogsSpecs(log_dir=job.log_dir),
     )
     try:
         with _quiet(), _handlers_kept():
-            elastic_launch(config, target)(*args)
+            elastic_launch(config, job.target)(*job.args)
     except ChildFailedError as err:
         return {int(rank): int(failure.exitcode) for rank, failure in err.failures.items()}
     except SignalException as err:

@@ -238,3 +238,25 @@ def test_a_multiverse_subclass_workers_cannot_import_is_refused_before_any_start
 
     with pytest.raises(ArgumentError, match=r"define .*Local at the top level"):
         Local(universes.where, 2)()
+
+
+def test_each_adapter_declares_the_agent_its_runs_are_launched_by() -> None:
+    from dualtrain.multiverse.seams import distributed_traits
+    from dualtrain_jax.distributed import agent as jax_agent
+    from dualtrain_torch.distributed import agent as torch_agent
+
+    assert distributed_traits("torch").agent is torch_agent.launch
+    assert distributed_traits("jax").agent is jax_agent.launch
+
+
+def test_a_jax_run_is_spawned_by_the_jax_agent_and_a_death_is_named(tmp_path: Path) -> None:
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "dies").mkdir()
+    options = {"backend": "jax", "processes": 2}
+    result = Multiverse(universes.where, 2, **options)(str(tmp_path / "ok"))
+    assert result == {"rank": 0, "squares": [0, 1, 4, 9]}
+    seen = records(tmp_path / "ok", 2)
+    assert [(r["rank"], r["world"]) for r in seen] == [(0, "2"), (1, "2")]  # the agent's
+    with pytest.raises(WorkerError, match="rank 1 failed at step 2: killed by SIGKILL"):
+        Multiverse(universes.fails, 2, **options)(str(tmp_path / "dies"), 1, 2, "kill")
+    assert all(gone(r["pid"]) for r in [*seen, *records(tmp_path / "dies", 2)])

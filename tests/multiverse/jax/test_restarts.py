@@ -1,8 +1,8 @@
-"""Surviving a lost worker under JAX: Multiverse's own spawner restarts, a stalled rank named.
+"""Surviving a lost worker under JAX: the adapter's own spawner restarts, a stalled rank named.
 
 jax.distributed has no agent that restarts processes (its coordination service notices a
-missing heartbeat and fails the run), so Multiverse spawns every worker again itself,
-`max_restarts` times; the same laws as torch's hold.
+missing heartbeat and fails the run), so the JAX adapter's agent (its spawner) spawns every
+worker again, `max_restarts` times; the same laws as torch's hold.
 """
 
 from __future__ import annotations
