@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import optax
 
-from dualtrain import Craft, EmbeddingStore, convert
+from dualtrain import Craft, convert
+from dualtrain.demo.factorization import Factorization
 from dualtrain.demo.loops import held_out_accuracy, learner_losses
 from dualtrain_jax.batching import BatchModule, batch_loss
 from dualtrain_jax.batching.optim import member_optimizer
@@ -144,21 +145,10 @@ def train_parallel(
     return learner_losses(learner, tank, steps)
 
 
-def train_embeddings(
-    users: np.ndarray,
-    items: np.ndarray,
-    ratings: np.ndarray,
-    *,
-    sizes: tuple[int, int],
-    dim: int,
-    lr: float,
-    batch: int,
-    steps: int,
-    seed: int,
-) -> list[float]:
-    """The demo's factorization model; the contract is `demo_embeddings.EMBED_CONTRACT`."""
-    user_rows = attach(EmbeddingStore(sizes[0], dim, std=0.1, seed=seed), optax.adam(lr))
-    item_rows = attach(EmbeddingStore(sizes[1], dim, std=0.1, seed=seed + 1), optax.adam(lr))
+def train_embeddings(run: Factorization) -> list[float]:
+    """The demo's factorization model; the contract is `demo.embeddings.EMBED_CONTRACT`."""
+    users, items = run.stores()
+    user_rows, item_rows = attach(users, optax.adam(run.lr)), attach(items, optax.adam(run.lr))
 
     @jax.jit
     @jax.value_and_grad
@@ -167,10 +157,10 @@ def train_embeddings(
         return (((u * v).sum(1) - target) ** 2).mean()
 
     losses = []
-    for k in range(steps):
-        at = np.arange(k * batch, (k + 1) * batch) % len(ratings)
-        rows = (user_rows.fetch(users[at]), item_rows.fetch(items[at]))
-        loss, (gu, gv) = loss_and_grads(rows, ratings[at])
+    for k in range(run.steps):
+        at = run.batch_rows(k)
+        rows = (user_rows.fetch(run.users[at]), item_rows.fetch(run.items[at]))
+        loss, (gu, gv) = loss_and_grads(rows, run.ratings[at])
         user_rows.step(gu)
         item_rows.step(gv)
         losses.append(float(loss))

@@ -7,7 +7,8 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from dualtrain import Craft, EmbeddingStore, convert
+from dualtrain import Craft, convert
+from dualtrain.demo.factorization import Factorization
 from dualtrain.demo.loops import held_out_accuracy, learner_losses
 from dualtrain_torch.batching import BatchModule, batch_loss
 from dualtrain_torch.batching.optim import member_optimizer
@@ -112,28 +113,17 @@ def train_parallel(
     return learner_losses(learner, tank, steps)
 
 
-def train_embeddings(
-    users: np.ndarray,
-    items: np.ndarray,
-    ratings: np.ndarray,
-    *,
-    sizes: tuple[int, int],
-    dim: int,
-    lr: float,
-    batch: int,
-    steps: int,
-    seed: int,
-) -> list[float]:
-    """The demo's factorization model; the contract is `demo_embeddings.EMBED_CONTRACT`."""
-    user_rows = attach(EmbeddingStore(sizes[0], dim, std=0.1, seed=seed), torch.optim.Adam, lr=lr)
-    item_rows = attach(EmbeddingStore(sizes[1], dim, std=0.1, seed=seed + 1), torch.optim.Adam,
-                       lr=lr)  # fmt: skip
-    target = torch.from_numpy(ratings)
+def train_embeddings(run: Factorization) -> list[float]:
+    """The demo's factorization model; the contract is `demo.embeddings.EMBED_CONTRACT`."""
+    users, items = run.stores()
+    user_rows = attach(users, torch.optim.Adam, lr=run.lr)
+    item_rows = attach(items, torch.optim.Adam, lr=run.lr)
+    target = torch.from_numpy(run.ratings)
     losses = []
-    for k in range(steps):
-        at = np.arange(k * batch, (k + 1) * batch) % len(ratings)
-        u = cast(torch.Tensor, user_rows.fetch(users[at]))  # one ids array: one tensor
-        v = cast(torch.Tensor, item_rows.fetch(items[at]))
+    for k in range(run.steps):
+        at = run.batch_rows(k)
+        u = cast(torch.Tensor, user_rows.fetch(run.users[at]))  # one ids array: one tensor
+        v = cast(torch.Tensor, item_rows.fetch(run.items[at]))
         loss = (((u * v).sum(1) - target[at]) ** 2).mean()
         loss.backward()
         user_rows.step()

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from dualtrain.craft.craft import Craft
+    from dualtrain.demo.factorization import Factorization
 
 __all__ = ["DemoPart", "demo_part"]
 
@@ -64,19 +65,7 @@ class DemoPart(Protocol):
         """
         ...
 
-    def train_embeddings(
-        self,
-        users: np.ndarray,
-        items: np.ndarray,
-        ratings: np.ndarray,
-        *,
-        sizes: tuple[int, int],
-        dim: int,
-        lr: float,
-        batch: int,
-        steps: int,
-        seed: int,
-    ) -> list[float]:
+    def train_embeddings(self, run: Factorization) -> list[float]:
         """A user x item factorization trained from two EmbeddingStores: its losses."""
         ...
 
