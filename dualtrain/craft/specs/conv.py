@@ -27,9 +27,14 @@ def _check_groups(spec: Any) -> None:
         )
 
 
-def _weight_and_bias(spec: Any, weight: tuple[int, ...], fan_in: int) -> dict[str, ParamSpec]:
-    """A `weight` of that shape and the bias, if any: uniform in 1/sqrt(fan_in), as torch."""
-    bound = 1 / math.sqrt(fan_in)
+def _weight_and_bias(spec: Any, rows: int, per_group: int) -> dict[str, ParamSpec]:
+    """The weight ``(rows, per_group / groups, *kernel)`` and the bias (if any), as torch.
+
+    Both uniform in 1/sqrt(fan_in), fan_in the weight's size past its first axis (torch's
+    rule, for a convolution and a transposed one alike).
+    """
+    weight = (rows, per_group // spec.groups, *spec.kernel)
+    bound = 1 / math.sqrt(math.prod(weight[1:]))
     out = {"weight": ParamSpec(weight, "uniform", bound)}
     if spec.bias:
         out["bias"] = ParamSpec((spec.out_channels,), "uniform", bound)
@@ -82,12 +87,7 @@ class Conv(_Convolution):
         object.__setattr__(self, "padding", _plain(self.padding))
 
     def params(self) -> dict[str, ParamSpec]:
-        per_group = self.in_channels // self.groups
-        return _weight_and_bias(
-            self,
-            (self.out_channels, per_group, *self.kernel),
-            per_group * math.prod(self.kernel),
-        )
+        return _weight_and_bias(self, self.out_channels, self.in_channels)
 
     def check_input(self, x: Any, *rest: Any, train: bool = False, **kwargs: Any) -> None:
         """Takes ``(N, in_channels, *spatial)`` with room for one window per axis."""
@@ -130,12 +130,7 @@ class ConvTranspose(_Convolution):
                 )
 
     def params(self) -> dict[str, ParamSpec]:
-        per_group = self.out_channels // self.groups
-        return _weight_and_bias(
-            self,
-            (self.in_channels, per_group, *self.kernel),
-            per_group * math.prod(self.kernel),
-        )
+        return _weight_and_bias(self, self.in_channels, self.out_channels)
 
     def check_input(self, x: Any, *rest: Any, train: bool = False, **kwargs: Any) -> None:
         """Takes ``(N, in_channels, H, W)`` whose output has at least one pixel per axis."""
