@@ -9,8 +9,8 @@ import numpy as np
 import optax
 
 from dualtrain import Craft, convert
-from dualtrain.demo.factorization import Factorization
 from dualtrain.demo.loops import held_out_accuracy, learner_losses
+from dualtrain.demo.runs import Factorization, Sweep
 from dualtrain_jax.batching import BatchModule, batch_loss
 from dualtrain_jax.batching.optim import member_optimizer
 from dualtrain_jax.compilation import accelerate_model
@@ -49,18 +49,12 @@ def train(
     return losses, module
 
 
-def train_sweep(
-    craft: Craft, x: np.ndarray, y: np.ndarray, *, lrs: np.ndarray, steps: int, seed: int
-) -> list[list[float]]:
+def train_sweep(sweep: Sweep) -> list[list[float]]:
     """A learning-rate sweep as one BatchModule; the contract is `demo.sweep.SWEEP_CONTRACT`."""
-    batch = len(lrs)
-    # Eight tiny MLPs over one batch: vmap, forced. "auto" would first time every
-    # strategy, which costs more than these 30 steps (JAX compiles each candidate).
-    bm = BatchModule(
-        realize(craft, seed=seed), batch, init="identical", shared_input=True, strategy="vmap"
-    )
-    tx = member_optimizer("sgd", batch, lr=lrs)
-    inputs, labels = convert((x, y), to="jax")
+    batch = sweep.members
+    bm = BatchModule(realize(sweep.craft, seed=sweep.seed), batch, **sweep.batching)
+    tx = member_optimizer("sgd", batch, lr=sweep.lrs)
+    inputs, labels = convert((sweep.x, sweep.y), to="jax")
 
     @jax.jit
     def step(params: Any, state: Any, opt_state: Any) -> tuple[Any, Any, Any, jax.Array]:
@@ -77,7 +71,7 @@ def train_sweep(
     bm.tune(inputs)  # outside jit: the strategy and the isolation verdict are settled here
     params, state, opt_state = bm.params, bm.state, tx.init(bm.params)
     losses = []
-    for _ in range(steps):
+    for _ in range(sweep.steps):
         params, state, opt_state, loss = step(params, state, opt_state)
         losses.append(np.asarray(loss).tolist())
     return losses

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from dualtrain import Craft, convert
-from dualtrain.demo.factorization import Factorization
 from dualtrain.demo.loops import held_out_accuracy, learner_losses
+from dualtrain.demo.runs import Factorization, Sweep
 from dualtrain_torch.batching import BatchModule, batch_loss
 from dualtrain_torch.batching.optim import member_optimizer
 from dualtrain_torch.compilation import accelerate, explain
@@ -41,22 +41,16 @@ def train(
     return losses, module
 
 
-def train_sweep(
-    craft: Craft, x: np.ndarray, y: np.ndarray, *, lrs: np.ndarray, steps: int, seed: int
-) -> list[list[float]]:
+def train_sweep(sweep: Sweep) -> list[list[float]]:
     """A learning-rate sweep as one BatchModule; the contract is `demo.sweep.SWEEP_CONTRACT`."""
-    batch = len(lrs)
-    # Eight tiny MLPs over one batch: vmap, forced. "auto" would first time every
-    # strategy, which costs more than these 30 steps (JAX compiles each candidate).
-    bm = BatchModule(
-        realize(craft, seed=seed), batch, init="identical", shared_input=True, strategy="vmap"
-    )
-    optimizer = member_optimizer(bm, "sgd", batch, lr=lrs)
-    inputs, labels = convert((x, y), to="torch")
+    batch = sweep.members
+    bm = BatchModule(realize(sweep.craft, seed=sweep.seed), batch, **sweep.batching)
+    optimizer = member_optimizer(bm, "sgd", batch, lr=sweep.lrs)
+    inputs, labels = convert((sweep.x, sweep.y), to="torch")
     targets = labels.long()
     losses = []
     with Rudder(bm):
-        for _ in range(steps):
+        for _ in range(sweep.steps):
             loss = batch_loss(bm(inputs), targets, batch)  # [batch]
             optimizer.zero_grad()
             loss.sum().backward()  # member i's gradient is its own loss's

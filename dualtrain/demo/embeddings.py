@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from rich.console import Console
 
-from dualtrain.demo.factorization import Factorization
+from dualtrain.demo.runs import Factorization
 from dualtrain.demo.seams import demo_part
 from dualtrain.demo.table import loss_table
 

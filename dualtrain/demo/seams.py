@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from dualtrain.craft.craft import Craft
-    from dualtrain.demo.factorization import Factorization
+    from dualtrain.demo.runs import Factorization, Sweep
 
 __all__ = ["DemoPart", "demo_part"]
 
@@ -28,9 +28,7 @@ class DemoPart(Protocol):
         """Full-batch SGD on (x, y): the losses before each step and the trained module."""
         ...
 
-    def train_sweep(
-        self, craft: Craft, x: np.ndarray, y: np.ndarray, *, lrs: np.ndarray, steps: int, seed: int
-    ) -> list[list[float]]:
+    def train_sweep(self, sweep: Sweep) -> list[list[float]]:
         """A learning-rate sweep trained as one BatchModule: each step's member losses."""
         ...
 
