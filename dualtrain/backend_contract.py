@@ -11,9 +11,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from dualtrain.layout import CARRIED_NAMES
 
-__all__ = ["Backend", "BackendTraits"]
+__all__ = ["Backend", "BackendTraits", "display_name"]
 
 _DISPLAY = {"numpy": "NumPy", "jax": "JAX", "cupy": "CuPy"}
+
+
+def display_name(framework: str) -> str:
+    """`framework` as messages spell it (``"jax"`` -> ``"JAX"``; torch's name is its own)."""
+    return _DISPLAY.get(framework, framework)
 
 
 @runtime_checkable
@@ -159,7 +164,7 @@ class BackendTraits:
         if name in CARRIED_NAMES:
             return None
         framework = getattr(self, "name", "")  # every Backend has one; the traits do not
-        return f"a {_DISPLAY.get(framework, framework)} array of dtype {name}"
+        return f"a {display_name(framework)} array of dtype {name}"
 
     def lazy_view(self, x: Any) -> str | None:
         """None: only torch has lazy views."""

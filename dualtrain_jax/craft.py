@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dualtrain.craft import Craft, binding
+from dualtrain.craft.realizable import check_realizable
 from dualtrain.deprecation import positional_deprecated
 from dualtrain.dtypes import name_of
 from dualtrain.errors import DtypeError, bad_argument
@@ -162,14 +163,7 @@ def realize(craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = Non
         ArgumentError: a bad seed, or a layer name that cannot be a parameter name.
         DtypeError: a dtype that is not floating.
     """
-    if not isinstance(craft, Craft):
-        raise bad_argument("craft", craft, "a dualtrain.Craft instance")
-    foreign = [name for name, part in craft.natives() if getattr(part, "backend", "torch") != "jax"]
-    if foreign:
-        raise TypeError(
-            f"{type(craft).__name__} holds torch-native layers {foreign}; "
-            "realize it with dualtrain_torch"
-        )
+    check_realizable(craft, "jax")
     dtype = "float32" if dtype is None else dtype
     specs = craft.param_specs()
     if device is None:

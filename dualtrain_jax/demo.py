@@ -8,8 +8,9 @@ import jax
 import numpy as np
 import optax
 
-from dualtrain import Craft, EmbeddingStore, convert
+from dualtrain import Craft, convert
 from dualtrain.demo.loops import held_out_accuracy, learner_losses
+from dualtrain.demo.runs import Factorization, Sweep
 from dualtrain_jax.batching import BatchModule, batch_loss
 from dualtrain_jax.batching.optim import member_optimizer
 from dualtrain_jax.compilation import accelerate_model
@@ -48,18 +49,12 @@ def train(
     return losses, module
 
 
-def train_sweep(
-    craft: Craft, x: np.ndarray, y: np.ndarray, *, lrs: np.ndarray, steps: int, seed: int
-) -> list[list[float]]:
+def train_sweep(sweep: Sweep) -> list[list[float]]:
     """A learning-rate sweep as one BatchModule; the contract is `demo.sweep.SWEEP_CONTRACT`."""
-    batch = len(lrs)
-    # Eight tiny MLPs over one batch: vmap, forced. "auto" would first time every
-    # strategy, which costs more than these 30 steps (JAX compiles each candidate).
-    bm = BatchModule(
-        realize(craft, seed=seed), batch, init="identical", shared_input=True, strategy="vmap"
-    )
-    tx = member_optimizer("sgd", batch, lr=lrs)
-    inputs, labels = convert((x, y), to="jax")
+    batch = sweep.members
+    bm = BatchModule(realize(sweep.craft, seed=sweep.seed), batch, **sweep.batching)
+    tx = member_optimizer("sgd", batch, lr=sweep.lrs)
+    inputs, labels = convert((sweep.x, sweep.y), to="jax")
 
     @jax.jit
     def step(params: Any, state: Any, opt_state: Any) -> tuple[Any, Any, Any, jax.Array]:
@@ -76,7 +71,7 @@ def train_sweep(
     bm.tune(inputs)  # outside jit: the strategy and the isolation verdict are settled here
     params, state, opt_state = bm.params, bm.state, tx.init(bm.params)
     losses = []
-    for _ in range(steps):
+    for _ in range(sweep.steps):
         params, state, opt_state, loss = step(params, state, opt_state)
         losses.append(np.asarray(loss).tolist())
     return losses
@@ -144,21 +139,10 @@ def train_parallel(
     return learner_losses(learner, tank, steps)
 
 
-def train_embeddings(
-    users: np.ndarray,
-    items: np.ndarray,
-    ratings: np.ndarray,
-    *,
-    sizes: tuple[int, int],
-    dim: int,
-    lr: float,
-    batch: int,
-    steps: int,
-    seed: int,
-) -> list[float]:
-    """The demo's factorization model; the contract is `demo_embeddings.EMBED_CONTRACT`."""
-    user_rows = attach(EmbeddingStore(sizes[0], dim, std=0.1, seed=seed), optax.adam(lr))
-    item_rows = attach(EmbeddingStore(sizes[1], dim, std=0.1, seed=seed + 1), optax.adam(lr))
+def train_embeddings(run: Factorization) -> list[float]:
+    """The demo's factorization model; the contract is `demo.embeddings.EMBED_CONTRACT`."""
+    users, items = run.stores()
+    user_rows, item_rows = attach(users, optax.adam(run.lr)), attach(items, optax.adam(run.lr))
 
     @jax.jit
     @jax.value_and_grad
@@ -167,10 +151,10 @@ def train_embeddings(
         return (((u * v).sum(1) - target) ** 2).mean()
 
     losses = []
-    for k in range(steps):
-        at = np.arange(k * batch, (k + 1) * batch) % len(ratings)
-        rows = (user_rows.fetch(users[at]), item_rows.fetch(items[at]))
-        loss, (gu, gv) = loss_and_grads(rows, ratings[at])
+    for k in range(run.steps):
+        at = run.batch_rows(k)
+        rows = (user_rows.fetch(run.users[at]), item_rows.fetch(run.items[at]))
+        loss, (gu, gv) = loss_and_grads(rows, run.ratings[at])
         user_rows.step(gu)
         item_rows.step(gv)
         losses.append(float(loss))

@@ -136,10 +136,6 @@ def _embedding(spec: dock.Embedding, p: Any, ids: jax.Array) -> jax.Array:
     return jnp.take(p["weight"], ids, axis=0, mode="fill", fill_value=jnp.nan)
 
 
-def _reshape(spec: dock.Reshape, p: Any, x: jax.Array, shape: Any = None) -> jax.Array:
-    return x.reshape(shape if shape is not None else spec.shape)
-
-
 def _jax_input(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` with a NumPy input made a JAX array first, after the binding's checks.
 
@@ -165,7 +161,6 @@ _TABLE: dict[type, Callable[..., Any]] = {
     dock.MaxPool: _max_pool,
     dock.AvgPool: _avg_pool,
     **ARRAY_METHOD_LAYERS,
-    dock.Reshape: _reshape,
     dock.BatchNorm: _batch_norm,
     dock.LayerNorm: _layer_norm,
     dock.Dropout: _dropout,

@@ -12,6 +12,7 @@ from torch import nn
 
 from dualtrain.craft import Craft, binding, checks, dock
 from dualtrain.craft.craft import is_torch_module
+from dualtrain.craft.realizable import check_realizable
 from dualtrain.deprecation import positional_deprecated
 from dualtrain.dtypes import name_of
 from dualtrain.errors import DtypeError, ShapeError, bad_argument
@@ -209,16 +210,7 @@ def realize(craft: Craft, *, seed: int = 0, device: Any = None, dtype: Any = Non
         ArgumentError: a bad seed, or a layer name that cannot be a parameter name.
         DtypeError: a dtype that is not floating.
     """
-    if not isinstance(craft, Craft):
-        raise bad_argument("craft", craft, "a dualtrain.Craft instance")
-    foreign = [
-        name for name, part in craft.natives() if getattr(part, "backend", "torch") != "torch"
-    ]
-    if foreign:
-        raise TypeError(
-            f"{type(craft).__name__} holds JAX-native layers {foreign}; "
-            "realize it with dualtrain_jax"
-        )
+    check_realizable(craft, "torch")
     dtype = "float32" if dtype is None else dtype
     values = craft.init(seed, dtype)  # checks seed, dtype and names before building
     module = CraftModule(craft, _LayerTable()).to(

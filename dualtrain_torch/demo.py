@@ -7,8 +7,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from dualtrain import Craft, EmbeddingStore, convert
+from dualtrain import Craft, convert
 from dualtrain.demo.loops import held_out_accuracy, learner_losses
+from dualtrain.demo.runs import Factorization, Sweep
 from dualtrain_torch.batching import BatchModule, batch_loss
 from dualtrain_torch.batching.optim import member_optimizer
 from dualtrain_torch.compilation import accelerate, explain
@@ -40,22 +41,16 @@ def train(
     return losses, module
 
 
-def train_sweep(
-    craft: Craft, x: np.ndarray, y: np.ndarray, *, lrs: np.ndarray, steps: int, seed: int
-) -> list[list[float]]:
+def train_sweep(sweep: Sweep) -> list[list[float]]:
     """A learning-rate sweep as one BatchModule; the contract is `demo.sweep.SWEEP_CONTRACT`."""
-    batch = len(lrs)
-    # Eight tiny MLPs over one batch: vmap, forced. "auto" would first time every
-    # strategy, which costs more than these 30 steps (JAX compiles each candidate).
-    bm = BatchModule(
-        realize(craft, seed=seed), batch, init="identical", shared_input=True, strategy="vmap"
-    )
-    optimizer = member_optimizer(bm, "sgd", batch, lr=lrs)
-    inputs, labels = convert((x, y), to="torch")
+    batch = sweep.members
+    bm = BatchModule(realize(sweep.craft, seed=sweep.seed), batch, **sweep.batching)
+    optimizer = member_optimizer(bm, "sgd", batch, lr=sweep.lrs)
+    inputs, labels = convert((sweep.x, sweep.y), to="torch")
     targets = labels.long()
     losses = []
     with Rudder(bm):
-        for _ in range(steps):
+        for _ in range(sweep.steps):
             loss = batch_loss(bm(inputs), targets, batch)  # [batch]
             optimizer.zero_grad()
             loss.sum().backward()  # member i's gradient is its own loss's
@@ -112,28 +107,17 @@ def train_parallel(
     return learner_losses(learner, tank, steps)
 
 
-def train_embeddings(
-    users: np.ndarray,
-    items: np.ndarray,
-    ratings: np.ndarray,
-    *,
-    sizes: tuple[int, int],
-    dim: int,
-    lr: float,
-    batch: int,
-    steps: int,
-    seed: int,
-) -> list[float]:
-    """The demo's factorization model; the contract is `demo_embeddings.EMBED_CONTRACT`."""
-    user_rows = attach(EmbeddingStore(sizes[0], dim, std=0.1, seed=seed), torch.optim.Adam, lr=lr)
-    item_rows = attach(EmbeddingStore(sizes[1], dim, std=0.1, seed=seed + 1), torch.optim.Adam,
-                       lr=lr)  # fmt: skip
-    target = torch.from_numpy(ratings)
+def train_embeddings(run: Factorization) -> list[float]:
+    """The demo's factorization model; the contract is `demo.embeddings.EMBED_CONTRACT`."""
+    users, items = run.stores()
+    user_rows = attach(users, torch.optim.Adam, lr=run.lr)
+    item_rows = attach(items, torch.optim.Adam, lr=run.lr)
+    target = torch.from_numpy(run.ratings)
     losses = []
-    for k in range(steps):
-        at = np.arange(k * batch, (k + 1) * batch) % len(ratings)
-        u = cast(torch.Tensor, user_rows.fetch(users[at]))  # one ids array: one tensor
-        v = cast(torch.Tensor, item_rows.fetch(items[at]))
+    for k in range(run.steps):
+        at = run.batch_rows(k)
+        u = cast(torch.Tensor, user_rows.fetch(run.users[at]))  # one ids array: one tensor
+        v = cast(torch.Tensor, item_rows.fetch(run.items[at]))
         loss = (((u * v).sum(1) - target[at]) ** 2).mean()
         loss.backward()
         user_rows.step()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
 from typing import Any, Protocol
 
 from dualtrain.craft import checks
 from dualtrain.errors import NotRealizedError
+from dualtrain.scoping import scoped
 
 __all__ = ["Binding", "NotRealizedError", "active", "current", "peek", "run_bound"]
 
@@ -50,14 +50,9 @@ def current(what: str) -> Binding:
     return binding
 
 
-@contextlib.contextmanager
-def active(binding: Binding) -> Iterator[None]:
+def active(binding: Binding) -> contextlib.AbstractContextManager[None]:
     """Installs `binding` for the duration of the block."""
-    token = _current.set(binding)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+    return scoped(_current, binding)
 
 
 def run_bound(binding: Binding, fn: Any, *args: Any, **kwargs: Any) -> Any:

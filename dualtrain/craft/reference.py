@@ -203,13 +203,15 @@ def _embedding(layer: dock.Embedding, p: Any, ids: np.ndarray) -> np.ndarray:
     return p["weight"][np.asarray(ids)]  # ids were range-checked by `check_input`
 
 
-def _reshape(layer: dock.Reshape, p: Any, x: np.ndarray, shape: Any = None) -> np.ndarray:
+def _reshape(layer: dock.Reshape, p: Any, x: Any, shape: Any = None) -> Any:
+    # `shape`: the one given at the call (``layer(x, shape)``), else the layer's own.
     return x.reshape(shape if shape is not None else layer.shape)
 
 
 # Layers written with array methods only (mean, max, reshape): any array library's arrays run
 # them as they are, so the JAX adapter's table takes these entries too.
 ARRAY_METHOD_LAYERS: dict[type, Any] = {
+    dock.Reshape: _reshape,
     dock.GlobalAvgPool: lambda layer, p, x: x.mean(axis=tuple(range(2, x.ndim))),
     dock.GlobalMaxPool: lambda layer, p, x: x.max(axis=tuple(range(2, x.ndim))),
     # the size spelled out: reshape(..., -1) cannot infer it when another axis is empty
@@ -225,7 +227,6 @@ LAYERS: dict[type, Any] = {
     dock.MaxPool: _max_pool,
     dock.AvgPool: _avg_pool,
     **ARRAY_METHOD_LAYERS,
-    dock.Reshape: _reshape,
     dock.BatchNorm: _batch_norm,
     dock.LayerNorm: _layer_norm,
     dock.Dropout: _dropout,

@@ -11,17 +11,19 @@ from __future__ import annotations
 import numpy as np
 from rich.console import Console
 
+from dualtrain.demo.runs import Factorization
 from dualtrain.demo.seams import demo_part
 from dualtrain.demo.table import loss_table
 
 __all__ = ["EMBED_CONTRACT", "make_ratings", "run_embeddings"]
 
 EMBED_CONTRACT = """
-``train_embeddings(users, items, ratings, *, sizes, dim, lr, batch, steps, seed) -> losses``
-in each adapter's ``demo`` module: two stores (``sizes = (num_users, num_items)``, ``dim``
-wide, N(0, 0.1^2) rows from ``seed`` and ``seed + 1``) attached to Adam(lr) in lazy mode;
-step k trains on the rows ``k * batch`` .. ``(k + 1) * batch`` (mod n) of the observations
-with the loss ``mean((<user row, item row> - rating)^2)``, and records it.
+``train_embeddings(run: Factorization) -> losses`` in each adapter's ``demo`` module: the
+two stores of ``run.stores()`` (``run.sizes = (num_users, num_items)``, ``run.dim`` wide,
+N(0, 0.1^2) rows from ``run.seed`` and ``run.seed + 1``) attached to Adam(run.lr) in lazy
+mode; step k trains on the observations ``run.batch_rows(k)`` (rows ``k * batch`` ..
+``(k + 1) * batch``, mod n) with the loss ``mean((<user row, item row> - rating)^2)``, and
+records it, for ``run.steps`` steps.
 """
 
 
@@ -43,20 +45,10 @@ def run_embeddings(
     """Trains the factorization model under each framework of `names`; prints the curves."""
     users, items, ratings = make_ratings(seed)
     sizes, dim = (5_000, 2_000), 8
-    losses = {
-        name: demo_part(name).train_embeddings(
-            users,
-            items,
-            ratings,
-            sizes=sizes,
-            dim=dim,
-            lr=0.05,
-            batch=512,
-            steps=steps,
-            seed=seed,
-        )
-        for name in names
-    }
+    factorization = Factorization(
+        users, items, ratings, sizes=sizes, dim=dim, lr=0.05, batch=512, steps=steps, seed=seed
+    )
+    losses = {name: demo_part(name).train_embeddings(factorization) for name in names}
     title = (
         f"user x item factorization from two EmbeddingStores ({sizes[0]:,} + {sizes[1]:,} "
         f"rows x {dim}, Adam, {steps} batches of 512)"

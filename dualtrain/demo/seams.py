@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from dualtrain.craft.craft import Craft
+    from dualtrain.demo.runs import Factorization, Sweep
 
 __all__ = ["DemoPart", "demo_part"]
 
@@ -27,9 +28,7 @@ class DemoPart(Protocol):
         """Full-batch SGD on (x, y): the losses before each step and the trained module."""
         ...
 
-    def train_sweep(
-        self, craft: Craft, x: np.ndarray, y: np.ndarray, *, lrs: np.ndarray, steps: int, seed: int
-    ) -> list[list[float]]:
+    def train_sweep(self, sweep: Sweep) -> list[list[float]]:
         """A learning-rate sweep trained as one BatchModule: each step's member losses."""
         ...
 
@@ -64,19 +63,7 @@ class DemoPart(Protocol):
         """
         ...
 
-    def train_embeddings(
-        self,
-        users: np.ndarray,
-        items: np.ndarray,
-        ratings: np.ndarray,
-        *,
-        sizes: tuple[int, int],
-        dim: int,
-        lr: float,
-        batch: int,
-        steps: int,
-        seed: int,
-    ) -> list[float]:
+    def train_embeddings(self, run: Factorization) -> list[float]:
         """A user x item factorization trained from two EmbeddingStores: its losses."""
         ...
 

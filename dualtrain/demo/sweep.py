@@ -14,16 +14,18 @@ from rich.console import Console
 from rich.table import Table
 
 from dualtrain.craft import Craft
+from dualtrain.demo.runs import Sweep
 from dualtrain.demo.seams import demo_part
 
 __all__ = ["SWEEP_CONTRACT", "run_sweep"]
 
 SWEEP_CONTRACT = """
-``train_sweep(craft, x, y, *, lrs, steps, seed) -> losses``, in each adapter's ``demo``
-module: realize `craft` with `seed`, batch ``len(lrs)`` identical copies of it in a
-BatchModule reading the same ``(x, y)``, and run `steps` full-batch SGD steps of softmax
-cross-entropy in training mode, member i with learning rate ``lrs[i]`` (`member_optimizer`).
-Returns, for each step, the members' losses before it (``steps`` lists of ``len(lrs)``).
+``train_sweep(sweep: Sweep) -> losses``, in each adapter's ``demo`` module: realize
+``sweep.craft`` with ``sweep.seed``, batch ``sweep.members`` identical copies of it in a
+BatchModule (``sweep.batching``) reading the same ``(sweep.x, sweep.y)``, and run
+``sweep.steps`` full-batch SGD steps of softmax cross-entropy in training mode, member i with
+learning rate ``sweep.lrs[i]`` (`member_optimizer`). Returns, for each step, the members'
+losses before it (``steps`` lists of ``members``).
 """
 
 
@@ -33,11 +35,12 @@ def run_sweep(
 ) -> dict[str, Any]:  # fmt: skip
     """Trains the sweep under each framework of `names`; prints the final losses per member."""
     lrs = np.logspace(-2, 1, 8)
+    sweep = Sweep(craft, x, y, lrs=lrs, steps=steps, seed=seed)
     losses, seconds = {}, {}
     for name in names:
         started = time.perf_counter()
         part = demo_part(name)
-        losses[name] = np.asarray(part.train_sweep(craft, x, y, lrs=lrs, steps=steps, seed=seed))
+        losses[name] = np.asarray(part.train_sweep(sweep))
         seconds[name] = time.perf_counter() - started
     table = Table(title=f"a learning-rate sweep: {len(lrs)} members in one BatchModule")
     both = len(names) == 2

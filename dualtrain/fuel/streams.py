@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from dualtrain.errors import ArgumentError, bad_argument
 from dualtrain.random import AUGMENT, EMBED, FILL, ORDER, stream
+from dualtrain.scoping import scoped
 
 __all__ = [
     "AUGMENT",
@@ -56,14 +57,9 @@ def current_sample() -> SampleKey | None:
     return current
 
 
-@contextlib.contextmanager
-def no_sample_scope(reason: str) -> Iterator[None]:
+def no_sample_scope(reason: str) -> contextlib.AbstractContextManager[None]:
     """Code in this scope must not draw per sample: `current_sample` raises `reason`."""
-    token = _current.set(reason)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+    return scoped(_current, reason)
 
 
 @contextlib.contextmanager
@@ -71,8 +67,5 @@ def sample_scope(key: SampleKey) -> Iterator[SampleKey]:
     """Marks `key` as the sample in hand while a Tank runs fetch_fn and prep_fn on it."""
     if key.epoch < 0 or key.index < 0:
         raise bad_argument("key", key, "a SampleKey with epoch >= 0 and index >= 0")
-    token = _current.set(key)
-    try:
+    with scoped(_current, key):
         yield key
-    finally:
-        _current.reset(token)

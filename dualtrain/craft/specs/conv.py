@@ -27,6 +27,20 @@ def _check_groups(spec: Any) -> None:
         )
 
 
+def _weight_and_bias(spec: Any, rows: int, per_group: int) -> dict[str, ParamSpec]:
+    """The weight ``(rows, per_group / groups, *kernel)`` and the bias (if any), as torch.
+
+    Both uniform in 1/sqrt(fan_in), fan_in the weight's size past its first axis (torch's
+    rule, for a convolution and a transposed one alike).
+    """
+    weight = (rows, per_group // spec.groups, *spec.kernel)
+    bound = 1 / math.sqrt(math.prod(weight[1:]))
+    out = {"weight": ParamSpec(weight, "uniform", bound)}
+    if spec.bias:
+        out["bias"] = ParamSpec((spec.out_channels,), "uniform", bound)
+    return out
+
+
 def _plain(value: Any) -> Any:
     """Checked padding with NumPy ints as Python ints and lists as tuples."""
     if isinstance(value, str):
@@ -37,13 +51,8 @@ def _plain(value: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Conv(Layer):
-    """Convolution over 1, 2 or 3 spatial axes: ``(N, in, *S) -> (N, out, *S')``.
-
-    `padding` is an int, one int per axis, ``(low, high)`` pairs per axis, ``"valid"`` (none)
-    or ``"same"`` (``ceil(S / stride)`` outputs, the odd element on the high side). `ndim`
-    comes from a tuple `kernel`, else defaults to 2.
-    """
+class _Convolution(Layer):
+    """The fields Conv and ConvTranspose begin with, in torch's order; each adds its own."""
 
     input_dtypes = "params"  # see dualtrain.craft.checks.check_dtype
 
@@ -52,6 +61,17 @@ class Conv(Layer):
     kernel: Any
     stride: Any = 1
     padding: Any = 0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Conv(_Convolution):
+    """Convolution over 1, 2 or 3 spatial axes: ``(N, in, *S) -> (N, out, *S')``.
+
+    `padding` is an int, one int per axis, ``(low, high)`` pairs per axis, ``"valid"`` (none)
+    or ``"same"`` (``ceil(S / stride)`` outputs, the odd element on the high side). `ndim`
+    comes from a tuple `kernel`, else defaults to 2.
+    """
+
     dilation: Any = 1
     groups: int = 1
     bias: bool = True
@@ -67,13 +87,7 @@ class Conv(Layer):
         object.__setattr__(self, "padding", _plain(self.padding))
 
     def params(self) -> dict[str, ParamSpec]:
-        fan_in = self.in_channels // self.groups * math.prod(self.kernel)
-        bound = 1 / math.sqrt(fan_in)
-        shape = (self.out_channels, self.in_channels // self.groups, *self.kernel)
-        out = {"weight": ParamSpec(shape, "uniform", bound)}
-        if self.bias:
-            out["bias"] = ParamSpec((self.out_channels,), "uniform", bound)
-        return out
+        return _weight_and_bias(self, self.out_channels, self.in_channels)
 
     def check_input(self, x: Any, *rest: Any, train: bool = False, **kwargs: Any) -> None:
         """Takes ``(N, in_channels, *spatial)`` with room for one window per axis."""
@@ -88,19 +102,12 @@ class Conv(Layer):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ConvTranspose(Layer):
+class ConvTranspose(_Convolution):
     """2-D transposed convolution, torch's semantics: ``(N, in, H, W) -> (N, out, H', W')``.
 
     ``H' = (H - 1)·stride - 2·padding + dilation·(k - 1) + output_padding + 1``.
     """
 
-    input_dtypes = "params"  # see dualtrain.craft.checks.check_dtype
-
-    in_channels: int
-    out_channels: int
-    kernel: Any
-    stride: Any = 1
-    padding: Any = 0
     output_padding: Any = 0
     dilation: Any = 1
     groups: int = 1
@@ -123,16 +130,7 @@ class ConvTranspose(Layer):
                 )
 
     def params(self) -> dict[str, ParamSpec]:
-        kh, kw = self.kernel
-        bound = 1 / math.sqrt(self.out_channels // self.groups * kh * kw)
-        out = {
-            "weight": ParamSpec(
-                (self.in_channels, self.out_channels // self.groups, kh, kw), "uniform", bound
-            )
-        }
-        if self.bias:
-            out["bias"] = ParamSpec((self.out_channels,), "uniform", bound)
-        return out
+        return _weight_and_bias(self, self.in_channels, self.out_channels)
 
     def check_input(self, x: Any, *rest: Any, train: bool = False, **kwargs: Any) -> None:
         """Takes ``(N, in_channels, H, W)`` whose output has at least one pixel per axis."""
