@@ -23,6 +23,7 @@ from dualtrain.fuel.pipeline import Pipeline, Recipe
 from dualtrain.fuel.preloading import cached_fetch, preload_settings, row_key
 from dualtrain.fuel.seams import data_part
 from dualtrain.preload import PreloadCache
+from dualtrain.preload.cache import check_count
 from dualtrain.validate import check_seed
 
 __all__ = ["Tank"]
@@ -133,10 +134,10 @@ class Tank:
         scale: float | Mapping[str, float] | None = None,
         preload: bool | int | Mapping[str, Any] = False,
     ) -> None:
-        batch_size = _int("batch_size", batch_size, 1)
+        batch_size = check_count("batch_size", batch_size, 1)
         preload_kw = preload_settings(preload)
-        workers, prefetch = _int("workers", workers, 0), _int("prefetch", prefetch, 0)
-        rank, world = _int("rank", rank, 0), _int("world", world, 1)
+        workers, prefetch = check_count("workers", workers, 0), check_count("prefetch", prefetch, 0)
+        rank, world = check_count("rank", rank, 0), check_count("world", world, 1)
         seed = check_seed("seed", seed)
         for name, flag in (("shuffle", shuffle), ("in_same_size", in_same_size),
                            ("drop_last", drop_last)):  # fmt: skip
@@ -259,7 +260,7 @@ class Tank:
         item is the share's order (``batches``, ``batch_size``, ``samples_per_epoch``), its
         last the device.
         """
-        rank, world = _int("rank", rank, 0), _int("world", world, 1)
+        rank, world = check_count("rank", rank, 0), check_count("world", world, 1)
         if self.position != 0:
             raise ArgumentError(
                 f"shard() only at the start of an epoch; this Tank has served {self.position} "
@@ -414,10 +415,3 @@ def _fixed(pack: Pack, spec: Mapping[str, Any]) -> frozenset[str]:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _int(name: str, value: Any, low: int | None) -> int:
-    """An int (not a bool) >= low; NumPy ints are taken."""
-    if not _is_int(value) or (low is not None and value < low):
-        raise bad_argument(name, value, "an int" if low is None else f"an int >= {low}")
-    return int(value)
