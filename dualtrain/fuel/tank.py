@@ -20,7 +20,7 @@ from dualtrain.fuel.gather import ColumnGather
 from dualtrain.fuel.order import EpochOrder
 from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.pipeline import Pipeline, Recipe
-from dualtrain.fuel.preloading import cached_fetch, preload_settings, row_key
+from dualtrain.fuel.preloading import Lead, cached_fetch, preload_settings
 from dualtrain.fuel.seams import data_part
 from dualtrain.preload import PreloadCache
 from dualtrain.preload.cache import check_count
@@ -198,7 +198,6 @@ class Tank:
             processes = workers > 0 and worker_mode == "process"
             window = batch_size * ((prefetch + 2) if workers else 2)  # pipeline + 1 batch
             self.preloader, fetch = cached_fetch(preload_kw, fetch, self.pack, processes, window)
-        self._prefetch = prefetch if workers else 0
         recipe = Recipe(
             self.pack, fetch, prep_fn, seed, finish_fn=finish if finish.keys else None,
             dict_samples=collate_fn is None or finish.keys != {},
@@ -206,7 +205,10 @@ class Tank:
             gather=gather if gather is not None and gather.keys else None, keys=tuple(self.spec),
             whole_row=DefaultFetch(self.pack, self.spec) if gather is not None else None,
         )  # fmt: skip
-        self._pipeline = Pipeline(recipe, collate_fn, workers, worker_mode, prefetch)
+        # One look-ahead: the pipeline plans the batches, the cache's threads load their rows.
+        cache = self.preloader
+        lead = Lead(cache, self.pack) if cache is not None and cache.threads else None
+        self._pipeline = Pipeline(recipe, collate_fn, workers, worker_mode, prefetch, lead)
         self._deliver = deliver
         self.epoch = 0
         self.position = 0  # batches of this epoch already served
@@ -290,25 +292,9 @@ class Tank:
         after = (epoch, number + 1) if number + 1 < self.batches_per_epoch else (epoch + 1, 0)
         return self._order.batch(epoch, number), after
 
-    def _expect(self) -> None:
-        """Tells the cache the rows of this batch and the next ones, in serving order.
-
-        The rows of the batches being prepared come first, so the window protects them
-        until they are served (planned after them, they would be the first evicted).
-        """
-        assert self.preloader is not None
-        want = self.preloader.preloaded_data
-        key, rows = (self.epoch, self.position), list[int]()
-        while len(rows) < want:
-            batch, key = self._plan(key)
-            rows.extend(int(r) for r in batch)
-        self.preloader.expect([row_key(self.pack, r) for r in rows[:want]])
-
     def next(self) -> Any:
         """The next batch, moving on to the next epoch after the last one."""
         number = self.position
-        if self.preloader is not None and self.preloader.threads:
-            self._expect()
         batch = self._pipeline.get((self.epoch, self.position), self._plan)
         if self.mask_key is not None:
             if not isinstance(batch, dict) or self.mask_key in batch:
