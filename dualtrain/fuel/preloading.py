@@ -126,7 +126,8 @@ class Lead:
 
     def __call__(self, batches: Iterable[np.ndarray]) -> None:
         rows = itertools.islice(itertools.chain.from_iterable(batches), self.rows)
-        self.cache.expect([row_key(self.pack, r) for r in rows])
+        generation = self.pack.generation  # `row_key`'s, looked up once for the plan
+        self.cache.expect([(int(row), generation) for row in rows])
 
 
 def cached_fetch(
