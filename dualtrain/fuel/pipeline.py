@@ -15,13 +15,16 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dualtrain.errors import ArgumentError, ShapeError, TankWorkerError
 from dualtrain.fuel.streams import SampleKey, sample_scope
 from dualtrain.memory import aligned_empty
+
+if TYPE_CHECKING:
+    from dualtrain.fuel.preloading import Lead
 
 __all__ = ["Pipeline", "Recipe"]
 
@@ -266,16 +269,19 @@ class Pipeline:
         workers: 0 runs in the caller's thread; else the worker count.
         mode: "thread" or "process".
         prefetch: batches prepared ahead of the one being taken (with workers).
+        lead: a preload cache's `dualtrain.fuel.preloading.Lead`: batches are planned (once
+            each) until ``lead.rows`` rows, and ``lead(their rows)`` comes before any starts.
     """
 
     def __init__(
-        self, recipe: Recipe, collate_fn: Fn | None, workers: int, mode: str, prefetch: int
-    ) -> None:
+        self, recipe: Recipe, collate_fn: Fn | None, workers: int, mode: str, prefetch: int,
+        lead: Lead | None = None,
+    ) -> None:  # fmt: skip
         self.recipe, self.collate_fn = recipe, collate_fn
-        self.workers, self.mode, self.prefetch = workers, mode, prefetch
+        self.workers, self.mode, self.prefetch, self.lead = workers, mode, prefetch, lead
         self._pool: Executor | None = None
-        # (key, the key after it, the started batch), in serving order
-        self._ahead: collections.deque[tuple[Any, Any, Any]] = collections.deque()
+        # [key, the key after it, its rows, the started batch or None], in serving order
+        self._ahead: collections.deque[list[Any]] = collections.deque()
 
     def _executor(self) -> Executor:
         if self._pool is None:
@@ -333,26 +339,30 @@ class Pipeline:
     def get(self, key: tuple[int, int], plan: Callable[[tuple[int, int]], Any]) -> Any:
         """The batch `key` = (epoch, number); `plan(key)` gives its rows and the next key.
 
-        Batches prepared ahead for another order (after a seek) are dropped.
+        Batches planned or prepared ahead for another order (after a seek) are dropped.
         """
         if self._ahead and self._ahead[0][0] != key:
             self.cancel()
-        if not self._ahead:
-            self._ahead.append(self._plan_and_start(key, plan))
-        while self.workers and len(self._ahead) <= self.prefetch:
-            self._ahead.append(self._plan_and_start(self._ahead[-1][1], plan))
-        _, _, started = self._ahead.popleft()
-        return self._finish(started)
-
-    def _plan_and_start(self, key: tuple[int, int], plan: Callable[..., Any]) -> Any:
-        rows, after = plan(key)
-        return key, after, self._start(key, rows)
+        started = 1 + (self.prefetch if self.workers else 0)
+        wanted = self.lead.rows if self.lead is not None else 0  # rows the cache plans
+        planned = sum(len(entry[2]) for entry in self._ahead)
+        while len(self._ahead) < started or planned < wanted:
+            this = self._ahead[-1][1] if self._ahead else key
+            rows, after = plan(this)
+            self._ahead.append([this, after, rows, None])
+            planned += len(rows)
+        if self.lead is not None:
+            self.lead([entry[2] for entry in self._ahead])
+        for entry in itertools.islice(self._ahead, started):
+            if entry[3] is None:
+                entry[3] = self._start(entry[0], entry[2])
+        return self._finish(self._ahead.popleft()[3])
 
     def cancel(self) -> None:
-        """Drops the batches prepared ahead (their work is waited for, then discarded)."""
+        """Drops the batches planned ahead (their work is waited for, then discarded)."""
         while self._ahead:
-            _, _, (_, _, _, parts) = self._ahead.popleft()
-            for part in parts:
+            started = self._ahead.popleft()[3]
+            for part in started[3] if started is not None else ():
                 if isinstance(part, Future):
                     part.cancel()
 

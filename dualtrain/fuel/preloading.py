@@ -10,7 +10,8 @@ replaced on disk and read again after ``close`` never gets the old rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.streams import no_sample_scope
 from dualtrain.preload import PreloadCache
 
-__all__ = ["RowKey", "cached_fetch", "preload_settings", "row_key"]
+__all__ = ["Lead", "RowKey", "cached_fetch", "preload_settings", "row_key"]
 
 RowKey = tuple[int, Any]  # (row, the identities of the pack's files)
 
@@ -108,6 +109,25 @@ class _CachedFetch:
             self.generation = key[1]
         sample = self.cache.get(key)
         return dict(sample) if type(sample) is dict else sample
+
+
+class Lead:
+    """``lead(batches)``: the first `rows` rows the Tank's pipeline planned become the plan.
+
+    The one look-ahead of a preloading Tank: the pipeline plans each batch once, and the
+    cache's threads load the rows of what it planned, which its workers then take.
+    The rows of the batches being prepared come first, so the window protects them until
+    they are served (planned after them, they would be the first evicted).
+    """
+
+    def __init__(self, cache: PreloadCache, pack: Pack) -> None:
+        self.cache, self.pack = cache, pack
+        self.rows = cache.preloaded_data
+
+    def __call__(self, batches: Iterable[np.ndarray]) -> None:
+        rows = itertools.islice(itertools.chain.from_iterable(batches), self.rows)
+        generation = self.pack.generation  # `row_key`'s, looked up once for the plan
+        self.cache.expect([(int(row), generation) for row in rows])
 
 
 def cached_fetch(

@@ -20,9 +20,10 @@ from dualtrain.fuel.gather import ColumnGather
 from dualtrain.fuel.order import EpochOrder
 from dualtrain.fuel.pack import Pack
 from dualtrain.fuel.pipeline import Pipeline, Recipe
-from dualtrain.fuel.preloading import cached_fetch, preload_settings, row_key
+from dualtrain.fuel.preloading import Lead, cached_fetch, preload_settings
 from dualtrain.fuel.seams import data_part
 from dualtrain.preload import PreloadCache
+from dualtrain.preload.cache import check_count
 from dualtrain.validate import check_seed
 
 __all__ = ["Tank"]
@@ -133,10 +134,10 @@ class Tank:
         scale: float | Mapping[str, float] | None = None,
         preload: bool | int | Mapping[str, Any] = False,
     ) -> None:
-        batch_size = _int("batch_size", batch_size, 1)
+        batch_size = check_count("batch_size", batch_size, 1)
         preload_kw = preload_settings(preload)
-        workers, prefetch = _int("workers", workers, 0), _int("prefetch", prefetch, 0)
-        rank, world = _int("rank", rank, 0), _int("world", world, 1)
+        workers, prefetch = check_count("workers", workers, 0), check_count("prefetch", prefetch, 0)
+        rank, world = check_count("rank", rank, 0), check_count("world", world, 1)
         seed = check_seed("seed", seed)
         for name, flag in (("shuffle", shuffle), ("in_same_size", in_same_size),
                            ("drop_last", drop_last)):  # fmt: skip
@@ -197,7 +198,6 @@ class Tank:
             processes = workers > 0 and worker_mode == "process"
             window = batch_size * ((prefetch + 2) if workers else 2)  # pipeline + 1 batch
             self.preloader, fetch = cached_fetch(preload_kw, fetch, self.pack, processes, window)
-        self._prefetch = prefetch if workers else 0
         recipe = Recipe(
             self.pack, fetch, prep_fn, seed, finish_fn=finish if finish.keys else None,
             dict_samples=collate_fn is None or finish.keys != {},
@@ -205,7 +205,10 @@ class Tank:
             gather=gather if gather is not None and gather.keys else None, keys=tuple(self.spec),
             whole_row=DefaultFetch(self.pack, self.spec) if gather is not None else None,
         )  # fmt: skip
-        self._pipeline = Pipeline(recipe, collate_fn, workers, worker_mode, prefetch)
+        # One look-ahead: the pipeline plans the batches, the cache's threads load their rows.
+        cache = self.preloader
+        lead = Lead(cache, self.pack) if cache is not None and cache.threads else None
+        self._pipeline = Pipeline(recipe, collate_fn, workers, worker_mode, prefetch, lead)
         self._deliver = deliver
         self.epoch = 0
         self.position = 0  # batches of this epoch already served
@@ -259,7 +262,7 @@ class Tank:
         item is the share's order (``batches``, ``batch_size``, ``samples_per_epoch``), its
         last the device.
         """
-        rank, world = _int("rank", rank, 0), _int("world", world, 1)
+        rank, world = check_count("rank", rank, 0), check_count("world", world, 1)
         if self.position != 0:
             raise ArgumentError(
                 f"shard() only at the start of an epoch; this Tank has served {self.position} "
@@ -289,25 +292,9 @@ class Tank:
         after = (epoch, number + 1) if number + 1 < self.batches_per_epoch else (epoch + 1, 0)
         return self._order.batch(epoch, number), after
 
-    def _expect(self) -> None:
-        """Tells the cache the rows of this batch and the next ones, in serving order.
-
-        The rows of the batches being prepared come first, so the window protects them
-        until they are served (planned after them, they would be the first evicted).
-        """
-        assert self.preloader is not None
-        want = self.preloader.preloaded_data
-        key, rows = (self.epoch, self.position), list[int]()
-        while len(rows) < want:
-            batch, key = self._plan(key)
-            rows.extend(int(r) for r in batch)
-        self.preloader.expect([row_key(self.pack, r) for r in rows[:want]])
-
     def next(self) -> Any:
         """The next batch, moving on to the next epoch after the last one."""
         number = self.position
-        if self.preloader is not None and self.preloader.threads:
-            self._expect()
         batch = self._pipeline.get((self.epoch, self.position), self._plan)
         if self.mask_key is not None:
             if not isinstance(batch, dict) or self.mask_key in batch:
@@ -414,10 +401,3 @@ def _fixed(pack: Pack, spec: Mapping[str, Any]) -> frozenset[str]:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _int(name: str, value: Any, low: int | None) -> int:
-    """An int (not a bool) >= low; NumPy ints are taken."""
-    if not _is_int(value) or (low is not None and value < low):
-        raise bad_argument(name, value, "an int" if low is None else f"an int >= {low}")
-    return int(value)

@@ -119,8 +119,8 @@ class Window:
 
     def keys(self) -> list[Hashable]:
         """The next `preloaded_data` keys of the plan."""
-        if not self.plan:
-            return []
+        if not self._cyclic:  # a slice: a Tank hands a plan of this window at every step
+            return self.plan[self.at : self.end()]
         return [self.key_at(p) for p in range(self.at, self.end())]
 
     @property

@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from dualtrain import ArgumentError
 from dualtrain.fuel import FuelGenerator, Tank
+from dualtrain.fuel.order import EpochOrder
 from tests.fuel.raw import DTYPES, SPEC, make_folder
 from tests.preload.workers_data import augment, fetch_augmented
 
@@ -113,6 +114,33 @@ def test_epochs_after_the_first_are_all_hits_when_the_pack_fits(pack, workers):
         assert after["hits"] - before["hits"] == 2 * per_epoch
         assert after["misses"] == before["misses"]
         assert after["prefetch_waits"] == before["prefetch_waits"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_preloading_tank_walks_its_order_once(pack, workers, monkeypatch):
+    """One look-ahead: the cache loads the rows the pipeline planned, not a walk of its own.
+
+    Each batch is planned once, in serving order, whatever reads ahead of it (the pipeline's
+    workers, the cache's loader threads); two walks planned the coming batches again at
+    every step, the cache's several batches ahead of the pipeline's.
+    """
+    planned: list[tuple[int, int]] = []
+    batch = EpochOrder.batch
+
+    def counted(order: EpochOrder, epoch: int, number: int) -> np.ndarray:
+        planned.append((epoch, number))
+        return batch(order, epoch, number)
+
+    monkeypatch.setattr(EpochOrder, "batch", counted)
+    with Tank(pack, SPEC, 5, prep_fn=augment, workers=workers, preload=True) as tank:
+        served = 3 * tank.batches_per_epoch
+        for _ in range(served):
+            tank.next()
+        ahead = tank.preloader.preloaded_data // 5 + 1  # batches planned past the last served
+        stats = tank.preloader.stats()
+    assert len(planned) == len(set(planned)) and planned == sorted(planned)
+    assert served <= len(planned) <= served + ahead
+    assert stats["loads"] == N  # each row read once, ahead or by the worker that asked first
 
 
 @pytest.mark.parametrize("workers", [0, 2])
