@@ -22,6 +22,7 @@ both modes, the staging and the thread rules are those of an unsharded store.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from typing import Protocol, runtime_checkable
@@ -31,7 +32,7 @@ import numpy as np
 from dualtrain.embeddings.ids import Lookup
 from dualtrain.errors import ArgumentError, bad_argument
 
-__all__ = ["Exchange", "Route", "Shard", "Traffic", "split"]
+__all__ = ["Counts", "Exchange", "Route", "Shard", "Traffic", "Wire", "split"]
 
 _COUNTING = threading.Lock()
 
@@ -79,20 +80,67 @@ class Exchange(Protocol):
         ...
 
     def all_to_all(
-        self,
-        parts: list[np.ndarray],
-        /,
-        receive: list[int] | None = None,
-        most: int | None = None,
+        self, parts: list[np.ndarray], /, counts: Counts | None = None
     ) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
 
         Every part has the same dtype and trailing shape on every rank; lengths differ.
-        When the caller knows them (from `lengths`), `receive` are the lengths each rank
-        sends here and `most` the longest part any rank sends: an exchange may then skip
+        `counts`, when the caller knows them (from `lengths`): an exchange may then skip
         sharing the lengths itself.
         """
         ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """What one all-to-all brings here, where the caller knows it (from `Exchange.lengths`).
+
+    Attributes:
+        receive: the rows each rank sends here, by rank.
+        most: the longest part any rank sends in this exchange (or a bound on it): what an
+            exchange that pads its parts pads to.
+    """
+
+    receive: tuple[int, ...]
+    most: int
+
+    @classmethod
+    def of(cls, every: np.ndarray, rank: int) -> Counts:
+        """`rank`'s counts from every rank's part lengths by destination, [world, world]."""
+        return cls(tuple(every[:, rank].tolist()), int(every.max()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Wire:
+    """Rows as an engine's all-to-all moves them: each row its bytes, uint8 [n, width].
+
+    Any dtype travels so (bfloat16 included, which no engine need know), and parts of one
+    width in bytes share whatever an engine compiles for them.
+
+    Attributes:
+        dtype: the rows' dtype.
+        trail: a row's shape (a part's shape past its first axis).
+        width: bytes a row.
+    """
+
+    dtype: np.dtype
+    trail: tuple[int, ...]
+    width: int
+
+    @classmethod
+    def of(cls, parts: list[np.ndarray]) -> Wire:
+        """The layout of `parts`, read from the first (every part has its dtype and trail)."""
+        first = parts[0]
+        trail = tuple(first.shape[1:])
+        return cls(first.dtype, trail, first.dtype.itemsize * math.prod(trail))
+
+    def pack(self, part: np.ndarray) -> np.ndarray:
+        """`part`'s rows as bytes: uint8 [len(part), width] (a view where `part` is contiguous)."""
+        return np.ascontiguousarray(part).view(np.uint8).reshape(len(part), self.width)
+
+    def unpack(self, data: np.ndarray) -> np.ndarray:
+        """The rows whose bytes `data` holds (uint8 [n, width]): [n, *trail], a view."""
+        return data.view(self.dtype).reshape(-1, *self.trail)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,15 +217,14 @@ class Shard:
         self,
         parts: list[np.ndarray],
         channel: Exchange | None = None,
-        receive: list[int] | None = None,
-        most: int | None = None,
+        counts: Counts | None = None,
     ) -> list[np.ndarray]:
         """One all-to-all (a collective) on `channel` (default `exchange`), counted.
 
-        `receive` and `most`: the lengths, when the route already says (`Exchange`).
+        `counts`: what arrives, when the route already says (`Exchange.all_to_all`).
         """
         start = time.perf_counter()
-        received = (channel or self.exchange).all_to_all(parts, receive=receive, most=most)
+        received = (channel or self.exchange).all_to_all(parts, counts)
         seconds = time.perf_counter() - start
         sent = sum(p.nbytes for j, p in enumerate(parts) if j != self.rank)
         got = sum(p.nbytes for j, p in enumerate(received) if j != self.rank)
@@ -234,14 +281,14 @@ class Shard:
         _check_refusals(every[:, -1], refused)
         every = every[:, :-1]
         assert found is not None
-        most = int(every.max())
-        asked_of_me = self.swap(parts, channel, every[:, self.rank].tolist(), most)
+        counts = Counts.of(every, self.rank)
+        asked_of_me = self.swap(parts, channel, counts)
         requested = np.concatenate(asked_of_me) if asked_of_me else np.zeros(0, np.int64)
         union, back = np.unique(requested - self.rows.start, return_inverse=True)
         return Route(
             found,
             cuts,
-            most,
+            counts.most,
             union.astype(np.int64, copy=False),
             [len(a) for a in asked_of_me],
             back.astype(np.int64, copy=False).reshape(-1),
@@ -255,8 +302,8 @@ class Shard:
         """
         picked = rows[route.back]
         ends = np.cumsum(route.asked)[:-1]
-        owed = np.diff(route.cuts).tolist()  # what each owner sends here: what was asked
-        received = self.swap(np.split(picked, ends), receive=owed, most=route.most)
+        owed = tuple(np.diff(route.cuts).tolist())  # what each owner sends here: what was asked
+        received = self.swap(np.split(picked, ends), counts=Counts(owed, route.most))
         return np.concatenate(received) if received else picked[:0]
 
     def collect(self, route: Route, grad: np.ndarray) -> np.ndarray:
@@ -273,7 +320,7 @@ class Shard:
             `grad`'s dtype.
         """
         parts = [grad[route.cuts[j] : route.cuts[j + 1]] for j in range(self.world)]
-        received = self.swap(parts, receive=route.asked, most=route.most)
+        received = self.swap(parts, counts=Counts(tuple(route.asked), route.most))
         total = np.zeros((route.union.size, *grad.shape[1:]), np.result_type(grad, np.float32))
         start = 0
         for part in received:

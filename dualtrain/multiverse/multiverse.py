@@ -42,7 +42,13 @@ from dualtrain.multiverse.launch import (
     watch_parent,
 )
 from dualtrain.multiverse.rank_zero import RankZeroTimeMachine
-from dualtrain.multiverse.seams import Launch, Runtime, distributed_part, distributed_traits
+from dualtrain.multiverse.seams import (
+    Launch,
+    Runtime,
+    Steps,
+    distributed_part,
+    distributed_traits,
+)
 from dualtrain.multiverse.world import World, from_environment, run_environment
 from dualtrain.validate import check_seed
 
@@ -324,9 +330,8 @@ class Multiverse:
                     f"{self._traits.name}"
                 )
             part = distributed_part(self.backend)
-            self._runtime = part.join(
-                self.world, timeout=self.timeout, on_step=self._on_step, on_begin=self._on_begin
-            )
+            steps = Steps(self._on_step, self._on_begin)
+            self._runtime = part.join(self.world, timeout=self.timeout, steps=steps)
         return self
 
     def _join_early(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from dualtrain import backends
 from dualtrain.embeddings.sharding import Exchange
+from dualtrain.errors import bad_argument
 from dualtrain.multiverse.world import World
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "DistributedTraits",
     "Launch",
     "Runtime",
+    "Steps",
     "distributed_part",
     "distributed_traits",
 ]
@@ -94,6 +96,35 @@ class DistributedTraits:
     sync_options: tuple[str, ...] = ()
     wraps_models: bool = False
     joins_early: bool = False
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How a joined runtime tells Multiverse of training steps (what `DistributedPart.join` takes).
+
+    Multiverse counts them to name the step in errors, and its heartbeat reads them to name a
+    worker that stopped.
+
+    Attributes:
+        on_step: called once per training step (each learner step, and each forward in
+            training mode of a model the runtime wraps).
+        on_begin: where given, called as a step that is counted at its end starts (a learner
+            step whose collectives come before its count), so the heartbeat tells a worker
+            waiting in a step's collective from one that never began it.
+
+    Raises:
+        ArgumentError: an `on_step` that is not callable, an `on_begin` neither None nor
+            callable.
+    """
+
+    on_step: Callable[[], None]
+    on_begin: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.on_step):
+            raise bad_argument("on_step", self.on_step, "a function taking no argument")
+        if self.on_begin is not None and not callable(self.on_begin):
+            raise bad_argument("on_begin", self.on_begin, "None or a function taking no argument")
 
 
 class Runtime(Protocol):
@@ -186,23 +217,11 @@ class DistributedPart(Protocol):
 
     TRAITS: DistributedTraits
 
-    def join(
-        self,
-        world: World,
-        /,
-        timeout: float,
-        on_step: Callable[[], None],
-        on_begin: Callable[[], None] | None = None,
-    ) -> Runtime:
+    def join(self, world: World, /, timeout: float, steps: Steps) -> Runtime:
         """Joins the run `world` describes and returns this process's Runtime.
 
         `timeout` (seconds) bounds the joining (and, where the framework can, every
-        collective). The runtime calls `on_step` once per training step (each learner step,
-        and each forward in training mode of a model it wraps); Multiverse counts them to
-        name the step in errors. `on_begin`, where given, is called as a step that is
-        counted at its end starts (a learner step whose collectives come before its count),
-        so the heartbeat tells a worker waiting in a step's collective from one that never
-        began it.
+        collective). The runtime tells `steps` of each training step.
         """
         ...
 

@@ -12,7 +12,6 @@ share programs by their width in bytes.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
@@ -20,7 +19,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from dualtrain.embeddings.sharding import Exchange
+from dualtrain.embeddings.sharding import Counts, Exchange, Wire
 
 __all__ = ["JaxExchange", "capacity"]
 
@@ -63,34 +62,27 @@ class JaxExchange:
         return np.asarray(multihost_utils.process_allgather(mine)).reshape(self.world, -1)
 
     def all_to_all(
-        self,
-        parts: list[np.ndarray],
-        /,
-        receive: list[int] | None = None,
-        most: int | None = None,
+        self, parts: list[np.ndarray], /, counts: Counts | None = None
     ) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
 
-        The padded capacity must be the same on every process: without `receive` and
-        `most` (from `lengths`) the lengths are shared first, one more collective.
+        The padded capacity must be the same on every process: without `counts` (from
+        `lengths`) the lengths are shared first, one more collective.
         """
-        first = parts[0]
-        dtype, trail = first.dtype, first.shape[1:]
-        width = dtype.itemsize * math.prod(trail)  # bytes a row
-        if receive is None or most is None:
-            every = self.lengths([len(p) for p in parts])
-            receive, most = every[:, self.rank].tolist(), int(every.max())
-        cap = capacity(most)
-        local = np.zeros((self.world, cap, width), np.uint8)
+        wire = Wire.of(parts)
+        if counts is None:
+            counts = Counts.of(self.lengths([len(p) for p in parts]), self.rank)
+        cap = capacity(counts.most)
+        local = np.zeros((self.world, cap, wire.width), np.uint8)
         for j, part in enumerate(parts):
-            local[j, : len(part)] = np.ascontiguousarray(part).view(np.uint8).reshape(-1, width)
+            local[j, : len(part)] = wire.pack(part)
         sharding = NamedSharding(self.mesh, P(_AXIS))
-        shape = (self.world * self.world, cap, width)
+        shape = (self.world * self.world, cap, wire.width)
         sent = jax.make_array_from_process_local_data(sharding, local, shape)
-        self.programs.add((cap, width))
+        self.programs.add((cap, wire.width))
         moved = _program(self.mesh)(sent)
         mine = np.asarray(moved.addressable_shards[0].data)
-        return [mine[j, : receive[j]].view(dtype).reshape(-1, *trail) for j in range(self.world)]
+        return [wire.unpack(mine[j, : counts.receive[j]]) for j in range(self.world)]
 
 
 @functools.lru_cache(maxsize=8)

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dualtrain.craft import Craft
 from dualtrain.errors import ArgumentError, bad_argument
+from dualtrain.multiverse.seams import Steps
 from dualtrain.multiverse.world import World
 from dualtrain_jax.distributed.exchange import JaxExchange
 from dualtrain_jax.distributed.exit import release
@@ -37,13 +38,7 @@ __all__ = ["JaxRuntime", "join"]
 _TARGETS = ("numpy", "torch", "jax")
 
 
-def join(
-    world: World,
-    /,
-    timeout: float,
-    on_step: Callable[[], None],
-    on_begin: Callable[[], None] | None = None,
-) -> JaxRuntime:
+def join(world: World, /, timeout: float, steps: Steps) -> JaxRuntime:
     """Joins the run `world` describes and returns this process's `JaxRuntime`.
 
     Several processes: ``jax.distributed.initialize(world.coordinator, world.processes,
@@ -55,29 +50,24 @@ def join(
     Args:
         world: this process's place in the run (`dualtrain.multiverse.world.World`).
         timeout: seconds the processes wait for each other to join (> 0).
-        on_step: called once per learner step (Multiverse counts steps with it), as the
-            step is dispatched: its start, for this process.
-        on_begin: not called: a JAX step is counted at its dispatch, before its collectives
-            run (accepted as every runtime's `join` takes it).
+        steps: its `on_step` is called once per learner step (Multiverse counts steps with
+            it), as the step is dispatched: its start, for this process; its `on_begin`
+            never: a JAX step is counted at its dispatch, before its collectives run.
 
     Raises:
-        ArgumentError: a bad `timeout` or `on_step`; more devices asked per process than it
-            has (named as `nworld`); a runtime initialized before with another process
-            count or index; JAX's backend started before ``jax.distributed.initialize``.
+        ArgumentError: a bad `world` or `timeout`; more devices asked per process than it
+            has (named as `nworld`); a runtime initialized before with another process count
+            or index; JAX's backend started before ``jax.distributed.initialize``.
     """
     if not isinstance(world, World):
         raise bad_argument("world", world, "a dualtrain.multiverse.World")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise bad_argument("timeout", timeout, "a positive number of seconds")
-    if not callable(on_step):
-        raise bad_argument("on_step", on_step, "a callable on_step()")
-    if on_begin is not None and not callable(on_begin):
-        raise bad_argument("on_begin", on_begin, "None or a callable on_begin()")
     initialized = False
     if world.processes > 1:
         initialized = _initialize(world, timeout)
     mesh = _mesh(world)
-    return JaxRuntime(mesh, world, on_step, initialized)
+    return JaxRuntime(mesh, world, steps.on_step, initialized)
 
 
 def _initialize(world: World, timeout: float) -> bool:

@@ -8,13 +8,11 @@ group. Any dtype travels (bfloat16 included) as the bytes of its rows.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from dualtrain.embeddings.sharding import Exchange
+from dualtrain.embeddings.sharding import Counts, Exchange, Wire
 
 __all__ = ["TorchExchange"]
 
@@ -50,36 +48,28 @@ class TorchExchange:
         return torch.stack(every).numpy()
 
     def all_to_all(
-        self,
-        parts: list[np.ndarray],
-        /,
-        receive: list[int] | None = None,
-        most: int | None = None,
+        self, parts: list[np.ndarray], /, counts: Counts | None = None
     ) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
 
-        `receive`: the lengths each rank sends here, when known; else they are exchanged
-        first (one more collective). `most` is not needed: parts travel unpadded.
+        `counts`: what arrives, when known; else the lengths are exchanged first (one more
+        collective). Its `most` is not needed: parts travel unpadded.
         """
-        first = parts[0]
-        dtype, trail = first.dtype, first.shape[1:]
-        width = dtype.itemsize * math.prod(trail)  # bytes a row
+        wire = Wire.of(parts)
         sent = [len(p) for p in parts]
-        if receive is None:
+        if counts is None:
             got = torch.empty(self.world, dtype=torch.int64)
             dist.all_to_all_single(got, torch.tensor(sent, dtype=torch.int64), group=self.group)
             receive = got.tolist()
-        send = np.concatenate(
-            [np.ascontiguousarray(p).view(np.uint8).reshape(len(p), width) for p in parts]
-        )
-        counts = list(receive)
-        recv = np.empty((sum(counts), width), np.uint8)
+        else:
+            receive = list(counts.receive)
+        send = np.concatenate([wire.pack(p) for p in parts])
+        recv = np.empty((sum(receive), wire.width), np.uint8)
         dist.all_to_all_single(
             torch.from_numpy(recv),
             torch.from_numpy(send),
-            output_split_sizes=counts,
+            output_split_sizes=receive,
             input_split_sizes=sent,
             group=self.group,
         )
-        rows = recv.view(dtype).reshape(-1, *trail)
-        return np.split(rows, np.cumsum(counts)[:-1])
+        return np.split(wire.unpack(recv), np.cumsum(receive)[:-1])

@@ -1,6 +1,6 @@
 """Multiverse under torch: torch.distributed's process group, DDP, and a data-parallel learner.
 
-`join(world, timeout=, on_step=)` joins the run `world` describes (gloo on the CPU, nccl on
+`join(world, timeout=, steps=)` joins the run `world` describes (gloo on the CPU, nccl on
 CUDA, one process per device) and returns a `TorchRuntime`, the `dualtrain.multiverse.seams`
 Runtime that `dualtrain.Multiverse` drives. Nothing here moves bytes itself: parameters are
 broadcast and gradients mean-reduced by ``DistributedDataParallel``, metrics by
@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dualtrain.errors import ArgumentError, bad_argument
-from dualtrain.multiverse.seams import distributed_traits
+from dualtrain.multiverse.seams import Steps, distributed_traits
 from dualtrain.multiverse.world import World
 from dualtrain.validate import check_seed
 from dualtrain_torch.distributed.exchange import TorchExchange
@@ -41,13 +41,7 @@ _retired: list[Any] = []  # groups left: kept alive until exit (see TorchRuntime
 _ours = [False]  # whether the default process group is one join() created (leave destroys it)
 
 
-def join(
-    world: World,
-    /,
-    timeout: float,
-    on_step: Callable[[], None],
-    on_begin: Callable[[], None] | None = None,
-) -> TorchRuntime:
+def join(world: World, /, timeout: float, steps: Steps) -> TorchRuntime:
     """Joins the run `world` describes: the default process group, then this process's Runtime.
 
     The backend is nccl when CUDA is available (this process then drives
@@ -60,12 +54,12 @@ def join(
     Args:
         world: this process's place in the run.
         timeout: seconds the joining and every later collective may take.
-        on_step: called once per training step (each learner step; each forward of a synced
-            model in training mode outside a learner).
-        on_begin: called as a learner step starts (its count comes at its end).
+        steps: its `on_step` is called once per training step (each learner step; each
+            forward of a synced model in training mode outside a learner), its `on_begin`
+            as a learner step starts (its count comes at its end).
 
     Raises:
-        ArgumentError: a bad `world`, `timeout` or `on_step`; an existing group that does
+        ArgumentError: a bad `world` or `timeout`; an existing group that does
             not match `world`; a local rank with no CUDA device.
     """
     if not isinstance(world, World):
@@ -74,10 +68,6 @@ def join(
         raise bad_argument("world", world, "a rank in [0, processes) and processes >= 1")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise bad_argument("timeout", timeout, "a positive number of seconds")
-    if not callable(on_step):
-        raise bad_argument("on_step", on_step, "a function taking no argument")
-    if on_begin is not None and not callable(on_begin):
-        raise bad_argument("on_begin", on_begin, "None or a function taking no argument")
     cuda = torch.cuda.is_available()
     if cuda and world.local_rank >= torch.cuda.device_count():
         raise bad_argument(
@@ -97,7 +87,7 @@ def join(
     elif world.processes > 1:
         _init_group(world, "nccl" if cuda else "gloo", device, float(timeout))
         _ours[0] = True
-    return TorchRuntime(world, device, on_step, on_begin)
+    return TorchRuntime(world, device, steps.on_step, steps.on_begin)
 
 
 def _init_group(world: World, backend: str, device: torch.device, timeout: float) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from dualtrain.embeddings.sharding import Counts
+
 TIMEOUT = 60.0
 GRACE = 2.0  # seconds the other ranks get to leave an exchange after one rank failed
 
@@ -57,15 +59,11 @@ class ThreadExchange:
         return np.concatenate(got).astype(np.int64)
 
     def all_to_all(
-        self,
-        parts: list[np.ndarray],
-        /,
-        receive: list[int] | None = None,
-        most: int | None = None,
+        self, parts: list[np.ndarray], /, counts: Counts | None = None
     ) -> list[np.ndarray]:
         """Sends ``parts[j]`` to rank j; returns what each rank sent here, by rank.
 
-        `receive`, when given, must be what arrives (checked: the engines' exchanges trust
+        `counts`, when given, must say what arrives (checked: the engines' exchanges trust
         it).
         """
         assert len(parts) == self.world
@@ -74,10 +72,9 @@ class ThreadExchange:
         board.barrier.wait()
         got = [board.posted[j][self.rank] for j in range(self.world)]  # type: ignore[index]
         board.barrier.wait()  # every rank has read before the board is used again
-        if receive is not None:
-            assert [len(g) for g in got] == list(receive), (receive, [len(g) for g in got])
-        if most is not None:
-            assert max(len(p) for p in parts) <= most, (most, [len(p) for p in parts])
+        if counts is not None:
+            assert [len(g) for g in got] == list(counts.receive), (counts, [len(g) for g in got])
+            assert max(len(p) for p in parts) <= counts.most, (counts, [len(p) for p in parts])
         self.calls += 1
         if self.die_after is not None and self.calls >= self.die_after:
             os._exit(9)

@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import dualtrain
 from dualtrain import ArgumentError, Tank
 from dualtrain.fuel import FuelGenerator
+from dualtrain.multiverse.seams import Steps
 from dualtrain.multiverse.world import World
 from dualtrain_jax import realize
 from dualtrain_jax.distributed import join
@@ -198,7 +199,7 @@ def test_join_refuses_more_devices_than_there_are_and_a_bad_engine():
         dualtrain.Multiverse(lambda mv: None, 4, backend="jax", engine="vmap")
     with pytest.raises(ArgumentError, match="engine"):
         run(lambda mv: mv.learner(realize(MLP()), optax.sgd(0.1), engine="xmap"))
-    runtime = join(World(local_devices=4), timeout=30, on_step=lambda: None)
+    runtime = join(World(local_devices=4), timeout=30, steps=Steps(lambda: None))
     with pytest.raises(ArgumentError, match=r"engine must be 'jit'.*; got engine='shard'"):
         runtime.learner(realize(MLP()), optax.sgd(0.1), None, "shard")
     with pytest.raises(ArgumentError, match="bucket_cap_mb"):
@@ -384,7 +385,7 @@ def test_leaving_waits_for_the_work_this_process_dispatched():
     step still queued left its peers waiting in a collective until the run's timeout."""
     from dualtrain_jax.distributed import exit
 
-    runtime = join(World(local_devices=4), timeout=30, on_step=lambda: None)
+    runtime = join(World(local_devices=4), timeout=30, steps=Steps(lambda: None))
     x = jnp.ones((1500, 1500))
     chain = jax.jit(lambda a: [a := jnp.tanh(a @ a) for _ in range(6)][-1])
     out = chain(x)  # returns at once: dispatched, not yet computed

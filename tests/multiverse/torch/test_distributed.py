@@ -20,6 +20,7 @@ from torch.nn import functional as F  # noqa: N812 - torch's own spelling
 
 import dualtrain
 from dualtrain.errors import ArgumentError, ShapeError
+from dualtrain.multiverse.seams import Steps
 from dualtrain.multiverse.world import World
 from dualtrain_torch.distributed import SoloModule, TorchRuntime, join
 from tests.multiverse.torch import distributed_universes as U  # noqa: N812 - short: used throughout
@@ -300,7 +301,7 @@ def test_no_sync_accumulates_locally_and_the_next_backward_reduces_it_all(ranks)
 def runtime():
     """A joined world of one (gloo, in-memory store), left after the test."""
     steps = []
-    rt = join(World(), timeout=30, on_step=lambda: steps.append(1))
+    rt = join(World(), timeout=30, steps=Steps(lambda: steps.append(1)))
     rt.counted = steps  # type: ignore[attr-defined]
     try:
         yield rt
@@ -385,7 +386,7 @@ def test_world_of_one_reduce_is_the_value_itself(runtime, values, aggregate):
 
 def _masked_round(seed):
     """One join, one masked step checked against plain torch, one leave."""
-    rt = join(World(), timeout=30, on_step=lambda: None)
+    rt = join(World(), timeout=30, steps=Steps(lambda: None))
     try:
         mask = torch.arange(seed % 7 + 1) % 3 != 1
         net = _net(seed, 3, 2)
@@ -455,8 +456,8 @@ def test_multiverse_of_one_runs_in_this_process():
 
 
 def test_a_world_of_one_makes_no_group_and_leave_is_idempotent():
-    first = join(World(), timeout=30, on_step=lambda: None)
-    second = join(World(), timeout=30, on_step=lambda: None)
+    first = join(World(), timeout=30, steps=Steps(lambda: None))
+    second = join(World(), timeout=30, steps=Steps(lambda: None))
     assert not dist.is_initialized() and second.nworld == first.nworld == 1
     assert first.backend is None and first.rank == 0
     second.leave()
@@ -469,8 +470,8 @@ def test_a_group_the_script_made_is_checked_and_left_to_it():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with pytest.raises(ArgumentError, match="rank 0 of 1; world says rank 1 of 2"):
-            join(World(processes=2, rank=1, master_port=1), timeout=30, on_step=lambda: None)
-        rt = join(World(), timeout=30, on_step=lambda: None)
+            join(World(processes=2, rank=1, master_port=1), timeout=30, steps=Steps(lambda: None))
+        rt = join(World(), timeout=30, steps=Steps(lambda: None))
         assert rt.reduce(2.0, aggregate=True) == 2.0
         assert isinstance(rt.sync_model(_net(0, 3, 2), {}), SoloModule)  # one process: no DDP
         rt.leave()
@@ -491,7 +492,7 @@ def test_a_group_the_script_made_is_checked_and_left_to_it():
 )
 def test_join_refuses_bad_arguments_before_joining(world, timeout, on_step, named):
     with pytest.raises(ArgumentError, match=f"^{named} must be"):
-        join(world, timeout=timeout, on_step=on_step)
+        join(world, timeout=timeout, steps=Steps(on_step))
     assert not dist.is_initialized()
 
 
@@ -629,7 +630,7 @@ def test_the_synced_module_answers_for_the_module(runtime):
 
 @pytest.mark.gpu
 def test_a_world_of_one_on_cuda_moves_inputs_to_its_device_as_ddp_does():
-    rt = join(World(), timeout=30, on_step=lambda: None)
+    rt = join(World(), timeout=30, steps=Steps(lambda: None))
     try:
         synced = rt.sync_model(_net(0, 3, 2), {})
         assert type(synced) is SoloModule
@@ -641,7 +642,7 @@ def test_a_world_of_one_on_cuda_moves_inputs_to_its_device_as_ddp_does():
 
 @pytest.mark.gpu
 def test_a_world_of_one_puts_the_process_on_its_cuda_device():
-    rt = join(World(), timeout=30, on_step=lambda: None)
+    rt = join(World(), timeout=30, steps=Steps(lambda: None))
     try:
         # One process: no group (nccl is for several), the device is cuda:<local_rank>.
         assert rt.backend is None and rt.device == torch.device("cuda", 0)
