@@ -374,19 +374,13 @@ class Dense(Craft):
         return self.fc(x.movedim(self.axis, -1)).movedim(-1, self.axis)
 
 
-class _Pool(Craft):
-    """Nebulae's pools: zero padding, then the dock's pool named by `kind`.
+def _pool_init(scope: str) -> Callable[..., None]:
+    """A pool's ``__init__`` with Nebulae's signature, `scope` defaulting to the class's own."""
 
-    A negative kernel size pools the whole map; stride 2 by default; `scope` None is the
-    class's own.
-    """
-
-    kind, default_scope = "Max", "MPOOL"
-
-    def __init__(
-        self, kernel: tuple[int, ...], stride: Any = 2, padding: Any = 0, scope: str | None = None
+    def __init__(  # noqa: N807 - it becomes the class's own __init__
+        self: _Pool, kernel: tuple[int, ...], stride: Any = 2, padding: Any = 0, scope: str = scope
     ) -> None:
-        super().__init__(self.default_scope if scope is None else scope)
+        Craft.__init__(self, scope)
         kernel = _kernel(kernel)
         self.dim = len(kernel)
         self.is_global = kernel[-1] < 0  # Nebulae: a negative size pools the whole map
@@ -398,6 +392,21 @@ class _Pool(Craft):
         else:
             self.pool = getattr(_dock, f"{self.kind}Pool")(kernel, stride=stride)
 
+    return __init__
+
+
+class _Pool(Craft):
+    """Nebulae's pools: zero padding, then the dock's pool named by `kind`.
+
+    A negative kernel size pools the whole map; stride 2 by default.
+    """
+
+    kind: str
+    dim: int
+    is_global: bool
+    pads: Any
+    pool: Any
+
     def run(self, x: Any) -> Any:
         if any(lo or hi for lo, hi in self.pads):
             x = _dock.pad(x, self.pads)  # zeros, as Nebulae's ConstantPad
@@ -407,13 +416,17 @@ class _Pool(Craft):
 
 
 class MaxPool(_Pool):
-    """Nebulae's MaxPool: zero padding (not -inf), then ``dock.MaxPool``; scope ``'MPOOL'``."""
+    """Nebulae's MaxPool: zero padding (not -inf), then ``dock.MaxPool``."""
+
+    kind = "Max"
+    __init__ = _pool_init("MPOOL")
 
 
 class AvgPool(_Pool):
     """Nebulae's AvgPool: zero padding (counted in the mean), then ``dock.AvgPool``."""
 
-    kind, default_scope = "Avg", "APOOL"
+    kind = "Avg"
+    __init__ = _pool_init("APOOL")
 
 
 def Reshape(scope: str = "RESHAPE") -> Any:  # noqa: N802 - Nebulae's class name
@@ -613,37 +626,38 @@ class _Optimizer:
         self.optz.load_state_dict(state)
 
 
-class _MomentOptimizer(_Optimizer):
-    """Nebulae's optimizers with one moment (`mmnt`): its signature, held once.
+def _moment_init(mmnt: float, scope: str) -> Callable[..., None]:
+    """A one-moment optimizer's ``__init__``: Nebulae's signature, with the class's defaults.
 
-    `mmnt` and `scope` left None take the class's own defaults (Nebulae's), so every
-    argument may also be given by position, as Nebulae's own signatures allow.
+    Held once for Momentum, Nesterov and RMSProp, so that every argument may be given by
+    position (as Nebulae's own signatures allow) and ``help()`` shows each class's defaults.
     """
 
-    default_mmnt, default_scope = 0.9, "MOMENTUM"
-
-    def __init__(
-        self,
+    def __init__(  # noqa: N807 - it becomes the class's own __init__
+        self: _MomentOptimizer,
         hull: Any,
         lr: float,
-        mmnt: float | None = None,
+        mmnt: float = mmnt,
         wd: float = 0,
         lr_decay: Any = None,
         warmup: int = 0,
         grad_limit: float = -1,
         grad_accum: int = 1,
         update_scope: Any = None,
-        scope: str | None = None,
+        scope: str = scope,
         lr_params: Any = None,
     ) -> None:
-        moment = self.default_mmnt if mmnt is None else mmnt
-
         def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-            return self.torch_optimizer(params, lr, moment, wd)
+            return self.torch_optimizer(params, lr, mmnt, wd)
 
-        scope = self.default_scope if scope is None else scope
-        super().__init__(hull, make, lr_decay, warmup, grad_limit, grad_accum, update_scope,
-                         scope, lr_params)  # fmt: skip
+        _Optimizer.__init__(self, hull, make, lr_decay, warmup, grad_limit, grad_accum,
+                            update_scope, scope, lr_params)  # fmt: skip
+
+    return __init__
+
+
+class _MomentOptimizer(_Optimizer):
+    """Nebulae's optimizers with one moment (`mmnt`): the torch optimizer each makes."""
 
     def torch_optimizer(
         self, params: list[nn.Parameter], lr: float, mmnt: float, wd: float
@@ -657,7 +671,7 @@ class Momentum(_MomentOptimizer):
     Args:
         hull: the model (a Craft or module) whose parameters it updates.
         lr: the learning rate.
-        mmnt: momentum (None: 0.9).
+        mmnt: momentum.
         wd: weight decay.
         lr_decay: None, a schedule (``StepLR(period, factor)``) or ``STEP`` with `lr_params`.
         warmup: steps of Nebulae's warm-up (the rate 0 for two steps, then rising to `lr`
@@ -665,11 +679,12 @@ class Momentum(_MomentOptimizer):
         grad_limit: clip each gradient element to ±grad_limit before a step (<= 0: off).
         grad_accum: backward passes per step.
         update_scope: a part path ('net/fc') or a list of them: update only those.
-        scope: the optimizer's name (None: ``'MOMENTUM'``).
+        scope: the optimizer's name.
         lr_params: (period, factor) for ``lr_decay=STEP``.
     """
 
     nesterov = False
+    __init__ = _moment_init(0.9, "MOMENTUM")
 
     def torch_optimizer(
         self, params: list[nn.Parameter], lr: float, mmnt: float, wd: float
@@ -680,15 +695,16 @@ class Momentum(_MomentOptimizer):
 
 
 class Nesterov(Momentum):
-    """SGD with Nesterov momentum; Momentum's arguments (scope None: ``'NESTEROV'``)."""
+    """SGD with Nesterov momentum; Momentum's arguments."""
 
-    nesterov, default_scope = True, "NESTEROV"
+    nesterov = True
+    __init__ = _moment_init(0.9, "NESTEROV")
 
 
 class RMSProp(_MomentOptimizer):
-    """``torch.optim.RMSprop``; Momentum's arguments (None: `mmnt` 0, scope ``'RMSPROP'``)."""
+    """``torch.optim.RMSprop``; Momentum's arguments, `mmnt` 0 by default (Nebulae's)."""
 
-    default_mmnt, default_scope = 0.0, "RMSPROP"
+    __init__ = _moment_init(0.0, "RMSPROP")
 
     def torch_optimizer(
         self, params: list[nn.Parameter], lr: float, mmnt: float, wd: float
@@ -696,17 +712,11 @@ class RMSProp(_MomentOptimizer):
         return torch.optim.RMSprop(params, lr=lr, momentum=mmnt, weight_decay=wd)
 
 
-class Adam(_Optimizer):
-    """``torch.optim.Adam`` with betas ``(mmnt1, mmnt2)``; the other arguments are Momentum's.
+def _adam_init(scope: str) -> Callable[..., None]:
+    """Adam's and AdamW's ``__init__``: Nebulae's signature, with the class's scope."""
 
-    `scope` None is the class's name (``'ADAM'``, ``'ADAMW'``); every argument may be given
-    by position, as Nebulae's signature allows.
-    """
-
-    decoupled, default_scope = False, "ADAM"
-
-    def __init__(
-        self,
+    def __init__(  # noqa: N807 - it becomes the class's own __init__
+        self: Adam,
         hull: Any,
         lr: float,
         mmnt1: float = 0.9,
@@ -717,7 +727,7 @@ class Adam(_Optimizer):
         grad_limit: float = -1,
         grad_accum: int = 1,
         update_scope: Any = None,
-        scope: str | None = None,
+        scope: str = scope,
         lr_params: Any = None,
     ) -> None:
         kind = torch.optim.AdamW if self.decoupled else torch.optim.Adam
@@ -725,15 +735,24 @@ class Adam(_Optimizer):
         def make(params: list[nn.Parameter]) -> torch.optim.Optimizer:
             return kind(params, lr=lr, betas=(mmnt1, mmnt2), weight_decay=wd)
 
-        scope = self.default_scope if scope is None else scope
-        super().__init__(hull, make, lr_decay, warmup, grad_limit, grad_accum, update_scope,
-                         scope, lr_params)  # fmt: skip
+        _Optimizer.__init__(self, hull, make, lr_decay, warmup, grad_limit, grad_accum,
+                            update_scope, scope, lr_params)  # fmt: skip
+
+    return __init__
+
+
+class Adam(_Optimizer):
+    """``torch.optim.Adam`` with betas ``(mmnt1, mmnt2)``; the other arguments are Momentum's."""
+
+    decoupled = False
+    __init__ = _adam_init("ADAM")
 
 
 class AdamW(Adam):
     """``torch.optim.AdamW`` (decoupled weight decay); Adam's arguments."""
 
-    decoupled, default_scope = True, "ADAMW"
+    decoupled = True
+    __init__ = _adam_init("ADAMW")
 
 
 class WarmUp:

@@ -342,6 +342,31 @@ def test_optimizers_take_nebulaes_arguments_by_position(name, moments, wd, accum
     assert group.get("nesterov", False) == (name == "Nesterov")
 
 
+@pytest.mark.parametrize("name", sorted(NEBULAE_OPTIMIZERS))
+def test_optimizer_signatures_are_nebulaes(name):
+    """help() shows Nebulae's parameters, in its order, with its defaults; None stays None."""
+    import inspect
+
+    defaults, scope, _ = NEBULAE_OPTIMIZERS[name]
+    params = inspect.signature(getattr(dock, name)).parameters
+    moments = ["mmnt"] if len(defaults) == 1 else ["mmnt1", "mmnt2"]
+    nebulae = ["hull", "lr", *moments, "wd", "lr_decay", "warmup", "grad_limit", "grad_accum",
+               "update_scope", "scope"]  # fmt: skip
+    assert list(params)[: len(nebulae)] == nebulae  # then dualtrain's lr_params
+    assert tuple(params[m].default for m in moments) == defaults
+    assert params["scope"].default == scope
+    assert getattr(dock, name)(dock.Dense(3, 1), 0.1, scope=None).scope is None  # as Nebulae's
+
+
+def test_pool_signatures_are_nebulaes():
+    import inspect
+
+    for cls, scope in ((dock.MaxPool, "MPOOL"), (dock.AvgPool, "APOOL")):
+        params = inspect.signature(cls).parameters
+        assert list(params) == ["kernel", "stride", "padding", "scope"]
+        assert params["scope"].default == scope and cls((2, 2)).scope == scope
+
+
 # ---- the Craft -------------------------------------------------------------------------
 
 
