@@ -162,7 +162,8 @@ class Setting(Generic[T]):
     ) -> None:
         self.writable, self.of = writable, of
         self.name = ""
-        self.__doc__ = doc  # what help() shows for the attribute
+        if doc is not None:
+            self.__doc__ = doc  # what help() shows for the attribute (else the class's)
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name

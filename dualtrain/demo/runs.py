@@ -20,7 +20,7 @@ from dualtrain.embeddings import EmbeddingStore
 __all__ = ["Factorization", "Sweep"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays inside: identity, as a plain object
 class Sweep:
     """A learning-rate sweep: ``len(lrs)`` copies of `craft` trained as one BatchModule."""
 
@@ -44,7 +44,7 @@ class Sweep:
         return len(self.lrs)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays inside: identity, as a plain object
 class Factorization:
     """One training run of the demo's factorization model: the observations and settings.
 

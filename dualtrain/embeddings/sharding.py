@@ -140,7 +140,8 @@ class Wire:
 
     def unpack(self, data: np.ndarray) -> np.ndarray:
         """The rows whose bytes `data` holds (uint8 [n, width]): [n, *trail], a view."""
-        return data.view(self.dtype).reshape(-1, *self.trail)
+        # By its row count: a row of no bytes (a 0 in `trail`) leaves -1 undetermined.
+        return data.view(self.dtype).reshape(len(data), *self.trail)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,11 +61,10 @@ COUNTS = (
 
 def check_count(name: str, value: object, low: int) -> int:
     """`value` as an int >= `low` (NumPy ints taken, bools refused), else ArgumentError."""
-    if isinstance(value, np.integer):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise bad_argument(name, value, f"an int >= {low}")
-    return value
+    number = int(value) if isinstance(value, np.integer) else value
+    if isinstance(number, bool) or not isinstance(number, int) or number < low:
+        raise bad_argument(name, value, f"an int >= {low}")  # the value as given
+    return number
 
 
 class PreloadCache:
