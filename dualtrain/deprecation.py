@@ -20,6 +20,7 @@ __all__ = [
     "SEED_SPELLINGS",
     "moved",
     "moved_attribute",
+    "seed_spellings",
     "moved_modules",
     "moved_names",
     "positional_deprecated",
@@ -236,3 +237,15 @@ def moved_attribute(module: str, name: str, names: tuple[str, ...]) -> Any:
     home, attribute, new = SEED_SPELLINGS[name]
     moved(f"{module}.{name}", new, stacklevel=4)
     return getattr(importlib.import_module(home), attribute)
+
+
+def seed_spellings(module: str, names: tuple[str, ...]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving `names` (its moved `SEED_SPELLINGS`) with a warning.
+
+    ``__getattr__ = seed_spellings(__name__, ("Craft",))`` in the module that exported them.
+    """
+
+    def __getattr__(name: str) -> Any:  # noqa: N807 - it becomes the module's own __getattr__
+        return moved_attribute(module, name, names)
+
+    return __getattr__

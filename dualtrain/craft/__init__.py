@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from dualtrain.craft import dock
 from dualtrain.craft.binding import NotRealizedError
 from dualtrain.craft.craft import Craft
 from dualtrain.craft.padding import autopad
 from dualtrain.craft.params import ParamSpec
 from dualtrain.craft.reference import reference_forward
+from dualtrain.deprecation import seed_spellings
 
 __all__ = [
     "Craft",
@@ -21,11 +20,4 @@ __all__ = [
 ]
 
 # Seed spellings served with a warning (dualtrain.deprecation.SEED_SPELLINGS).
-_MOVED = ("autoPad",)
-
-
-def __getattr__(name: str) -> Any:
-    """Nebulae's ``autoPad``, moved to the compat namespace: here with a DeprecationWarning."""
-    from dualtrain.deprecation import moved_attribute
-
-    return moved_attribute(__name__, name, _MOVED)
+__getattr__ = seed_spellings(__name__, ("autoPad",))

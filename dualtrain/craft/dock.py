@@ -29,8 +29,6 @@ kind; this module is their public home.
 
 from __future__ import annotations
 
-from typing import Any
-
 from dualtrain.craft import ops
 from dualtrain.craft.ops import (  # the functional ops live in dock too: dock.relu(x)
     accuracy as accuracy,
@@ -60,6 +58,7 @@ from dualtrain.craft.specs.pool import (
     MaxPool as MaxPool,
 )
 from dualtrain.craft.specs.shape import Flatten as Flatten, Reshape as Reshape
+from dualtrain.deprecation import seed_spellings
 
 __all__ = [
     "AvgPool",
@@ -82,11 +81,4 @@ __all__ = [
 ]
 
 # Seed spellings served with a warning (dualtrain.deprecation.SEED_SPELLINGS).
-_MOVED = ("Craft",)
-
-
-def __getattr__(name: str) -> Any:
-    """``dock.Craft`` (Nebulae's spelling) with a DeprecationWarning naming the new path."""
-    from dualtrain.deprecation import moved_attribute
-
-    return moved_attribute(__name__, name, _MOVED)
+__getattr__ = seed_spellings(__name__, ("Craft",))

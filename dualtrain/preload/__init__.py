@@ -10,8 +10,7 @@ neither torch nor JAX (their pinned staging is each adapter's ``preload`` module
 
 from __future__ import annotations
 
-from typing import Any
-
+from dualtrain.deprecation import seed_spellings
 from dualtrain.preload.budget import DEFAULT_FRACTION, available_memory, default_budget
 from dualtrain.preload.cache import PreloadCache
 from dualtrain.preload.copies import fresh
@@ -32,14 +31,10 @@ __all__ = [
 ]
 
 # Seed spellings served with a warning (dualtrain.deprecation.SEED_SPELLINGS).
-_MOVED = (
-    "NebulDataset",
-    "patch_dataset",
+__getattr__ = seed_spellings(
+    __name__,
+    (
+        "NebulDataset",
+        "patch_dataset",
+    ),
 )
-
-
-def __getattr__(name: str) -> Any:
-    """The spellings of nebulgym, moved to the compat namespace: here with a DeprecationWarning."""
-    from dualtrain.deprecation import moved_attribute
-
-    return moved_attribute(__name__, name, _MOVED)
