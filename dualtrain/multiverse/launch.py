@@ -7,7 +7,9 @@ result, or an error with its step and traceback) and leads a process group of it
 (`own_group`) so that stopping it stops its children (`stop_groups`); it watches its parent
 and exits when the parent is gone (`watch_parent`), and once reported it ends with status 0
 whatever its teardown does (`exit_soon`). The launching process sees each worker end, in
-order (`ExitWatch`), and names the first cause's rank and step (`failure_error`).
+order (`ExitWatch`), stops a worker that reported its result but hangs on its way out
+(`ReportWatch`: its ``exit_soon`` cannot run while a teardown holds the GIL), and names the
+first cause's rank and step (`failure_error`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "GRACE",
     "ExitWatch",
     "FileReport",
+    "ReportWatch",
     "check_class",
     "check_picklable",
     "end_group",
@@ -46,8 +49,8 @@ __all__ = [
 ]
 
 GRACE = 5.0  # seconds a terminated worker gets before SIGKILL
-# Reentrant: an agent sets each worker's own variables inside the run's (`environment`).
-_ENV_LOCK = threading.RLock()
+# Held only while workers start (`environment`): two launches in one process do not mix.
+_ENV_LOCK = threading.Lock()
 
 
 def check_picklable(universe: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -210,6 +213,8 @@ def failure_error(
 
 
 def _death(code: int) -> str:
+    if code == 0:
+        return "exited without a result"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -355,3 +360,98 @@ class ExitWatch:
     def of(self, attempt: int) -> dict[int, tuple[int, int | None]]:
         """The ranks of `attempt` seen ending: rank -> (order, exit code or None)."""
         return {rank: end for (a, rank), end in self.ended.items() if a == attempt}
+
+
+class ReportWatch:
+    """Watches the run's reports while the agent runs: ends what an agent would wait on.
+
+    A worker that has reported its result has done its work, and its own `exit_soon` ends
+    it GRACE later; but a teardown that holds the GIL (an ``atexit`` handler in a C loop)
+    keeps that thread from running, and an agent would wait for it forever. One still alive
+    GRACE (and a second, for its own exit to come first) after its result was seen gets
+    SIGTERM to its group, another GRACE later SIGKILL. Its end is no failure, whatever its
+    exit code (`finished`): both agents, and Multiverse, ask.
+
+    A worker that ended without any report and not by a code an agent counts (status 0, or
+    reaped before it was seen) failed: every other worker of its attempt is stopped
+    (SIGTERM to its group), so that an agent that waits for every worker's return value
+    (torch's) sees a failure and returns.
+    """
+
+    PERIOD = 0.1
+    LATE = 1.0  # seconds past GRACE: the worker's own exit (status 0) comes first if it can
+
+    def __init__(self, folder: Path, beats: Any) -> None:
+        self.folder, self.beats = folder, beats
+        self._seen: dict[tuple[int, int], float] = {}  # (attempt, rank) -> result seen at
+        self._done: set[tuple[int, int]] = set()  # nothing more to do for these
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dualtrain-reports", daemon=True)
+
+    def __enter__(self) -> ReportWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def finished(self, attempt: int, rank: int) -> bool:
+        """Whether rank `rank` reported its result in `attempt` (its end is then no failure)."""
+        report = read_report(self.folder, attempt, rank)
+        return report is not None and report[0] == "result"
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.PERIOD):
+            self.poll()
+
+    def poll(self) -> None:
+        """Signals the reported workers that outstayed their grace, and the peers of a mute end."""
+        now = time.monotonic()
+        beats = [b for b in self.beats.read() if b.pid]
+        for beat in beats:
+            key = (beat.attempt, beat.rank)
+            if key in self._done:
+                continue
+            if key not in self._seen:
+                if FileReport(self.folder, *key).path.exists():
+                    if self.finished(*key):
+                        self._seen[key] = now
+                    else:
+                        self._done.add(key)  # an error: its agent sees it fail
+                    continue
+                code = _ended(beat.pid)
+                if code is False:
+                    continue
+                self._done.add(key)
+                if code in (0, None) and not FileReport(self.folder, *key).path.exists():
+                    for peer in beats:
+                        if peer.attempt == beat.attempt and peer.rank != beat.rank:
+                            with contextlib.suppress(ProcessLookupError, PermissionError):
+                                os.killpg(peer.pid, signal.SIGTERM)
+                continue
+            late = now - self._seen[key] - self.LATE
+            if late < GRACE or _ended(beat.pid) is not False:
+                continue
+            kill = late >= 2 * GRACE
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(beat.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            if kill:
+                self._done.add(key)
+
+
+def _ended(pid: int) -> int | bool | None:
+    """False while this process's child `pid` runs, then its exit code, or None if reaped.
+
+    A negative code: killed by that signal; None: reaped before this asked.
+    """
+    if not hasattr(os, "waitid"):  # macOS: its group still alive
+        return False if _group_alive(pid) else None
+    try:
+        seen = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already
+        return None
+    if seen is None:
+        return False
+    killed = seen.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+    return -seen.si_status if killed else seen.si_status

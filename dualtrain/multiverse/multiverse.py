@@ -28,10 +28,10 @@ from dualtrain.multiverse.launch import (
     GRACE,
     ExitWatch,
     FileReport,
+    ReportWatch,
     check_class,
     check_picklable,
     end_group,
-    environment,
     exit_soon,
     failure_error,
     own_group,
@@ -255,22 +255,33 @@ class Multiverse:
         }  # fmt: skip
 
     def _launch(self, args: tuple[Any, ...], run: Path, beats: Beats, watchdog: Watchdog) -> Any:
-        """Launches the workers through the adapter's agent; rank 0's result, or WorkerError."""
+        """Launches the workers through the adapter's agent; rank 0's result, or WorkerError.
+
+        The run succeeds when every worker of its last attempt reported its result: one that
+        exited with status 0 without a word failed; one stopped after its result came
+        (`ReportWatch`) did not.
+        """
         n, traits = self._processes, self._traits
         local = 0 if traits.one_process_per_device else self._requested // n
         env = {**run_environment(n, local, traits.host_devices), RUN: str(run)}
+        reported = ReportWatch(run, beats)
         # The class's own, so a subclass (the Nebulae compat's) is what each worker runs.
         job = Launch(type(self)._work, (self.universe, self._config(), args), n,
-                     self.max_restarts, self.timeout, str(run / "agent"))  # fmt: skip
-        with environment(env), ExitWatch(beats) as exits:
+                     self.max_restarts, self.timeout, str(run / "agent"), env,
+                     reported.finished)  # fmt: skip
+        with ExitWatch(beats) as exits, reported:
             failed = traits.agent(job)
         attempt = _attempt(beats)
+        failed = {r: code for r, code in failed.items() if not reported.finished(attempt, r)}
         if not failed:
-            report = read_report(run, attempt, 0)
-            if report is not None and report[0] == "result":
+            missing = [r for r in range(n) if not reported.finished(attempt, r)]
+            if not missing:
+                report = read_report(run, attempt, 0)
+                assert report is not None
                 return report[2]
-            # rank 0's result could not be sent (an error report), or none came
-            raise failure_error(run, attempt, n, {0: 0}, beats.__getitem__)
+            # a result that could not be sent (an error report), or none came
+            raise failure_error(run, attempt, n, dict.fromkeys(missing, 0), beats.__getitem__,
+                                ended=exits.of(attempt))  # fmt: skip
         verdict = watchdog.verdict
         first = None
         if verdict is not None and verdict.attempt == attempt:

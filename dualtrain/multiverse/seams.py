@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dualtrain import backends
@@ -34,10 +34,12 @@ class Launch:
     """A run's workers on this host, as Multiverse asks an adapter's `Agent` to start them.
 
     The agent runs ``target(*args)`` in each of `processes` workers, started with the ``spawn``
-    method, with the launching process's environment, torchrun's variables (``RANK``,
-    ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)
-    and their attempt (`World.restart_count`); it watches them, stops every worker at the
-    first failure and, `max_restarts` times at most, starts them all again.
+    method, with the launching process's environment and `environment` added to it,
+    torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``) and their attempt (`World.restart_count`); it watches
+    them, stops every worker at the first failure and, `max_restarts` times at most, starts
+    them all again. A worker that is `finished` has done its work: its end, whatever its exit
+    code (Multiverse may have stopped it, hung on its way out), is no failure.
 
     Attributes:
         target: the worker body (spawned: it must be importable by name).
@@ -46,6 +48,10 @@ class Launch:
         max_restarts: times every worker is started again after one failed.
         timeout: seconds the workers may take to meet, where the agent has a rendezvous.
         log_dir: a folder the agent may keep its own files in.
+        environment: the run's variables, set in each worker's environment before it starts
+            (set in ``os.environ`` while a worker starts, under `launch.environment`'s lock,
+            and only then: the launching process's own environment is the user's).
+        finished: ``finished(attempt, rank)``: whether that worker reported its result.
     """
 
     target: Callable[..., Any]
@@ -54,6 +60,8 @@ class Launch:
     max_restarts: int
     timeout: float
     log_dir: str
+    environment: Mapping[str, str]
+    finished: Callable[[int, int], bool]
 
 
 # An adapter's way to launch a run's workers (`DistributedTraits.agent`): it returns {} when
@@ -83,19 +91,20 @@ class DistributedTraits:
         joins_early: the process joins before the universe runs (a runtime that can join
             only before it computes anything), else at `init` or its first need.
         agent: how the framework launches and supervises a run's workers (`Agent`): `mv()`
-            launches through it.
+            launches through it. Keyword-only (and required), so that the positional
+            fields keep the places they had before it.
     """
 
     name: str
     engines: tuple[str, ...]
     engines_hint: str
-    agent: Agent
     one_process_per_device: bool = False
     host_devices: bool = False
     coordinator: bool = False
     sync_options: tuple[str, ...] = ()
     wraps_models: bool = False
     joins_early: bool = False
+    agent: Agent = field(kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,8 @@ def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
 def run_environment(processes: int, local_devices: int, host_devices: bool) -> dict[str, str]:
     """The variables every worker of a run of `processes` that Multiverse launches starts with.
 
-    Set in the launching process around its agent, whose workers inherit them: the devices
+    Handed to the adapter's agent (`Launch.environment`), which sets them in each worker's
+    environment before it starts (not in the launching process's for the run): the devices
     each process drives (0: one); with `host_devices`, the XLA flag asking for as many host
     devices; gloo quiet; the cores shared, not multiplied.
     """

@@ -28,10 +28,10 @@ TRAITS = DistributedTraits(
     name="JAX",
     engines=("jit", "pmap"),
     engines_hint="'jit' or 'pmap'",
-    agent=launch,
     host_devices=True,
     coordinator=True,
     joins_early=True,
+    agent=launch,
 )
 
 

@@ -2,9 +2,12 @@
 
 `launch`, the adapter's `TRAITS.agent`, is the agent JAX lacks: it starts a `Launch`'s workers
 with the ``spawn`` method (never ``fork``: a forked copy of a process that has JAX's threads
-running can deadlock), each with torchrun's variables, its attempt and the address of a
-``jax.distributed`` coordinator on a free localhost port in its environment. It waits on every
-worker's process sentinel at once. At the first worker that fails (an error it reported
+running can deadlock), each with the run's variables (`Launch.environment`), torchrun's, its
+attempt and the address of a ``jax.distributed`` coordinator on a free localhost port in its
+environment: set in ``os.environ`` while the worker starts, and only then. It waits on every
+worker's process sentinel at once; a worker that reported its result ends with no failure
+(`Launch.finished`: Multiverse stops one that hangs on its way out). At the first worker that
+fails (an error it reported
 exits with status 1; a crash, a SIGKILL, ends it without a word) it waits a moment for the
 peers whose collectives fail because of it, then terminates the others (SIGTERM, then SIGKILL
 after a grace period), reaps every process and, with restarts left, starts them all again.
@@ -19,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -65,16 +69,20 @@ def _attempt(job: Launch, attempt: int) -> dict[int, int]:
             procs.append(proc)  # before it starts: a Ctrl-C now still stops it
             # The variables must be in the worker's environment before its first import (a
             # script importing JAX at its top reads XLA_FLAGS then), so they are set here,
-            # under the lock of the run's own, and restored at once.
-            with environment({**env, **coordinator}):
+            # under a lock, and restored at once: the run's, the rank's, the coordinator's.
+            with environment({**job.environment, **env, **coordinator}):
                 proc.start()
-        return _supervise(procs)
+        return _supervise(procs, lambda rank: job.finished(attempt, rank))
     finally:
         _stop(procs)
 
 
-def _supervise(procs: list[Any]) -> dict[int, int]:
-    """Waits until every worker has ended, or until `_COLLECT` after the first failure."""
+def _supervise(procs: list[Any], finished: Callable[[int], bool]) -> dict[int, int]:
+    """Waits until every worker has ended, or until `_COLLECT` after the first failure.
+
+    A rank that is `finished` (it reported its result) ends with no failure, whatever its
+    exit code: Multiverse stops one that hangs on its way out (`ReportWatch`).
+    """
     alive = {proc.sentinel: rank for rank, proc in enumerate(procs)}
     failed: dict[int, int] = {}
     deadline: float | None = None
@@ -83,7 +91,7 @@ def _supervise(procs: list[Any]) -> dict[int, int]:
         for sentinel in wait(list(alive), timeout):
             rank = alive.pop(sentinel)
             procs[rank].join()
-            if procs[rank].exitcode != 0:
+            if procs[rank].exitcode != 0 and not finished(rank):
                 failed[rank] = procs[rank].exitcode
         if failed and deadline is None:
             deadline = time.monotonic() + _COLLECT

@@ -27,7 +27,6 @@ TRAITS = DistributedTraits(
     name="torch",
     engines=("jit",),
     engines_hint="'jit' (DDP) under torch",
-    agent=launch,
     one_process_per_device=True,
     sync_options=(
         "bucket_cap_mb",
@@ -37,6 +36,7 @@ TRAITS = DistributedTraits(
         "static_graph",
     ),
     wraps_models=True,
+    agent=launch,
 )
 
 

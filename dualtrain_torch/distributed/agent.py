@@ -7,8 +7,11 @@ rendezvous on 127.0.0.1, starts the workers with torchrun's variables (``RANK``,
 ``TORCHELASTIC_RESTART_COUNT`` ...), watches them, stops every worker at the first failure and,
 with restarts left, starts them all again. What the workers report (rank 0's result, an
 error's step and traceback) travels through the run's folder (`dualtrain.multiverse.launch`),
-not through the agent: it passes on exit codes only. torch is imported by `launch` alone, so
-the traits that name it import none.
+not through the agent: it passes on exit codes only (a worker that reported its result and
+that Multiverse stopped as it hung on its way out is one the agent counts as failed, and
+Multiverse does not). The run's variables (`Launch.environment`) are in
+``os.environ`` while the agent runs, as the workers it starts inherit it. torch is imported by
+`launch` alone, so the traits that name it import none.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from dualtrain.multiverse.launch import environment
 from dualtrain.multiverse.seams import Launch
 from dualtrain.multiverse.world import free_port
 
@@ -63,7 +67,7 @@ def launch(job: Launch) -> dict[int, int]:
         logs_specs=DefaultLogsSpecs(log_dir=job.log_dir),
     )
     try:
-        with _quiet(), _handlers_kept():
+        with environment(job.environment), _quiet(), _handlers_kept():
             elastic_launch(config, job.target)(*job.args)
     except ChildFailedError as err:
         return {int(rank): int(failure.exitcode) for rank, failure in err.failures.items()}

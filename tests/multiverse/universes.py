@@ -130,3 +130,35 @@ def fails_every_attempt(mv: Any, folder: str) -> None:
         raise ValueError(f"attempt {mv.restart_count} fails")
     while True:
         time.sleep(0.05)
+
+
+def holds_the_gil_on_exit(mv: Any, folder: str) -> Any:
+    """Returns, then an ``atexit`` handler holds the GIL for many minutes (a regular
+    expression backtracking in C): the worker's own `exit_soon` thread cannot run."""
+    import atexit
+    import re
+
+    _note(mv, folder)
+    atexit.register(re.match, r"(a+)+$", "a" * 34 + "!")
+    return mv.rank
+
+
+def exits_without_a_result(mv: Any, folder: str) -> Any:
+    """Rank 1 exits with status 0 without a word; rank 0 returns 3 seconds later."""
+    _note(mv, folder)
+    if mv.rank == 1:
+        os._exit(0)
+    time.sleep(3)
+    return mv.rank
+
+
+def holds_the_run(mv: Any, folder: str) -> Any:
+    """Rank 0 tells it runs (file ``running``), then waits for ``checked`` (a minute at most);
+    returns the run's variables as the worker saw them."""
+    _note(mv, folder)
+    if mv.rank == 0:
+        (Path(folder) / "running").touch()
+        end = time.monotonic() + 60
+        while not (Path(folder) / "checked").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+    return {k: os.environ.get(k) for k in ("DUALTRAIN_MULTIVERSE_RUN", "XLA_FLAGS")}

@@ -1,0 +1,92 @@
+"""What the core keeps of a launched run under either adapter's agent.
+
+A worker that reported its result and hangs on its way out is stopped; a worker that exits
+without one fails the run; the run's variables reach the workers, not the launching process;
+`DistributedTraits` keeps its positional fields.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dualtrain import Multiverse, WorkerError
+from dualtrain.multiverse import launch
+from dualtrain.multiverse.heartbeat import RUN
+from dualtrain.multiverse.seams import DistributedTraits
+from dualtrain.multiverse.world import SPAWNED
+from tests.multiverse import universes
+from tests.multiverse.test_launch import gone, records
+
+BACKENDS = pytest.mark.parametrize(
+    "options", [{}, {"backend": "jax", "processes": 2}], ids=["torch", "jax"]
+)
+# Far below the many minutes the handler holds the GIL; far above a busy machine's spawns.
+BOUND = 150.0
+RUN_VARIABLES = (SPAWNED, RUN, "XLA_FLAGS", "OMP_NUM_THREADS", "TORCH_CPP_LOG_LEVEL", "RANK")
+
+
+@BACKENDS
+def test_a_reported_worker_holding_the_gil_on_its_way_out_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    monkeypatch.setattr(launch, "GRACE", 0.5)  # the launching process's grace (SIGTERM, SIGKILL)
+    start = time.monotonic()
+    assert Multiverse(universes.holds_the_gil_on_exit, 2, **options)(str(tmp_path)) == 0
+    assert time.monotonic() - start < BOUND
+    assert all(gone(r["pid"]) for r in records(tmp_path, 2))
+
+
+@BACKENDS
+def test_a_worker_that_exits_without_a_result_fails_the_run(
+    tmp_path: Path, options: dict[str, Any]
+) -> None:
+    with pytest.raises(WorkerError, match="rank 1 failed at step 0: exited without a result"):
+        Multiverse(universes.exits_without_a_result, 2, **options)(str(tmp_path))
+    assert all(gone(r["pid"]) for r in records(tmp_path, 2))
+
+
+def test_a_jax_run_sets_its_variables_only_while_its_workers_start(tmp_path: Path) -> None:
+    before = dict(os.environ)
+    seen: dict[str, Any] = {}
+
+    def check() -> None:
+        end = time.monotonic() + BOUND
+        while not (tmp_path / "running").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        seen["changed"] = [k for k in RUN_VARIABLES if os.environ.get(k) != before.get(k)]
+        other = threading.Event()  # another launch may start its workers meanwhile
+
+        def launch_another() -> None:
+            with launch.environment({"DUALTRAIN_TEST_OTHER": "1"}):
+                other.set()
+
+        threading.Thread(target=launch_another, daemon=True).start()
+        seen["lock free"] = other.wait(10)
+        (tmp_path / "checked").touch()
+
+    checker = threading.Thread(target=check)
+    checker.start()
+    try:
+        result = Multiverse(universes.holds_the_run, 2, backend="jax", processes=2)(str(tmp_path))
+    finally:
+        (tmp_path / "checked").touch()
+        checker.join()
+    assert seen == {"changed": [], "lock free": True}
+    assert result[RUN] is not None and "device_count=1" in result["XLA_FLAGS"]  # the workers'
+    assert dict(os.environ) == before
+
+
+def test_distributed_traits_keep_their_positional_fields_with_the_agent_by_keyword() -> None:
+    def agent(job: Any) -> dict[int, int]:
+        return {}
+
+    traits = DistributedTraits("x", ("jit",), "'jit'", True, agent=agent)
+    assert (traits.one_process_per_device, traits.agent) == (True, agent)
+    with pytest.raises(TypeError):
+        DistributedTraits("x", ("jit",), "'jit'", True)  # type: ignore[call-arg]
