@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -271,17 +272,30 @@ def environment(values: Mapping[str, str]) -> Iterator[None]:
 
 
 def exit_soon(after: float) -> None:
-    """Ends this process with status 0: `after` seconds from now, or once it exits, if sooner.
+    """Ends this process with status 0 once it exits, its teardown given `after` seconds.
 
     For a worker that has reported its result: a teardown that hangs or fails (a
     framework's, an ``atexit`` handler, multiprocessing's own finalizers, which turn an
     error into status 1) must not make its launcher wait, nor count as a failure. At exit
     the other ``atexit`` handlers still run, in their order, then the process ends with
-    status 0 without the interpreter's finalization.
+    status 0 without the interpreter's finalization; if they take longer than `after`
+    seconds, it ends then.
+
+    The clock starts at exit, not at the report: until its function has returned, a worker
+    may wait on its agent (torch's hands each return value over and waits until every rank
+    has returned), and ending it there would leave the agent waiting for it.
     """
+
+    def end() -> None:
+        time.sleep(after)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
 
     def last() -> None:  # registered last, so it runs first
         atexit.unregister(last)
+        threading.Thread(target=end, name="dualtrain-exit-soon", daemon=True).start()
         try:
             atexit._run_exitfuncs()  # the others, in their order; their errors are printed
         finally:
@@ -291,15 +305,6 @@ def exit_soon(after: float) -> None:
             os._exit(0)
 
     atexit.register(last)
-
-    def end() -> None:
-        time.sleep(after)
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(0)
-
-    threading.Thread(target=end, name="dualtrain-exit-soon", daemon=True).start()
 
 
 class ExitWatch:
@@ -366,11 +371,13 @@ class ReportWatch:
     """Watches the run's reports while the agent runs: ends what an agent would wait on.
 
     A worker that has reported its result has done its work, and its own `exit_soon` ends
-    it GRACE later; but a teardown that holds the GIL (an ``atexit`` handler in a C loop)
-    keeps that thread from running, and an agent would wait for it forever. One still alive
-    GRACE (and a second, for its own exit to come first) after its result was seen gets
-    SIGTERM to its group, another GRACE later SIGKILL. Its end is no failure, whatever its
-    exit code (`finished`): both agents, and Multiverse, ask.
+    it GRACE after it starts to exit; but a teardown that holds the GIL (an ``atexit``
+    handler in a C loop) keeps that thread from running, and an agent would wait for it
+    forever. Once every worker of its attempt has reported or ended (before that, a reported
+    worker may rightly wait on its agent for the slowest), one still alive GRACE (and a
+    second, for its own exit to come first) later gets SIGTERM to its group, another GRACE
+    later SIGKILL. Its end is no failure, whatever its exit code (`finished`): both agents,
+    and Multiverse, ask.
 
     A worker that ended without any report and not by a code an agent counts (status 0, or
     reaped before it was seen) failed: every other worker of its attempt is stopped
@@ -385,6 +392,8 @@ class ReportWatch:
         self.folder, self.beats = folder, beats
         self._seen: dict[tuple[int, int], float] = {}  # (attempt, rank) -> result seen at
         self._done: set[tuple[int, int]] = set()  # nothing more to do for these
+        self._ended: set[tuple[int, int]] = set()  # ended, reported or not
+        self._settled: dict[int, float] = {}  # attempt -> when all its workers were done
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dualtrain-reports", daemon=True)
 
@@ -403,7 +412,10 @@ class ReportWatch:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.PERIOD):
-            self.poll()
+            try:
+                self.poll()
+            except Exception as err:  # a watch that fails must say so, and go on
+                warnings.warn(f"Multiverse's report watch: {err!r}", RuntimeWarning, stacklevel=1)
 
     def poll(self) -> None:
         """Signals the reported workers that outstayed their grace, and the peers of a mute end."""
@@ -419,25 +431,45 @@ class ReportWatch:
                         self._seen[key] = now
                     else:
                         self._done.add(key)  # an error: its agent sees it fail
+                        self._ended.add(key)
                     continue
                 code = _ended(beat.pid)
                 if code is False:
                     continue
                 self._done.add(key)
+                self._ended.add(key)
                 if code in (0, None) and not FileReport(self.folder, *key).path.exists():
                     for peer in beats:
-                        if peer.attempt == beat.attempt and peer.rank != beat.rank:
+                        mate = peer.attempt == beat.attempt and peer.rank != beat.rank
+                        if mate and _ended(peer.pid) is False:  # a child of ours, running
                             with contextlib.suppress(ProcessLookupError, PermissionError):
                                 os.killpg(peer.pid, signal.SIGTERM)
                 continue
-            late = now - self._seen[key] - self.LATE
-            if late < GRACE or _ended(beat.pid) is not False:
+            settled = self._settled_at(beat.attempt, beats, now)
+            if settled is None:
+                continue
+            late = now - settled - self.LATE
+            if late < GRACE:
+                continue
+            if _ended(beat.pid) is not False:
+                self._done.add(key)
                 continue
             kill = late >= 2 * GRACE
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(beat.pid, signal.SIGKILL if kill else signal.SIGTERM)
             if kill:
                 self._done.add(key)
+
+    def _settled_at(self, attempt: int, beats: list[Any], now: float) -> float | None:
+        """When every worker of `attempt` had reported its result or ended; None: not yet."""
+        if attempt not in self._settled:
+            keys = [(b.attempt, b.rank) for b in beats]
+            if any(k[0] != attempt for k in keys):
+                return None  # a worker of this attempt has not started yet
+            if not all(k in self._seen or k in self._ended for k in keys):
+                return None
+            self._settled[attempt] = now
+        return self._settled[attempt]
 
 
 def _ended(pid: int) -> int | bool | None:

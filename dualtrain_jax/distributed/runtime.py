@@ -296,9 +296,13 @@ class JaxRuntime:
 
         JAX's runtime stays for the process (its exit shuts it down): ``jax.distributed``
         cannot start again in a process whose backend runs, so a later `join` of the same
-        run reuses it.
+        run reuses it. Under several processes it returns once every process has left too:
+        process 0 holds the run's coordination service, and a process still running when
+        that ends is aborted by its client.
         """
         release()
+        if self.processes > 1 and not self.left:
+            multihost_utils.sync_global_devices("dualtrain-leave")
         self.left = True
 
 

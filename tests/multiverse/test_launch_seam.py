@@ -90,3 +90,24 @@ def test_distributed_traits_keep_their_positional_fields_with_the_agent_by_keywo
     assert (traits.one_process_per_device, traits.agent) == (True, agent)
     with pytest.raises(TypeError):
         DistributedTraits("x", ("jit",), "'jit'", True)  # type: ignore[call-arg]
+
+
+@BACKENDS
+def test_a_rank_returning_well_after_its_peer_is_waited_for(
+    tmp_path: Path, options: dict[str, Any]
+) -> None:
+    # torch's agent takes each return value and keeps a returned worker waiting until every
+    # rank has returned. A worker ended while it waited there (its exit clock once started at
+    # its report) left the agent waiting forever; one stopped there failed the run.
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        out["result"] = Multiverse(universes.one_rank_later, 2, **options)(
+            str(tmp_path), launch.GRACE + 3
+        )
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(BOUND)
+    assert out == {"result": 0}
+    assert all(gone(r["pid"]) for r in records(tmp_path, 2))

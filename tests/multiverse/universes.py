@@ -162,3 +162,11 @@ def holds_the_run(mv: Any, folder: str) -> Any:
         while not (Path(folder) / "checked").exists() and time.monotonic() < end:
             time.sleep(0.05)
     return {k: os.environ.get(k) for k in ("DUALTRAIN_MULTIVERSE_RUN", "XLA_FLAGS")}
+
+
+def one_rank_later(mv: Any, folder: str, seconds: float) -> Any:
+    """Rank 1 returns `seconds` after rank 0 (a last checkpoint, a final evaluation)."""
+    _note(mv, folder)
+    if mv.rank == 1:
+        time.sleep(seconds)
+    return mv.rank
