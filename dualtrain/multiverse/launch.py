@@ -420,7 +420,8 @@ class ReportWatch:
     def poll(self) -> None:
         """Signals the reported workers that outstayed their grace, and the peers of a mute end."""
         now = time.monotonic()
-        beats = [b for b in self.beats.read() if b.pid]
+        rows = self.beats.read()  # one a rank; pid 0 until its worker starts
+        beats = [b for b in rows if b.pid]
         for beat in beats:
             key = (beat.attempt, beat.rank)
             if key in self._done:
@@ -445,7 +446,7 @@ class ReportWatch:
                             with contextlib.suppress(ProcessLookupError, PermissionError):
                                 os.killpg(peer.pid, signal.SIGTERM)
                 continue
-            settled = self._settled_at(beat.attempt, beats, now)
+            settled = self._settled_at(beat.attempt, rows, now)
             if settled is None:
                 continue
             late = now - settled - self.LATE
@@ -461,10 +462,14 @@ class ReportWatch:
                 self._done.add(key)
 
     def _settled_at(self, attempt: int, beats: list[Any], now: float) -> float | None:
-        """When every worker of `attempt` had reported its result or ended; None: not yet."""
+        """When every worker of `attempt` had reported its result or ended; None: not yet.
+
+        `beats` holds every rank's row, started or not: a worker that has not started yet
+        (pid 0, or an earlier attempt's row) keeps the attempt unsettled.
+        """
         if attempt not in self._settled:
             keys = [(b.attempt, b.rank) for b in beats]
-            if any(k[0] != attempt for k in keys):
+            if any(not b.pid or b.attempt != attempt for b in beats):
                 return None  # a worker of this attempt has not started yet
             if not all(k in self._seen or k in self._ended for k in keys):
                 return None

@@ -111,3 +111,48 @@ def test_a_rank_returning_well_after_its_peer_is_waited_for(
     runner.join(BOUND)
     assert out == {"result": 0}
     assert all(gone(r["pid"]) for r in records(tmp_path, 2))
+
+
+def test_an_attempt_settles_only_once_every_rank_has_started_and_reported(
+    tmp_path: Path,
+) -> None:
+    # A rank whose worker had not started yet (pid 0) was left out, so the attempt counted
+    # as settled when the other rank reported, and that rank, rightly waiting for its slow
+    # peer, was stopped (seen in CI under load).
+    from dualtrain.multiverse.heartbeat import Beat
+
+    class Rows:  # the run's heartbeat table as the watch reads it: one row a rank
+        def __init__(self) -> None:
+            self.rows: list[Beat] = []
+
+        def read(self) -> list[Beat]:
+            return self.rows
+
+    import subprocess
+    import sys
+
+    # Two live children of this process stand for the workers (the watch asks the kernel
+    # whether they still run).
+    workers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)
+    ]
+    try:
+        table = Rows()
+        watch = launch.ReportWatch(tmp_path, table)
+        launch.report_result(launch.FileReport(tmp_path, 0, 0), 3, 7)
+        table.rows = [Beat(0, workers[0].pid, 3, 0.0, 0, 0), Beat(1, 0, 0, 0.0, 0, 0)]
+        for _ in range(3):
+            watch.poll()
+        assert watch._settled == {}  # rank 1 has not even started
+        table.rows[1] = Beat(1, workers[1].pid, 0, 0.0, 0, 0)
+        for _ in range(3):
+            watch.poll()
+        assert watch._settled == {}  # started, not reported
+        launch.report_result(launch.FileReport(tmp_path, 0, 1), 3, None)
+        for _ in range(2):
+            watch.poll()
+        assert list(watch._settled) == [0]
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
